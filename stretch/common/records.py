@@ -1,0 +1,913 @@
+"""Python records <-> Arrow record batches: the conversion every hop of the engine uses.
+
+Layout of a records batch (all contracts, other modules rely on them):
+
+* schema metadata ``RECORD_KIND_KEY`` (``b"stretch.kind"``) says what a record is:
+
+  - ``b"tuple"``: one column per tuple field, named ``f0..fn``; records are tuples;
+  - ``b"row"``: one column per Row field, named by the field names; records are :class:`Row`
+    named like the columns. As in PyFlink, an unnamed ``Types.ROW`` gives Rows named ``f0..fn``
+    (schema metadata ``b"stretch.named": b"default"``); Rows inferred from positional Rows stay
+    positional (``b"stretch.named": b"0"``). If any Row's kind is not INSERT, an int8 column
+    ``"__row_kind"`` holds ``RowKind.value``;
+  - ``b"scalar"``: one column ``f0``; records are its values;
+  - ``b"pickled"``: one ``large_binary`` column ``f0`` of ``pickle.dumps(record, protocol=5)``.
+
+* a field whose type is PICKLED_BYTE_ARRAY, or whose values could not be represented in Arrow
+  while inferring, is ``large_binary`` with field metadata ``{b"stretch.pickled": b"1"}``;
+* nested struct fields carry ``{b"stretch.kind": b"tuple" | b"row"}`` (see ``typeinfo``);
+* columns whose names start with ``"__"`` belong to the engine (``__kg``, ``__key``, ...) and are
+  never part of a record.
+
+Declared types are checked: a record that does not fit raises ``TypeError`` naming the record's
+index, the record, the field and the expected type. Checks are per column and vectorized (the set
+of Python types in a column, then pyarrow's own range checks); only when a column fails does a
+per-record scan look for the culprit.
+
+Decisions where PyFlink has no exact counterpart: ints are accepted for FLOAT/DOUBLE (widening),
+floats and bools are rejected for integer types, None is accepted as null in every field (but a
+TUPLE/ROW record itself must not be None), an aware datetime in a SQL_TIMESTAMP field is stored
+as its UTC wall clock, INSTANT fields accept Instant or aware datetimes and give back Instant,
+and RowKinds of nested Rows are not kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import decimal
+import gc
+import pickle
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain, pairwise, repeat
+from operator import attrgetter, itemgetter
+from typing import Any, NoReturn
+
+import numpy as np
+import pyarrow as pa
+
+from stretch.common.row import Row, RowKind
+from stretch.common.time import Instant
+from stretch.common.typeinfo import (
+    KIND_KEY,
+    NAMED_KEY,
+    BasicType,
+    BasicTypeInfo,
+    DateTypeInfo,
+    ListTypeInfo,
+    MapTypeInfo,
+    PickledBytesTypeInfo,
+    RowTypeInfo,
+    TimestampTypeInfo,
+    TimeTypeInfo,
+    TupleTypeInfo,
+    TypeInformation,
+    Types,
+    _ArrayTypeInfo,
+    from_arrow_field,
+    type_expr,
+)
+
+__all__ = [
+    "RECORD_KIND_KEY",
+    "ROW_KIND_COLUMN",
+    "field_names",
+    "from_batch",
+    "records_schema_kind",
+    "schema_for",
+    "to_batch",
+    "type_info_of",
+]
+
+RECORD_KIND_KEY = KIND_KEY
+ROW_KIND_COLUMN = "__row_kind"
+PICKLE_PROTOCOL = 5
+
+_NONE = type(None)
+_INSERT = RowKind.INSERT
+_ROW_KINDS = list(RowKind)
+_get_values = attrgetter("_values")
+_GC_PAUSE_MIN = 2048  # records; below this, pausing the collector costs more than it saves
+_REPR_LIMIT = 200
+
+
+class _MismatchError(Exception):
+    """A column does not fit its declared type; the caller finds the culprit record."""
+
+
+@contextlib.contextmanager
+def _gc_paused(n: int) -> Iterator[None]:
+    """Pause the cyclic GC while building many small acyclic objects.
+
+    Building 1M Rows (or tuples) otherwise triggers dozens of full collections that scan every
+    object built so far; pausing is a 5x speedup there. Nothing created here forms a cycle.
+    """
+    if n < _GC_PAUSE_MIN or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a broken __repr__ must not hide the real error
+        text = f"<{type(value).__name__} with failing repr: {exc!r}>"
+    if len(text) > _REPR_LIMIT:
+        text = text[: _REPR_LIMIT - 3] + "..."
+    return text
+
+
+def _as_list(records: Any) -> list:
+    if isinstance(records, list):
+        return records
+    if isinstance(records, (str, bytes, dict)) or not isinstance(records, Iterable):
+        raise TypeError(f"records must be a list or sequence of records, got {type(records).__name__}")
+    return list(records)
+
+
+# ==================================================================================================
+# type categories
+# ==================================================================================================
+# One category per way of converting a column. Scalars: (category, arrow type).
+_INT_RANGES = {
+    BasicType.BYTE: (-(2**7), 2**7 - 1),
+    BasicType.SHORT: (-(2**15), 2**15 - 1),
+    BasicType.INT: (-(2**31), 2**31 - 1),
+    BasicType.LONG: (-(2**63), 2**63 - 1),
+}
+_BASIC_CATEGORY = {
+    BasicType.BYTE: "int",
+    BasicType.SHORT: "int",
+    BasicType.INT: "int",
+    BasicType.LONG: "int",
+    BasicType.FLOAT: "float",
+    BasicType.DOUBLE: "float",
+    BasicType.BOOLEAN: "bool",
+    BasicType.STRING: "str",
+    BasicType.CHAR: "char",
+    BasicType.BIG_INT: "bigint",
+    BasicType.BIG_DEC: "decimal",
+    BasicType.INSTANT: "instant",
+}
+
+
+def _category(t: TypeInformation) -> str:
+    if isinstance(t, BasicTypeInfo):
+        return _BASIC_CATEGORY[t._basic_type]
+    if isinstance(t, PickledBytesTypeInfo):
+        return "pickled"
+    if isinstance(t, (TupleTypeInfo, RowTypeInfo)):
+        return "struct"
+    if isinstance(t, MapTypeInfo):
+        return "map"
+    if isinstance(t, _ArrayTypeInfo):
+        if t.to_arrow() == pa.large_binary():
+            return "bytes"
+        return "list"
+    if isinstance(t, ListTypeInfo):
+        return "list"
+    if isinstance(t, DateTypeInfo):
+        return "date"
+    if isinstance(t, TimeTypeInfo):
+        return "time"
+    if isinstance(t, TimestampTypeInfo):
+        return "timestamp"
+    raise TypeError(f"unsupported type information {t!r}")
+
+
+def _element_type(t: TypeInformation) -> TypeInformation:
+    return t.elem_type if isinstance(t, ListTypeInfo) else t._element_type  # type: ignore[attr-defined]
+
+
+def _is_int(tp: type) -> bool:
+    return issubclass(tp, (int, np.integer)) and not issubclass(tp, bool)
+
+
+def _is_date(tp: type) -> bool:
+    return issubclass(tp, datetime.date) and not issubclass(tp, datetime.datetime)
+
+
+_ACCEPTS = {
+    "int": _is_int,
+    "float": lambda tp: _is_int(tp) or issubclass(tp, (float, np.floating)),
+    "bool": lambda tp: issubclass(tp, (bool, np.bool_)),
+    "str": lambda tp: issubclass(tp, str),
+    "char": lambda tp: issubclass(tp, str),
+    "bytes": lambda tp: issubclass(tp, (bytes, bytearray, memoryview)),
+    "bigint": _is_int,
+    "decimal": lambda tp: issubclass(tp, decimal.Decimal) or _is_int(tp),
+    "date": _is_date,
+    "time": lambda tp: issubclass(tp, datetime.time),
+    "timestamp": lambda tp: issubclass(tp, datetime.datetime),
+    "instant": lambda tp: issubclass(tp, (Instant, datetime.datetime)),
+    "list": lambda tp: issubclass(tp, (list, tuple, np.ndarray)),
+    "map": lambda tp: issubclass(tp, dict),
+    "pickled": lambda tp: True,
+}
+_accept_cache: dict[tuple[str, type], bool] = {}
+
+
+def _accepts(category: str, tp: type) -> bool:
+    key = (category, tp)
+    ok = _accept_cache.get(key)
+    if ok is None:
+        ok = tp is _NONE or _ACCEPTS[category](tp)
+        _accept_cache[key] = ok
+    return ok
+
+
+def _struct_accepts(t: TypeInformation, v: Any) -> bool:
+    if isinstance(v, (tuple, list, Row)):
+        return True
+    return isinstance(t, RowTypeInfo) and isinstance(v, dict)
+
+
+def _struct_expectation(t: TypeInformation) -> str:
+    return "a tuple, list, Row or dict" if isinstance(t, RowTypeInfo) else "a tuple, list or Row"
+
+
+# ==================================================================================================
+# encoding: Python values -> Arrow arrays (raise _MismatchError on any problem)
+# ==================================================================================================
+def _gate(values: Sequence, category: str, seen: set | None = None) -> set:
+    """Check the Python types present in a column; returns them."""
+    types = set(map(type, values)) if seen is None else seen
+    for tp in types:
+        if not _accepts(category, tp):
+            raise _MismatchError
+    return types
+
+
+def _pa_array(values: Sequence, arrow_type: pa.DataType) -> pa.Array:
+    try:
+        return pa.array(values, type=arrow_type, from_pandas=False)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        raise _MismatchError from exc
+
+
+def _dt_micros(v: datetime.datetime) -> int:
+    return Instant.of_datetime(v).to_epoch_micro()
+
+
+def _pickle_values(values: Sequence) -> list:
+    dumps = pickle.dumps
+    try:
+        return [None if v is None else dumps(v, PICKLE_PROTOCOL) for v in values]
+    except Exception:
+        return [None if v is None else _dumps_any(v) for v in values]
+
+
+def _dumps_any(v: Any) -> bytes:
+    """pickle, falling back to cloudpickle for lambdas and local classes (loads with pickle)."""
+    try:
+        return pickle.dumps(v, PICKLE_PROTOCOL)
+    except Exception as exc:
+        try:
+            import cloudpickle
+        except ImportError:
+            raise _MismatchError from exc
+        try:
+            return cloudpickle.dumps(v, protocol=PICKLE_PROTOCOL)
+        except Exception as exc2:
+            raise _MismatchError from exc2
+
+
+def _encode(values: Sequence, t: TypeInformation, seen: set | None = None) -> pa.Array:
+    """Encode one column of Python values (None = null) as an Arrow array of ``t.to_arrow()``."""
+    category = _category(t)
+    if category == "struct":
+        children, mask = _struct_columns(values, t, allow_none=True)
+        return _struct_array(children, t, mask)
+    if category == "list":
+        return _encode_list(values, t, seen)
+    if category == "map":
+        return _encode_map(values, t, seen)
+    if category == "pickled":
+        return _pa_array(_pickle_values(values), pa.large_binary())
+    _gate(values, category, seen)
+    if category == "instant":
+        micros = [
+            None if v is None else (v.to_epoch_micro() if isinstance(v, Instant) else _dt_micros(v))
+            for v in values
+        ]
+        return _pa_array(micros, pa.int64()).cast(t.to_arrow())
+    arr = _pa_array(values, t.to_arrow())
+    if category == "char" and len(arr) > arr.null_count:
+        import pyarrow.compute as pc
+
+        lengths = pc.utf8_length(arr)
+        if pc.min(lengths).as_py() != 1 or pc.max(lengths).as_py() != 1:
+            raise _MismatchError
+    return arr
+
+
+def _struct_array(children: list[list], t: TypeInformation, mask: np.ndarray | None) -> pa.Array:
+    field_types = t.get_field_types()  # type: ignore[attr-defined]
+    names = t.get_field_names()  # type: ignore[attr-defined]
+    arrays = [_encode(col, ft) for col, ft in zip(children, field_types, strict=False)]
+    fields = [ft.to_arrow_field(name) for name, ft in zip(names, field_types, strict=False)]
+    if not arrays:
+        raise _MismatchError  # Arrow structs need at least one child to carry a length
+    mask_arr = None if mask is None else pa.array(mask, type=pa.bool_())
+    return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask_arr)
+
+
+def _row_names(t: TypeInformation) -> list[str] | None:
+    """Names a Row record is matched by: a ROW's field names (``f0..fn`` if unnamed)."""
+    return t.get_field_names() if isinstance(t, RowTypeInfo) else None
+
+
+def _positional(v: Any, t: TypeInformation, names: list[str] | None) -> Sequence:
+    """One struct value as its field values in declared order (raises _MismatchError).
+
+    A named Row is matched by name, as PyFlink's ``Row.get_fields_by_names`` does; for an unnamed
+    ROW (names ``f0..fn``) a Row with other names is taken by position instead (PyFlink raises).
+    """
+    if isinstance(v, Row):
+        fields = getattr(v, "_fields", None)
+        if names is not None and fields is not None and fields != names:
+            if all(name in fields for name in names):
+                return [v._values[fields.index(name)] for name in names]
+            if t.is_named():  # type: ignore[attr-defined]
+                raise _MismatchError
+        return v._values
+    if isinstance(v, (tuple, list)):
+        return v
+    if isinstance(v, dict) and isinstance(t, RowTypeInfo):
+        return [v.get(name) for name in t.get_field_names()]
+    raise _MismatchError
+
+
+def _struct_columns(
+    values: Sequence, t: TypeInformation, allow_none: bool
+) -> tuple[list[list], np.ndarray | None]:
+    """Split struct values (tuples, lists, Rows, dicts) into per-field columns."""
+    field_types = t.get_field_types()  # type: ignore[attr-defined]
+    arity = len(field_types)
+    named = _row_names(t)
+    types = set(map(type, values))
+    mask = None
+    if _NONE in types:
+        if not allow_none:
+            raise _MismatchError
+        mask = np.fromiter((v is None for v in values), dtype=np.bool_, count=len(values))
+        filler = (None,) * arity
+        values = [filler if v is None else v for v in values]
+        types.discard(_NONE)
+        types.add(tuple)
+    if types <= {tuple, list}:
+        rows: Sequence = values
+    elif types == {Row}:
+        rows = list(map(_get_values, values))
+        if named is not None:
+            fields = list(map(getattr, values, repeat("_fields"), repeat(None)))
+            if fields.count(None) + fields.count(named) != len(fields):
+                rows = [_positional(v, t, named) for v in values]
+    else:
+        rows = [_positional(v, t, named) for v in values]
+    if rows and set(map(len, rows)) != {arity}:
+        raise _MismatchError
+    columns = [list(map(itemgetter(i), rows)) for i in range(arity)]
+    return columns, mask
+
+
+def _offsets_and_flat(values: Sequence, category: str, seen: set | None) -> tuple:
+    types = _gate(values, category, seen)
+    mask = None
+    if _NONE in types:
+        mask = np.fromiter((v is None for v in values), dtype=np.bool_, count=len(values))
+        empty: Any = {} if category == "map" else ()
+        values = [empty if v is None else v for v in values]
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    mask_arr = None if mask is None else pa.array(mask, type=pa.bool_())
+    return values, offsets, mask_arr
+
+
+def _encode_list(values: Sequence, t: TypeInformation, seen: set | None) -> pa.Array:
+    values, offsets, mask = _offsets_and_flat(values, "list", seen)
+    flat = list(chain.from_iterable(values))
+    elements = _encode(flat, _element_type(t))
+    try:
+        return pa.LargeListArray.from_arrays(
+            pa.array(offsets, type=pa.int64()), elements, type=t.to_arrow(), mask=mask
+        )
+    except (pa.ArrowException, ValueError) as exc:
+        raise _MismatchError from exc
+
+
+def _encode_map(values: Sequence, t: MapTypeInfo, seen: set | None) -> pa.Array:
+    values, offsets, mask = _offsets_and_flat(values, "map", seen)
+    keys = list(chain.from_iterable(v.keys() for v in values))
+    items = list(chain.from_iterable(v.values() for v in values))
+    key_arr = _encode(keys, t._key_type_info)
+    if key_arr.null_count:
+        raise _MismatchError
+    item_arr = _encode(items, t._value_type_info)
+    if offsets[-1] > np.iinfo(np.int32).max:
+        raise _MismatchError
+    try:
+        return pa.MapArray.from_arrays(
+            pa.array(offsets.astype(np.int32), type=pa.int32()),
+            key_arr,
+            item_arr,
+            type=t.to_arrow(),
+            mask=mask,
+        )
+    except (pa.ArrowException, ValueError) as exc:
+        raise _MismatchError from exc
+
+
+# ==================================================================================================
+# locating the culprit (slow path, only after a column failed)
+# ==================================================================================================
+def _describe(v: Any) -> str:
+    return f"{type(v).__name__} {_short_repr(v)}"
+
+
+def _problem(v: Any, t: TypeInformation) -> tuple[list[str], str] | None:
+    """Why value ``v`` does not fit ``t``: (path inside the value, reason), or None if it fits."""
+    if v is None:
+        return None
+    category = _category(t)
+    if category == "struct":
+        if not _struct_accepts(t, v):
+            return [], f"expected {_struct_expectation(t)}, got {_describe(v)}"
+        return _struct_problem(v, t)
+    if category == "pickled":
+        try:
+            _dumps_any(v)
+        except _MismatchError as exc:
+            return [], f"value cannot be pickled: {exc.__cause__!r}"
+        return None
+    expected = t._short()
+    if not _accepts(category, type(v)):
+        return [], f"expected {expected}, got {_describe(v)}"
+    if category == "list":
+        element_type = _element_type(t)
+        for j, element in enumerate(v):
+            found = _problem(element, element_type)
+            if found is not None:
+                return [f"[{j}]", *found[0]], found[1]
+        return None
+    if category == "map":
+        for key, item in v.items():
+            if key is None:
+                return [], f"expected {expected}, got a None key"
+            found = _problem(key, t._key_type_info)  # type: ignore[attr-defined]
+            if found is not None:
+                return [f"[key {_short_repr(key)}]", *found[0]], found[1]
+            found = _problem(item, t._value_type_info)  # type: ignore[attr-defined]
+            if found is not None:
+                return [f"[{_short_repr(key)}]", *found[0]], found[1]
+        return None
+    if category == "int":
+        lo, hi = _INT_RANGES[t._basic_type]  # type: ignore[attr-defined]
+        if not lo <= int(v) <= hi:
+            return [], f"expected {expected}, got {_describe(v)} (out of range [{lo}, {hi}])"
+        return None
+    if category == "char":
+        if len(v) != 1:
+            return [], f"expected {expected}, got {_describe(v)} (not a single character)"
+        return None
+    if category == "bigint":
+        if abs(int(v)) >= 10**38:
+            return [], f"expected {expected}, got {_describe(v)} (more than 38 digits)"
+        return None
+    if category in ("decimal", "timestamp", "date", "time"):
+        try:
+            pa.array([v], type=t.to_arrow())
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            return [], f"expected {expected}, got {_describe(v)} ({exc})"
+    return None
+
+
+def _struct_problem(v: Any, t: TypeInformation) -> tuple[list[str], str] | None:
+    field_types = t.get_field_types()  # type: ignore[attr-defined]
+    names = t.get_field_names()  # type: ignore[attr-defined]
+    named = isinstance(t, RowTypeInfo) and t.is_named()
+    if isinstance(v, Row) and named and getattr(v, "_fields", None) not in (None, names):
+        missing = [n for n in names if n not in v._fields]
+        if missing:
+            return [], f"expected fields {names}, got a Row without field {missing[0]!r}"
+    try:
+        values = _positional(v, t, _row_names(t))
+    except _MismatchError:
+        return [], f"expected {_struct_expectation(t)}, got {_describe(v)}"
+    if len(values) != len(field_types):
+        return [], f"expected {len(field_types)} fields, got {len(values)}"
+    for i, (value, field_type) in enumerate(zip(values, field_types, strict=False)):
+        found = _problem(value, field_type)
+        if found is not None:
+            label = names[i] if named else str(i)
+            return [label, *found[0]], found[1]
+    return None
+
+
+def _format_path(parts: list[str]) -> str:
+    out = ""
+    for part in parts:
+        if part.startswith("["):
+            out += part
+        else:
+            out += ("." if out else "") + part
+    return out
+
+
+def _raise_mismatch(records: list, t: TypeInformation, kind: str, exc: BaseException) -> NoReturn:
+    expr = type_expr(t)
+    for i, record in enumerate(records):
+        if kind in ("tuple", "row"):
+            if record is None or not _struct_accepts(t, record):
+                found: tuple[list[str], str] | None = (
+                    [],
+                    f"expected {_struct_expectation(t)}, got {_describe(record)}",
+                )
+            else:
+                found = _struct_problem(record, t)
+        else:
+            found = _problem(record, t)
+        if found is not None:
+            path, reason = found
+            where = f"field {_format_path(path)} " if path else ""
+            raise TypeError(
+                f"record {i} {_short_repr(record)} does not match {expr}: {where}{reason}"
+            ) from None
+    cause = exc.__cause__ or exc
+    raise TypeError(f"records do not match {expr}: {cause}") from cause
+
+
+# ==================================================================================================
+# inference
+# ==================================================================================================
+_PICKLED = Types.PICKLED_BYTE_ARRAY()
+_INFER_SIMPLE: dict[type, tuple[TypeInformation, pa.DataType]] = {
+    int: (Types.LONG(), pa.int64()),
+    float: (Types.DOUBLE(), pa.float64()),
+    str: (Types.STRING(), pa.large_string()),
+    bytes: (Types.PRIMITIVE_ARRAY(Types.BYTE()), pa.large_binary()),
+    bool: (Types.BOOLEAN(), pa.bool_()),
+    datetime.datetime: (Types.SQL_TIMESTAMP(), pa.timestamp("us")),
+    datetime.date: (Types.SQL_DATE(), pa.date32()),
+    datetime.time: (Types.SQL_TIME(), pa.time64("us")),
+}
+_TZ_TYPES = (datetime.datetime, datetime.time)
+
+
+def _infer_column(values: list) -> tuple[TypeInformation, pa.Array]:
+    """The type and array of one column of Python values; PICKLED when Arrow would change them."""
+    types = set(map(type, values))
+    types.discard(_NONE)
+    if len(types) == 1:
+        tp = types.pop()
+        simple = _INFER_SIMPLE.get(tp)
+        if simple is not None and not (
+            tp in _TZ_TYPES and any(v is not None and v.tzinfo is not None for v in values)
+        ):
+            try:
+                return simple[0], pa.array(values, type=simple[1], from_pandas=False)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                pass  # e.g. ints beyond int64
+    return _PICKLED, pa.array(_pickle_values(values), type=pa.large_binary())
+
+
+def _raise_unpicklable(records: list, exc: _MismatchError) -> NoReturn:
+    for i, record in enumerate(records):
+        try:
+            _dumps_any(record)
+        except _MismatchError as found:
+            raise TypeError(
+                f"record {i} {_short_repr(record)} cannot be pickled: {found.__cause__!r}"
+            ) from None
+    raise TypeError(f"records cannot be pickled: {exc.__cause__!r}") from exc
+
+
+def _infer_records(records: list) -> tuple[str, TypeInformation, list[pa.Array] | None]:
+    """(kind, type, encoded columns or None) for records without a declared type."""
+    n = len(records)
+    types = set(map(type, records))
+    if types == {tuple}:
+        lengths = set(map(len, records))
+        if len(lengths) == 1 and (arity := lengths.pop()) > 0:
+            inferred = [_infer_column(list(map(itemgetter(i), records))) for i in range(arity)]
+            return "tuple", Types.TUPLE([t for t, _ in inferred]), [a for _, a in inferred]
+    elif types == {Row}:
+        fields = list(map(getattr, records, repeat("_fields"), repeat(None)))
+        first = fields[0]
+        if fields.count(first) == n:
+            rows = list(map(_get_values, records))
+            lengths = set(map(len, rows))
+            arity = lengths.pop() if len(lengths) == 1 else 0
+            if arity > 0 and (first is None or len(first) == arity) and _names_ok(first):
+                inferred = [_infer_column(list(map(itemgetter(i), rows))) for i in range(arity)]
+                field_types = [t for t, _ in inferred]
+                row_type = Types.ROW(field_types) if first is None else Types.ROW_NAMED(first, field_types)
+                return "row", row_type, [a for _, a in inferred]
+    else:
+        types.discard(_NONE)
+        if len(types) == 1 and next(iter(types)) in _INFER_SIMPLE:
+            t, arr = _infer_column(records)
+            if t is not _PICKLED:
+                return "scalar", t, [arr]
+    return "pickled", _PICKLED, None
+
+
+def _names_ok(names: list | None) -> bool:
+    if names is None:
+        return True
+    return all(isinstance(n, str) and not n.startswith("__") for n in names) and len(set(names)) == len(names)
+
+
+# ==================================================================================================
+# schemas
+# ==================================================================================================
+def _kind_of(type_info: TypeInformation) -> str:
+    if isinstance(type_info, TupleTypeInfo):
+        return "tuple"
+    if isinstance(type_info, RowTypeInfo):
+        return "row"
+    if isinstance(type_info, PickledBytesTypeInfo):
+        return "pickled"
+    return "scalar"
+
+
+def field_names(type_info: TypeInformation | None) -> list[str] | None:
+    """Column names of the records batch of ``type_info`` (None: decided by the data)."""
+    if type_info is None:
+        return None
+    if isinstance(type_info, (TupleTypeInfo, RowTypeInfo)):
+        return type_info.get_field_names()
+    return ["f0"]
+
+
+_schema_cache: dict[TypeInformation, pa.Schema] = {}
+
+
+def schema_for(type_info: TypeInformation | None) -> pa.Schema | None:
+    """The Arrow schema of batches of records of ``type_info``; None means inferred per batch."""
+    if type_info is None:
+        return None
+    schema = _schema_cache.get(type_info)
+    if schema is None:
+        if not isinstance(type_info, TypeInformation):
+            raise TypeError(f"type_info must be a TypeInformation, got {type_info!r}")
+        kind = _kind_of(type_info)
+        metadata = {RECORD_KIND_KEY: kind.encode()}
+        if kind in ("tuple", "row"):
+            bad = [n for n in type_info.get_field_names() if n.startswith("__")]  # type: ignore[attr-defined]
+            if bad:
+                raise ValueError(f"field names starting with '__' are reserved for the engine: {bad}")
+            fields = [
+                ft.to_arrow_field(name)
+                for name, ft in zip(type_info.get_field_names(), type_info.get_field_types(), strict=False)  # type: ignore[attr-defined]
+            ]
+            if isinstance(type_info, RowTypeInfo) and not type_info.is_named():
+                metadata[NAMED_KEY] = b"default"
+        else:
+            fields = [type_info.to_arrow_field("f0")]
+        schema = pa.schema(fields, metadata=metadata)
+        if len(_schema_cache) < 4096:
+            _schema_cache[type_info] = schema
+    return schema
+
+
+def _data_fields(schema: pa.Schema) -> list[int]:
+    return [i for i, name in enumerate(schema.names) if not name.startswith("__")]
+
+
+def records_schema_kind(schema: pa.Schema) -> str:
+    """``"tuple"``, ``"row"``, ``"scalar"`` or ``"pickled"``: what from_batch returns.
+
+    Batches without stretch metadata (e.g. from Spark) are tuples if their columns are named
+    ``f0..fn`` (a single ``f0``: scalars), else named Rows.
+    """
+    kind = (schema.metadata or {}).get(RECORD_KIND_KEY)
+    if kind is not None:
+        return kind.decode()
+    names = [schema.names[i] for i in _data_fields(schema)]
+    if names == ["f0"]:
+        return "scalar"
+    if names == [f"f{i}" for i in range(len(names))]:
+        return "tuple"
+    return "row"
+
+
+def type_info_of(schema: pa.Schema) -> TypeInformation:
+    """The record type of batches with this schema (inverse of :func:`schema_for`)."""
+    kind = records_schema_kind(schema)
+    fields = [schema.field(i) for i in _data_fields(schema)]
+    if kind == "pickled":
+        return _PICKLED
+    if kind == "scalar":
+        return from_arrow_field(fields[0])
+    types = [from_arrow_field(f) for f in fields]
+    if kind == "tuple":
+        return Types.TUPLE(types)
+    if (schema.metadata or {}).get(NAMED_KEY) in (b"default", b"0"):
+        return Types.ROW(types)
+    return Types.ROW_NAMED([f.name for f in fields], types)
+
+
+# ==================================================================================================
+# to_batch
+# ==================================================================================================
+def to_batch(records: Sequence, type_info: TypeInformation | None = None) -> pa.RecordBatch:
+    """Convert Python records to one Arrow record batch (see the module docstring for the layout).
+
+    With ``type_info`` every record is checked against it; a mismatch raises ``TypeError`` naming
+    the record's index, the record, the field and the expected type. Without it the layout is
+    inferred so that :func:`from_batch` gives back equal objects of the same types.
+    """
+    records = _as_list(records)
+    with _gc_paused(len(records)):
+        if type_info is None:
+            try:
+                kind, type_info, arrays = _infer_records(records)
+                if arrays is None:  # pickled
+                    arrays = [pa.array(_pickle_values(records), type=pa.large_binary())]
+            except _MismatchError as exc:
+                _raise_unpicklable(records, exc)
+            schema = schema_for(type_info)
+            if kind == "row" and not type_info.is_named():  # type: ignore[attr-defined]
+                schema = schema.with_metadata({**schema.metadata, NAMED_KEY: b"0"})
+        else:
+            schema = schema_for(type_info)
+            kind = _kind_of(type_info)
+            if not records:
+                return _empty(schema)
+            try:
+                arrays = _encode_records(records, type_info, kind)
+            except (_MismatchError, pa.ArrowException) as exc:
+                _raise_mismatch(records, type_info, kind, exc)
+        batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+        if kind == "row":
+            kinds = list(map(getattr, records, repeat("_row_kind"), repeat(_INSERT)))
+            if kinds.count(_INSERT) != len(kinds):
+                values = [k.value if isinstance(k, RowKind) else 0 for k in kinds]
+                batch = batch.append_column(ROW_KIND_COLUMN, pa.array(values, type=pa.int8()))
+        return batch
+
+
+def _empty(schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)
+
+
+def _encode_records(records: list, type_info: TypeInformation, kind: str) -> list[pa.Array]:
+    if kind in ("tuple", "row"):
+        columns, _ = _struct_columns(records, type_info, allow_none=False)
+        return [
+            _encode(col, ft)
+            for col, ft in zip(columns, type_info.get_field_types(), strict=False)  # type: ignore[attr-defined]
+        ]
+    if kind == "pickled":
+        return [_pa_array(_pickle_values(records), pa.large_binary())]
+    return [_encode(records, type_info)]
+
+
+# ==================================================================================================
+# from_batch
+# ==================================================================================================
+_TIMESTAMP_US = pa.timestamp("us")
+_DATE32 = pa.date32()
+
+
+def _field_type(field: pa.Field) -> TypeInformation:
+    """The type from_batch decodes a column as (an all-null column decodes as Nones)."""
+    if pa.types.is_null(field.type):
+        return _PICKLED
+    return from_arrow_field(field)
+
+
+def _plain_list(arr: pa.Array) -> list:
+    """Values of a fixed-width column via NumPy (fast), with None at the nulls."""
+    if arr.null_count == 0:
+        return arr.to_numpy(zero_copy_only=False).tolist()
+    fill = pa.scalar(False) if pa.types.is_boolean(arr.type) else pa.scalar(0, type=arr.type)
+    out = arr.fill_null(fill).to_numpy(zero_copy_only=False).tolist()
+    for i in np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False)).tolist():
+        out[i] = None
+    return out
+
+
+def _with_nulls(arr: pa.Array, out: list) -> list:
+    if arr.null_count:
+        for i in np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False)).tolist():
+            out[i] = None
+    return out
+
+
+def _slice_offsets(arr: pa.Array) -> tuple[list[int], int, int]:
+    offsets = arr.offsets.to_numpy(zero_copy_only=False)
+    start, stop = int(offsets[0]), int(offsets[-1])
+    return (offsets - start).tolist(), start, stop
+
+
+def _decode(arr: pa.Array, t: TypeInformation) -> list:
+    """Python values of one column (None for nulls)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    category = _category(t)
+    if category in ("int", "float", "bool", "timestamp", "date"):
+        if category == "timestamp" and arr.type != _TIMESTAMP_US:
+            arr = arr.cast(_TIMESTAMP_US, safe=False)
+        elif category == "date" and arr.type != _DATE32:
+            arr = arr.cast(_DATE32)
+        return _plain_list(arr)
+    if category == "pickled":
+        loads = pickle.loads
+        return [None if b is None else loads(b) for b in arr.to_pylist()]
+    if category == "struct":
+        return _decode_struct(arr, t)
+    if category == "list":
+        element_type = _element_type(t)
+        offsets, start, stop = _slice_offsets(arr)
+        elements = _decode(arr.values.slice(start, stop - start), element_type)
+        out = [elements[a:b] for a, b in pairwise(offsets)]
+        return _with_nulls(arr, out)
+    if category == "map":
+        offsets, start, stop = _slice_offsets(arr)
+        keys = _decode(arr.keys.slice(start, stop - start), t._key_type_info)  # type: ignore[attr-defined]
+        items = _decode(arr.items.slice(start, stop - start), t._value_type_info)  # type: ignore[attr-defined]
+        out = [dict(zip(keys[a:b], items[a:b], strict=False)) for a, b in pairwise(offsets)]
+        return _with_nulls(arr, out)
+    if category == "bigint":
+        return [None if d is None else int(d) for d in arr.to_pylist()]
+    if category == "instant":
+        micros = _plain_list(arr.cast(pa.int64()))
+        of_micro = Instant.of_epoch_micro
+        return [None if m is None else of_micro(m) for m in micros]
+    # str, char, bytes, decimal, time
+    return arr.to_pylist()
+
+
+def _decode_struct(arr: pa.StructArray, t: TypeInformation) -> list:
+    columns = [_decode(arr.field(i), ft) for i, ft in enumerate(t.get_field_types())]  # type: ignore[attr-defined]
+    if isinstance(t, TupleTypeInfo):
+        out: list = list(zip(*columns, strict=False))
+    else:
+        out = _make_rows(columns, t.get_field_names())  # type: ignore[attr-defined]
+    return _with_nulls(arr, out)
+
+
+def _make_rows(columns: list[list], names: list[str] | None, kinds: list | None = None) -> list:
+    """Rows from columns without going through ``Row.__init__`` (3x faster)."""
+    new = object.__new__
+    out = []
+    append = out.append
+    if names is not None:
+        names = list(names)
+        for values in zip(*columns, strict=False):
+            row = new(Row)
+            row._values = list(values)
+            row._fields = names
+            row._row_kind = _INSERT
+            append(row)
+    else:
+        for values in zip(*columns, strict=False):
+            row = new(Row)
+            row._values = list(values)
+            row._row_kind = _INSERT
+            append(row)
+    if kinds is not None:
+        for row, k in zip(out, kinds, strict=False):
+            if k:
+                row._row_kind = _ROW_KINDS[k]
+    return out
+
+
+def from_batch(batch: pa.RecordBatch | pa.Table) -> list:
+    """The Python records of a batch: tuples, Rows, scalars or unpickled objects, as they went in.
+
+    Columns whose names start with ``"__"`` are ignored (``"__row_kind"`` sets the Rows' kinds).
+    """
+    n = batch.num_rows
+    if n == 0:
+        return []
+    schema = batch.schema
+    kind = records_schema_kind(schema)
+    data = _data_fields(schema)
+    with _gc_paused(n):
+        if kind in ("scalar", "pickled"):
+            if not data:
+                raise ValueError(f"a {kind} records batch needs a data column: {schema}")
+            field = schema.field(data[0])
+            t = _PICKLED if kind == "pickled" else _field_type(field)
+            return _decode(batch.column(data[0]), t)
+        columns = [_decode(batch.column(i), _field_type(schema.field(i))) for i in data]
+        if not columns:
+            return [() for _ in range(n)] if kind == "tuple" else [Row() for _ in range(n)]
+        if kind == "tuple":
+            return list(zip(*columns, strict=False))
+        kinds = None
+        if ROW_KIND_COLUMN in schema.names:
+            kind_col = batch.column(schema.get_field_index(ROW_KIND_COLUMN))
+            kinds = _plain_list(kind_col.cast(pa.int8()).fill_null(0))
+        named = (schema.metadata or {}).get(NAMED_KEY) != b"0"
+        names = [schema.names[i] for i in data] if named else None
+        return _make_rows(columns, names, kinds)

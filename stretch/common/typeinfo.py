@@ -1,0 +1,902 @@
+"""Type information, mirroring ``pyflink.common.typeinfo``, mapped onto Arrow types.
+
+Every hop of the engine carries records as Arrow record batches, so every ``TypeInformation``
+knows its Arrow type (:meth:`TypeInformation.to_arrow`), a small JSON form used to describe state
+types in shared memory (:meth:`TypeInformation.to_json` / :func:`from_json`), and, for the fixed
+width types that state tables store as plain columns, a NumPy dtype.
+
+Names, constructor arguments and ``repr`` follow PyFlink (``repr(Types.LONG()) == 'Long'``,
+``repr(Types.ROW([...])) == 'RowTypeInfo(Long, String)'``). Deliberate differences:
+
+* every type is hashable (PyFlink defines ``__eq__`` without ``__hash__``), so types can key caches;
+* ``RowTypeInfo`` equality also compares the field names (as Java's ``RowTypeInfo.equals`` does;
+  PyFlink's Python class compares only the field types), because the names decide the Arrow schema;
+* invalid array element types raise ``TypeError`` when the type is built, not when it is first used.
+
+Arrow mapping of composite types: ROW and TUPLE are structs with fields ``f0..fn`` (ROW_NAMED uses
+its names); arrays and LIST are ``large_list``; MAP is ``map_``; PICKLED_BYTE_ARRAY is
+``large_binary`` whose *field* carries the metadata ``{b"stretch.pickled": b"1"}``. Struct fields
+carry ``{b"stretch.kind": b"tuple" | b"row"}`` (plus ``b"stretch.named": b"default"`` for an
+unnamed ROW, whose Rows get Flink's default names ``f0..fn``)
+so that :func:`from_arrow_field` recovers the exact type. A bare ``pa.DataType`` cannot carry
+metadata, so :func:`from_arrow` on a struct guesses: names ``f0..fn`` give TUPLE, others ROW_NAMED.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = [
+    "BasicArrayTypeInfo",
+    "BasicType",
+    "BasicTypeInfo",
+    "DateTypeInfo",
+    "InstantTypeInfo",
+    "ListTypeInfo",
+    "MapTypeInfo",
+    "ObjectArrayTypeInfo",
+    "PickledBytesTypeInfo",
+    "PrimitiveArrayTypeInfo",
+    "RowTypeInfo",
+    "SqlTimeTypeInfo",
+    "TimeTypeInfo",
+    "TimestampTypeInfo",
+    "TupleTypeInfo",
+    "TypeInformation",
+    "Types",
+    "from_arrow",
+    "from_arrow_field",
+    "from_json",
+    "type_expr",
+]
+
+PICKLED_KEY = b"stretch.pickled"
+KIND_KEY = b"stretch.kind"
+NAMED_KEY = b"stretch.named"
+_PICKLED_META = {PICKLED_KEY: b"1"}
+
+
+class TypeInformation:
+    """Base class of all type information (PyFlink: ``pyflink.common.typeinfo.TypeInformation``)."""
+
+    # -- identity ---------------------------------------------------------------------------------
+    def _key(self) -> tuple:
+        """Everything that makes two instances of one class equal."""
+        return ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._key()))
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    # -- PyFlink compatibility --------------------------------------------------------------------
+    def need_conversion(self) -> bool:
+        return False
+
+    def to_internal_type(self, obj: Any) -> Any:
+        return obj
+
+    def from_internal_type(self, obj: Any) -> Any:
+        return obj
+
+    # -- Arrow ------------------------------------------------------------------------------------
+    def to_arrow(self) -> pa.DataType:
+        """The Arrow type of one value of this type."""
+        raise NotImplementedError
+
+    def to_arrow_field(self, name: str, nullable: bool = True) -> pa.Field:
+        """An Arrow field holding values of this type, with stretch's field metadata if any."""
+        return pa.field(name, self.to_arrow(), nullable=nullable, metadata=self._field_metadata())
+
+    def _field_metadata(self) -> dict[bytes, bytes] | None:
+        return None
+
+    def is_fixed_width(self) -> bool:
+        """True if values are stored as one fixed-width NumPy scalar (see :meth:`numpy_dtype`)."""
+        return self.numpy_dtype() is not None
+
+    def numpy_dtype(self) -> np.dtype | None:
+        """NumPy dtype of the fixed-width representation, or None if the type is not fixed width.
+
+        SQL_TIMESTAMP is int64 microseconds since the epoch, SQL_DATE int32 days since the epoch.
+        """
+        return None
+
+    # -- JSON -------------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        """A small JSON-able dict describing this type; :func:`from_json` inverts it."""
+        raise NotImplementedError
+
+    @staticmethod
+    def from_json(data: dict | str | bytes) -> TypeInformation:
+        return from_json(data)
+
+    # -- descriptions -----------------------------------------------------------------------------
+    def _expr(self) -> str:
+        """The ``Types`` expression that builds this type, e.g. ``Types.LIST(Types.LONG())``."""
+        raise NotImplementedError
+
+    def _short(self) -> str:
+        """Short name used in error messages: ``LONG`` for basic types, else the expression."""
+        return self._expr()
+
+
+def type_expr(type_info: TypeInformation | None) -> str:
+    """Describe a type as the ``Types`` expression that builds it (used in error messages)."""
+    return "None" if type_info is None else type_info._expr()
+
+
+# --------------------------------------------------------------------------------------------------
+# basic types
+# --------------------------------------------------------------------------------------------------
+class BasicType(Enum):
+    STRING = "String"
+    BYTE = "Byte"
+    BOOLEAN = "Boolean"
+    SHORT = "Short"
+    INT = "Integer"
+    LONG = "Long"
+    FLOAT = "Float"
+    DOUBLE = "Double"
+    CHAR = "Char"
+    BIG_INT = "BigInteger"
+    BIG_DEC = "BigDecimal"
+    INSTANT = "Instant"
+
+
+_BASIC_ARROW: dict[BasicType, pa.DataType] = {
+    BasicType.STRING: pa.large_string(),
+    BasicType.BYTE: pa.int8(),
+    BasicType.BOOLEAN: pa.bool_(),
+    BasicType.SHORT: pa.int16(),
+    BasicType.INT: pa.int32(),
+    BasicType.LONG: pa.int64(),
+    BasicType.FLOAT: pa.float32(),
+    BasicType.DOUBLE: pa.float64(),
+    BasicType.CHAR: pa.string(),
+    BasicType.BIG_INT: pa.decimal128(38, 0),
+    BasicType.BIG_DEC: pa.decimal128(38, 18),
+    BasicType.INSTANT: pa.timestamp("us", tz="UTC"),
+}
+
+_BASIC_NUMPY: dict[BasicType, np.dtype] = {
+    BasicType.BYTE: np.dtype(np.int8),
+    BasicType.BOOLEAN: np.dtype(np.bool_),
+    BasicType.SHORT: np.dtype(np.int16),
+    BasicType.INT: np.dtype(np.int32),
+    BasicType.LONG: np.dtype(np.int64),
+    BasicType.FLOAT: np.dtype(np.float32),
+    BasicType.DOUBLE: np.dtype(np.float64),
+}
+
+
+class BasicTypeInfo(TypeInformation):
+    """Type information for primitive types (int, long, double, byte, ...), String, BigInteger,
+    BigDecimal and Instant."""
+
+    def __init__(self, basic_type: BasicType):
+        self._basic_type = basic_type
+
+    def _key(self) -> tuple:
+        return (self._basic_type,)
+
+    def __eq__(self, other: object) -> bool:
+        # InstantTypeInfo is a BasicTypeInfo subclass; compare on the basic type like PyFlink.
+        return isinstance(other, BasicTypeInfo) and self._basic_type == other._basic_type
+
+    def __hash__(self) -> int:
+        return hash(("BasicTypeInfo", self._basic_type))
+
+    def __repr__(self) -> str:
+        return self._basic_type.value
+
+    def to_arrow(self) -> pa.DataType:
+        return _BASIC_ARROW[self._basic_type]
+
+    def numpy_dtype(self) -> np.dtype | None:
+        return _BASIC_NUMPY.get(self._basic_type)
+
+    def to_json(self) -> dict:
+        return {"type": self._basic_type.name}
+
+    def _expr(self) -> str:
+        return f"Types.{self._basic_type.name}()"
+
+    def _short(self) -> str:
+        return self._basic_type.name
+
+    @staticmethod
+    def STRING_TYPE_INFO() -> BasicTypeInfo:
+        return BasicTypeInfo(BasicType.STRING)
+
+    @staticmethod
+    def BOOLEAN_TYPE_INFO() -> BasicTypeInfo:
+        return BasicTypeInfo(BasicType.BOOLEAN)
+
+    @staticmethod
+    def BYTE_TYPE_INFO() -> BasicTypeInfo:
+        return BasicTypeInfo(BasicType.BYTE)
+
+    @staticmethod
+    def SHORT_TYPE_INFO() -> BasicTypeInfo:
+        return BasicTypeInfo(BasicType.SHORT)
+
+    @staticmethod
+    def INT_TYPE_INFO() -> BasicTypeInfo:
+        return BasicTypeInfo(BasicType.INT)
+
+    @staticmethod
+    def LONG_TYPE_INFO() -> BasicTypeInfo:
+        return BasicTypeInfo(BasicType.LONG)
+
+    @staticmethod
+    def FLOAT_TYPE_INFO() -> BasicTypeInfo:
+        return BasicTypeInfo(BasicType.FLOAT)
+
+    @staticmethod
+    def DOUBLE_TYPE_INFO() -> BasicTypeInfo:
+        return BasicTypeInfo(BasicType.DOUBLE)
+
+    @staticmethod
+    def CHAR_TYPE_INFO() -> BasicTypeInfo:
+        return BasicTypeInfo(BasicType.CHAR)
+
+    @staticmethod
+    def BIG_INT_TYPE_INFO() -> BasicTypeInfo:
+        return BasicTypeInfo(BasicType.BIG_INT)
+
+    @staticmethod
+    def BIG_DEC_TYPE_INFO() -> BasicTypeInfo:
+        return BasicTypeInfo(BasicType.BIG_DEC)
+
+    @staticmethod
+    def INSTANT_TYPE_INFO() -> InstantTypeInfo:
+        return InstantTypeInfo(BasicType.INSTANT)
+
+
+class InstantTypeInfo(BasicTypeInfo):
+    """Type information for :class:`stretch.common.time.Instant` (Arrow ``timestamp[us, UTC]``)."""
+
+    def __init__(self, basic_type: BasicType = BasicType.INSTANT):
+        super().__init__(basic_type)
+
+    def need_conversion(self) -> bool:
+        return True
+
+
+# --------------------------------------------------------------------------------------------------
+# SQL time types
+# --------------------------------------------------------------------------------------------------
+class SqlTimeTypeInfo(TypeInformation):
+    """Gives access to the SQL time type infos (PyFlink: ``SqlTimeTypeInfo``)."""
+
+    @staticmethod
+    def DATE() -> DateTypeInfo:
+        return DateTypeInfo()
+
+    @staticmethod
+    def TIME() -> TimeTypeInfo:
+        return TimeTypeInfo()
+
+    @staticmethod
+    def TIMESTAMP() -> TimestampTypeInfo:
+        return TimestampTypeInfo()
+
+
+class DateTypeInfo(TypeInformation):
+    """``datetime.date`` values; Arrow ``date32`` (days since the epoch)."""
+
+    def __repr__(self) -> str:
+        return "DateTypeInfo"
+
+    def need_conversion(self) -> bool:
+        return True
+
+    def to_arrow(self) -> pa.DataType:
+        return pa.date32()
+
+    def numpy_dtype(self) -> np.dtype | None:
+        return np.dtype(np.int32)
+
+    def to_json(self) -> dict:
+        return {"type": "SQL_DATE"}
+
+    def _expr(self) -> str:
+        return "Types.SQL_DATE()"
+
+    def _short(self) -> str:
+        return "SQL_DATE"
+
+
+class TimeTypeInfo(TypeInformation):
+    """``datetime.time`` values; Arrow ``time64[us]``."""
+
+    def __repr__(self) -> str:
+        return "TimeTypeInfo"
+
+    def need_conversion(self) -> bool:
+        return True
+
+    def to_arrow(self) -> pa.DataType:
+        return pa.time64("us")
+
+    def to_json(self) -> dict:
+        return {"type": "SQL_TIME"}
+
+    def _expr(self) -> str:
+        return "Types.SQL_TIME()"
+
+    def _short(self) -> str:
+        return "SQL_TIME"
+
+
+class TimestampTypeInfo(TypeInformation):
+    """Naive ``datetime.datetime`` values; Arrow ``timestamp[us]`` (wall-clock microseconds)."""
+
+    def __repr__(self) -> str:
+        return "TimestampTypeInfo"
+
+    def need_conversion(self) -> bool:
+        return True
+
+    def to_arrow(self) -> pa.DataType:
+        return pa.timestamp("us")
+
+    def numpy_dtype(self) -> np.dtype | None:
+        return np.dtype(np.int64)
+
+    def to_json(self) -> dict:
+        return {"type": "SQL_TIMESTAMP"}
+
+    def _expr(self) -> str:
+        return "Types.SQL_TIMESTAMP()"
+
+    def _short(self) -> str:
+        return "SQL_TIMESTAMP"
+
+
+# --------------------------------------------------------------------------------------------------
+# arrays, lists, maps
+# --------------------------------------------------------------------------------------------------
+_PRIMITIVE_ELEMENTS = ("BOOLEAN", "BYTE", "SHORT", "INT", "LONG", "FLOAT", "DOUBLE", "CHAR")
+
+
+def _basic_name(type_info: TypeInformation) -> str | None:
+    if isinstance(type_info, BasicTypeInfo) and not isinstance(type_info, InstantTypeInfo):
+        return type_info._basic_type.name
+    return None
+
+
+class _ArrayTypeInfo(TypeInformation):
+    _kind = ""
+
+    def __init__(self, element_type: TypeInformation):
+        if not isinstance(element_type, TypeInformation):
+            raise TypeError(f"element type must be a TypeInformation, got {element_type!r}")
+        self._element_type = element_type
+
+    def get_element_type(self) -> TypeInformation:
+        return self._element_type
+
+    def _key(self) -> tuple:
+        return (self._element_type,)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}<{self._element_type!r}>"
+
+    def to_arrow(self) -> pa.DataType:
+        return pa.large_list(self._element_type.to_arrow_field("item"))
+
+    def to_json(self) -> dict:
+        return {"type": self._kind, "element": self._element_type.to_json()}
+
+    def _expr(self) -> str:
+        return f"Types.{self._kind}({self._element_type._expr()})"
+
+
+class PrimitiveArrayTypeInfo(_ArrayTypeInfo):
+    """Arrays of primitive types; ``Types.PRIMITIVE_ARRAY(Types.BYTE())`` is ``bytes``
+    (Arrow ``large_binary``), the others are lists (Arrow ``large_list``)."""
+
+    _kind = "PRIMITIVE_ARRAY"
+
+    def __init__(self, element_type: TypeInformation):
+        super().__init__(element_type)
+        if _basic_name(element_type) not in _PRIMITIVE_ELEMENTS:
+            raise TypeError(f"Invalid element type for a primitive array: {element_type!r}")
+
+    def to_arrow(self) -> pa.DataType:
+        if _basic_name(self._element_type) == "BYTE":
+            return pa.large_binary()
+        return super().to_arrow()
+
+
+class BasicArrayTypeInfo(_ArrayTypeInfo):
+    """Arrays of boxed primitive types or strings; Python lists, Arrow ``large_list``."""
+
+    _kind = "BASIC_ARRAY"
+
+    def __init__(self, element_type: TypeInformation):
+        super().__init__(element_type)
+        if _basic_name(element_type) not in (*_PRIMITIVE_ELEMENTS, "STRING"):
+            raise TypeError(f"Invalid element type for a boxed primitive array: {element_type!r}")
+
+
+class ObjectArrayTypeInfo(_ArrayTypeInfo):
+    """Arrays of any type; Python lists, Arrow ``large_list``."""
+
+    _kind = "OBJECT_ARRAY"
+
+
+class ListTypeInfo(TypeInformation):
+    """Python lists of one element type; Arrow ``large_list``."""
+
+    def __init__(self, element_type: TypeInformation):
+        if not isinstance(element_type, TypeInformation):
+            raise TypeError(f"element type must be a TypeInformation, got {element_type!r}")
+        self.elem_type = element_type
+
+    def get_element_type(self) -> TypeInformation:
+        return self.elem_type
+
+    def _key(self) -> tuple:
+        return (self.elem_type,)
+
+    def __repr__(self) -> str:
+        return f"ListTypeInfo<{self.elem_type!r}>"
+
+    def to_arrow(self) -> pa.DataType:
+        return pa.large_list(self.elem_type.to_arrow_field("item"))
+
+    def to_json(self) -> dict:
+        return {"type": "LIST", "element": self.elem_type.to_json()}
+
+    def _expr(self) -> str:
+        return f"Types.LIST({self.elem_type._expr()})"
+
+
+class MapTypeInfo(TypeInformation):
+    """Python dicts; Arrow ``map_`` (keys must not be None)."""
+
+    def __init__(self, key_type_info: TypeInformation, value_type_info: TypeInformation):
+        for t in (key_type_info, value_type_info):
+            if not isinstance(t, TypeInformation):
+                raise TypeError(f"map key/value types must be TypeInformation, got {t!r}")
+        self._key_type_info = key_type_info
+        self._value_type_info = value_type_info
+
+    def get_key_type(self) -> TypeInformation:
+        return self._key_type_info
+
+    def get_value_type(self) -> TypeInformation:
+        return self._value_type_info
+
+    def _key(self) -> tuple:
+        return (self._key_type_info, self._value_type_info)
+
+    def __repr__(self) -> str:
+        return f"MapTypeInfo<{self._key_type_info!r}, {self._value_type_info!r}>"
+
+    def to_arrow(self) -> pa.DataType:
+        return pa.map_(
+            self._key_type_info.to_arrow_field("key", nullable=False),
+            self._value_type_info.to_arrow_field("value"),
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "type": "MAP",
+            "key": self._key_type_info.to_json(),
+            "value": self._value_type_info.to_json(),
+        }
+
+    def _expr(self) -> str:
+        return f"Types.MAP({self._key_type_info._expr()}, {self._value_type_info._expr()})"
+
+
+class PickledBytesTypeInfo(TypeInformation):
+    """Any Python object, stored as ``pickle.dumps(obj, protocol=5)`` in a ``large_binary`` field
+    marked ``{b"stretch.pickled": b"1"}``."""
+
+    def __repr__(self) -> str:
+        return "PickledByteArrayTypeInfo"
+
+    def to_arrow(self) -> pa.DataType:
+        return pa.large_binary()
+
+    def _field_metadata(self) -> dict[bytes, bytes] | None:
+        return _PICKLED_META
+
+    def to_json(self) -> dict:
+        return {"type": "PICKLED_BYTE_ARRAY"}
+
+    def _expr(self) -> str:
+        return "Types.PICKLED_BYTE_ARRAY()"
+
+    def _short(self) -> str:
+        return "PICKLED_BYTE_ARRAY"
+
+    @staticmethod
+    def PICKLED_BYTE_ARRAY_TYPE_INFO() -> PickledBytesTypeInfo:
+        return PickledBytesTypeInfo()
+
+
+# --------------------------------------------------------------------------------------------------
+# rows and tuples
+# --------------------------------------------------------------------------------------------------
+def _check_field_types(field_types: Any) -> list[TypeInformation]:
+    field_types = list(field_types)
+    for t in field_types:
+        if not isinstance(t, TypeInformation):
+            raise TypeError(f"field types must be TypeInformation instances, got {t!r}")
+    return field_types
+
+
+class RowTypeInfo(TypeInformation):
+    """Type information for :class:`stretch.common.Row` (``Types.ROW`` / ``Types.ROW_NAMED``)."""
+
+    def __init__(self, field_types: list[TypeInformation], field_names: list[str] | None = None):
+        self._field_types = _check_field_types(field_types)
+        if field_names is not None:
+            field_names = [str(n) for n in field_names]
+            if len(field_names) != len(self._field_types):
+                raise ValueError(f"ROW_NAMED got {len(field_names)} names for {len(self._field_types)} types")
+            if len(set(field_names)) != len(field_names):
+                raise ValueError(f"ROW_NAMED field names must be unique, got {field_names}")
+        self._field_names = field_names
+
+    def get_field_names(self) -> list[str]:
+        """The field names; an unnamed ROW has Flink's default names ``f0..fn``."""
+        if self._field_names is None:
+            return [f"f{i}" for i in range(len(self._field_types))]
+        return list(self._field_names)
+
+    def get_field_index(self, field_name: str) -> int:
+        names = self.get_field_names()
+        return names.index(field_name) if field_name in names else -1
+
+    def get_field_types(self) -> list[TypeInformation]:
+        return self._field_types
+
+    def is_named(self) -> bool:
+        return self._field_names is not None
+
+    def _key(self) -> tuple:
+        names = None if self._field_names is None else tuple(self._field_names)
+        return (tuple(self._field_types), names)
+
+    def __repr__(self) -> str:
+        if self._field_names:
+            return "RowTypeInfo({})".format(
+                ", ".join(f"{n}: {t!r}" for n, t in zip(self._field_names, self._field_types, strict=False))
+            )
+        return "RowTypeInfo({})".format(", ".join(repr(t) for t in self._field_types))
+
+    def need_conversion(self) -> bool:
+        return True
+
+    def to_arrow(self) -> pa.DataType:
+        return pa.struct(
+            [t.to_arrow_field(n) for n, t in zip(self.get_field_names(), self._field_types, strict=False)]
+        )
+
+    def _field_metadata(self) -> dict[bytes, bytes] | None:
+        if self._field_names is None:
+            return {KIND_KEY: b"row", NAMED_KEY: b"default"}
+        return {KIND_KEY: b"row"}
+
+    def to_json(self) -> dict:
+        fields = [t.to_json() for t in self._field_types]
+        if self._field_names is None:
+            return {"type": "ROW", "fields": fields}
+        return {"type": "ROW_NAMED", "names": list(self._field_names), "fields": fields}
+
+    def _expr(self) -> str:
+        types = ", ".join(t._expr() for t in self._field_types)
+        if self._field_names is None:
+            return f"Types.ROW([{types}])"
+        return f"Types.ROW_NAMED({self._field_names!r}, [{types}])"
+
+
+class TupleTypeInfo(TypeInformation):
+    """Type information for Python tuples (``Types.TUPLE``); Arrow struct with fields ``f0..fn``."""
+
+    def __init__(self, field_types: list[TypeInformation]):
+        self._field_types = _check_field_types(field_types)
+
+    def get_field_types(self) -> list[TypeInformation]:
+        return self._field_types
+
+    def get_field_names(self) -> list[str]:
+        return [f"f{i}" for i in range(len(self._field_types))]
+
+    def _key(self) -> tuple:
+        return tuple(self._field_types)
+
+    def __repr__(self) -> str:
+        return "TupleTypeInfo({})".format(", ".join(repr(t) for t in self._field_types))
+
+    def need_conversion(self) -> bool:
+        return True
+
+    def to_arrow(self) -> pa.DataType:
+        return pa.struct([t.to_arrow_field(f"f{i}") for i, t in enumerate(self._field_types)])
+
+    def _field_metadata(self) -> dict[bytes, bytes] | None:
+        return {KIND_KEY: b"tuple"}
+
+    def to_json(self) -> dict:
+        return {"type": "TUPLE", "fields": [t.to_json() for t in self._field_types]}
+
+    def _expr(self) -> str:
+        return "Types.TUPLE([{}])".format(", ".join(t._expr() for t in self._field_types))
+
+
+# --------------------------------------------------------------------------------------------------
+# the factory
+# --------------------------------------------------------------------------------------------------
+class Types:
+    """Access to the type information of the most common types (PyFlink: ``Types``)."""
+
+    @staticmethod
+    def STRING() -> TypeInformation:
+        """Python ``str``; Arrow ``large_string``. Supports None."""
+        return BasicTypeInfo.STRING_TYPE_INFO()
+
+    @staticmethod
+    def BYTE() -> TypeInformation:
+        """Python ``int`` in [-128, 127]; Arrow ``int8``."""
+        return BasicTypeInfo.BYTE_TYPE_INFO()
+
+    @staticmethod
+    def BOOLEAN() -> TypeInformation:
+        """Python ``bool``; Arrow ``bool``."""
+        return BasicTypeInfo.BOOLEAN_TYPE_INFO()
+
+    @staticmethod
+    def SHORT() -> TypeInformation:
+        """Python ``int`` in the int16 range; Arrow ``int16``."""
+        return BasicTypeInfo.SHORT_TYPE_INFO()
+
+    @staticmethod
+    def INT() -> TypeInformation:
+        """Python ``int`` in the int32 range; Arrow ``int32``."""
+        return BasicTypeInfo.INT_TYPE_INFO()
+
+    @staticmethod
+    def LONG() -> TypeInformation:
+        """Python ``int`` in the int64 range; Arrow ``int64``."""
+        return BasicTypeInfo.LONG_TYPE_INFO()
+
+    @staticmethod
+    def FLOAT() -> TypeInformation:
+        """Python ``float`` (ints accepted); Arrow ``float32``."""
+        return BasicTypeInfo.FLOAT_TYPE_INFO()
+
+    @staticmethod
+    def DOUBLE() -> TypeInformation:
+        """Python ``float`` (ints accepted); Arrow ``float64``."""
+        return BasicTypeInfo.DOUBLE_TYPE_INFO()
+
+    @staticmethod
+    def CHAR() -> TypeInformation:
+        """A one-character Python ``str``; Arrow ``string``."""
+        return BasicTypeInfo.CHAR_TYPE_INFO()
+
+    @staticmethod
+    def BIG_INT() -> TypeInformation:
+        """Python ``int`` with up to 38 digits; Arrow ``decimal128(38, 0)``."""
+        return BasicTypeInfo.BIG_INT_TYPE_INFO()
+
+    @staticmethod
+    def BIG_DEC() -> TypeInformation:
+        """``decimal.Decimal`` with up to 20 integer and 18 fractional digits;
+        Arrow ``decimal128(38, 18)``."""
+        return BasicTypeInfo.BIG_DEC_TYPE_INFO()
+
+    @staticmethod
+    def INSTANT() -> TypeInformation:
+        """:class:`stretch.common.time.Instant` (aware datetimes accepted);
+        Arrow ``timestamp[us, tz=UTC]``."""
+        return BasicTypeInfo.INSTANT_TYPE_INFO()
+
+    @staticmethod
+    def SQL_DATE() -> TypeInformation:
+        """``datetime.date``; Arrow ``date32``."""
+        return SqlTimeTypeInfo.DATE()
+
+    @staticmethod
+    def SQL_TIME() -> TypeInformation:
+        """``datetime.time``; Arrow ``time64[us]``."""
+        return SqlTimeTypeInfo.TIME()
+
+    @staticmethod
+    def SQL_TIMESTAMP() -> TypeInformation:
+        """Naive ``datetime.datetime``; Arrow ``timestamp[us]``."""
+        return SqlTimeTypeInfo.TIMESTAMP()
+
+    @staticmethod
+    def PICKLED_BYTE_ARRAY() -> TypeInformation:
+        """Any picklable Python object."""
+        return PickledBytesTypeInfo()
+
+    @staticmethod
+    def ROW(field_types: list[TypeInformation]) -> RowTypeInfo:
+        """Rows with positional fields of the given types. A row itself must not be None."""
+        return RowTypeInfo(field_types)
+
+    @staticmethod
+    def ROW_NAMED(field_names: list[str], field_types: list[TypeInformation]) -> RowTypeInfo:
+        """Rows with the given field names and types. A row itself must not be None."""
+        return RowTypeInfo(field_types, field_names)
+
+    @staticmethod
+    def TUPLE(field_types: list[TypeInformation]) -> TupleTypeInfo:
+        """Tuples with fields of the given types. A tuple itself must not be None."""
+        return TupleTypeInfo(field_types)
+
+    @staticmethod
+    def PRIMITIVE_ARRAY(element_type: TypeInformation) -> TypeInformation:
+        """Arrays of a primitive type; ``PRIMITIVE_ARRAY(BYTE())`` is Python ``bytes``."""
+        return PrimitiveArrayTypeInfo(element_type)
+
+    @staticmethod
+    def BASIC_ARRAY(element_type: TypeInformation) -> TypeInformation:
+        """Arrays of boxed primitive types or strings (Python lists)."""
+        return BasicArrayTypeInfo(element_type)
+
+    @staticmethod
+    def OBJECT_ARRAY(element_type: TypeInformation) -> TypeInformation:
+        """Arrays of any type (Python lists); None elements are supported."""
+        return ObjectArrayTypeInfo(element_type)
+
+    @staticmethod
+    def MAP(key_type_info: TypeInformation, value_type_info: TypeInformation) -> TypeInformation:
+        """Python dicts with keys and values of the given types."""
+        return MapTypeInfo(key_type_info, value_type_info)
+
+    @staticmethod
+    def LIST(element_type_info: TypeInformation) -> TypeInformation:
+        """Python lists of the given element type."""
+        return ListTypeInfo(element_type_info)
+
+
+# --------------------------------------------------------------------------------------------------
+# JSON
+# --------------------------------------------------------------------------------------------------
+def _basic_from_name(name: str) -> TypeInformation:
+    basic = BasicType[name]
+    return InstantTypeInfo() if basic is BasicType.INSTANT else BasicTypeInfo(basic)
+
+
+_SIMPLE_JSON: dict[str, Any] = {
+    **{b.name: (lambda name=b.name: _basic_from_name(name)) for b in BasicType},
+    "SQL_DATE": DateTypeInfo,
+    "SQL_TIME": TimeTypeInfo,
+    "SQL_TIMESTAMP": TimestampTypeInfo,
+    "PICKLED_BYTE_ARRAY": PickledBytesTypeInfo,
+}
+_ARRAY_JSON = {
+    "PRIMITIVE_ARRAY": PrimitiveArrayTypeInfo,
+    "BASIC_ARRAY": BasicArrayTypeInfo,
+    "OBJECT_ARRAY": ObjectArrayTypeInfo,
+    "LIST": ListTypeInfo,
+}
+
+
+def from_json(data: dict | str | bytes) -> TypeInformation:
+    """Inverse of :meth:`TypeInformation.to_json`; also accepts the dict serialized as JSON text."""
+    if isinstance(data, (str, bytes)):
+        data = json.loads(data)
+    if not isinstance(data, dict) or "type" not in data:
+        raise ValueError(f"not a type description: {data!r}")
+    kind = data["type"]
+    if kind in _SIMPLE_JSON:
+        return _SIMPLE_JSON[kind]()
+    if kind in _ARRAY_JSON:
+        return _ARRAY_JSON[kind](from_json(data["element"]))
+    if kind == "MAP":
+        return MapTypeInfo(from_json(data["key"]), from_json(data["value"]))
+    if kind == "ROW":
+        return RowTypeInfo([from_json(f) for f in data["fields"]])
+    if kind == "ROW_NAMED":
+        return RowTypeInfo([from_json(f) for f in data["fields"]], list(data["names"]))
+    if kind == "TUPLE":
+        return TupleTypeInfo([from_json(f) for f in data["fields"]])
+    raise ValueError(f"unknown type {kind!r} in type description {data!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Arrow -> TypeInformation
+# --------------------------------------------------------------------------------------------------
+_ARROW_BASIC: dict[pa.DataType, TypeInformation] = {
+    pa.int8(): Types.BYTE(),
+    pa.int16(): Types.SHORT(),
+    pa.int32(): Types.INT(),
+    pa.int64(): Types.LONG(),
+    pa.float32(): Types.FLOAT(),
+    pa.float64(): Types.DOUBLE(),
+    pa.bool_(): Types.BOOLEAN(),
+    pa.string(): Types.STRING(),
+    pa.large_string(): Types.STRING(),
+    pa.string_view(): Types.STRING(),
+    pa.binary(): Types.PRIMITIVE_ARRAY(Types.BYTE()),
+    pa.large_binary(): Types.PRIMITIVE_ARRAY(Types.BYTE()),
+    pa.binary_view(): Types.PRIMITIVE_ARRAY(Types.BYTE()),
+    pa.date32(): Types.SQL_DATE(),
+    pa.date64(): Types.SQL_DATE(),
+    pa.uint8(): Types.SHORT(),
+    pa.uint16(): Types.INT(),
+    pa.uint32(): Types.LONG(),
+    pa.uint64(): Types.BIG_INT(),
+    pa.float16(): Types.FLOAT(),
+}
+
+
+def _is_tuple_names(names: list[str]) -> bool:
+    return names == [f"f{i}" for i in range(len(names))]
+
+
+def from_arrow(data_type: pa.DataType) -> TypeInformation:
+    """The TypeInformation whose values an Arrow type holds.
+
+    Inverse of :meth:`TypeInformation.to_arrow` for scalar types; ``string`` maps to STRING (so
+    CHAR does not round-trip), decimals of scale 0 to BIG_INT and others to BIG_DEC, timestamps
+    with a time zone to INSTANT and without to SQL_TIMESTAMP, lists to LIST and maps to MAP.
+    Structs use their children's field metadata; a bare struct named ``f0..fn`` gives TUPLE,
+    otherwise ROW_NAMED (use :func:`from_arrow_field` to honour a struct field's own metadata).
+    """
+    found = _ARROW_BASIC.get(data_type)
+    if found is not None:
+        return found
+    if pa.types.is_timestamp(data_type):
+        return Types.INSTANT() if data_type.tz is not None else Types.SQL_TIMESTAMP()
+    if pa.types.is_time(data_type):
+        return Types.SQL_TIME()
+    if pa.types.is_decimal(data_type):
+        return Types.BIG_INT() if data_type.scale == 0 else Types.BIG_DEC()
+    if pa.types.is_struct(data_type):
+        fields = [data_type.field(i) for i in range(data_type.num_fields)]
+        names = [f.name for f in fields]
+        types = [from_arrow_field(f) for f in fields]
+        if _is_tuple_names(names):
+            return Types.TUPLE(types)
+        return Types.ROW_NAMED(names, types)
+    if pa.types.is_map(data_type):
+        return Types.MAP(from_arrow_field(data_type.key_field), from_arrow_field(data_type.item_field))
+    if (
+        pa.types.is_list(data_type)
+        or pa.types.is_large_list(data_type)
+        or pa.types.is_list_view(data_type)
+        or pa.types.is_large_list_view(data_type)
+        or pa.types.is_fixed_size_list(data_type)
+    ):
+        return Types.LIST(from_arrow_field(data_type.value_field))
+    raise TypeError(f"Arrow type {data_type} has no stretch TypeInformation")
+
+
+def from_arrow_field(field: pa.Field) -> TypeInformation:
+    """Like :func:`from_arrow` but honours stretch's field metadata (pickled, tuple/row kind)."""
+    meta = field.metadata or {}
+    if meta.get(PICKLED_KEY) == b"1":
+        return Types.PICKLED_BYTE_ARRAY()
+    kind = meta.get(KIND_KEY)
+    if kind is not None and pa.types.is_struct(field.type):
+        data_type = field.type
+        children = [data_type.field(i) for i in range(data_type.num_fields)]
+        types = [from_arrow_field(f) for f in children]
+        if kind == b"tuple":
+            return Types.TUPLE(types)
+        if meta.get(NAMED_KEY) in (b"default", b"0"):
+            return Types.ROW(types)
+        return Types.ROW_NAMED([f.name for f in children], types)
+    return from_arrow(field.type)
