@@ -1,0 +1,1 @@
+"""Keyed state: key groups, shared-memory state tables, timers, snapshots."""
