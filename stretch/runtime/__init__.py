@@ -1,0 +1,1 @@
+"""Node engine internals: shared-memory segments, gates, workers, coordinator. Not public API."""

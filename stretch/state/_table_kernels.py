@@ -1,0 +1,363 @@
+"""Numba kernels over the state arena (private; see :mod:`stretch.state.keyed_table`).
+
+The arena is one shared-memory segment seen as typed numpy views (``a64`` int64, ``a32`` int32,
+``a8`` uint8, ...). A key group's header is ``KG_WORDS`` int64 words at ``dir_w + kg * KG_WORDS``
+(word offsets); every other structure is addressed by the byte offsets stored in that header.
+Kernels never allocate: the Python side grows structures first, so a kernel always has room.
+Each key group has one writer (its owner), so no kernel needs atomics.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from stretch.state._hash_kernels import xxh64_span
+
+# Key-group header layout (int64 words).
+KG_WORDS = 512
+H_VERSION, H_NKEYS, H_INDEX_OFF, H_INDEX_CAP, H_KEYS_OFF, H_KEYS_CAP = 0, 1, 2, 3, 4, 5
+H_KHEAP_OFF, H_KHEAP_USED, H_KHEAP_CAP, H_KHASH_OFF = 6, 7, 8, 9
+STATE_BASE, STATE_WORDS = 16, 8
+MAX_STATES = (KG_WORDS - STATE_BASE) // STATE_WORDS
+# Per-state column words (relative to the state's base).
+S_DATA_OFF, S_DATA_CAP, S_VALID_OFF, S_HEAP_OFF, S_HEAP_USED, S_HEAP_CAP, S_HEAP_GARBAGE = 0, 1, 2, 3, 4, 5, 6
+
+MIN_VAR_ALLOC = 16
+_OPTS = {"cache": True, "nogil": True}
+_M1 = np.uint64(0xFF51AFD7ED558CCD)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+_S33 = np.uint64(33)
+_INDEX_SEED = np.uint64(0x5354524554434821)
+
+
+@njit(**_OPTS)
+def _mix(k):
+    """Murmur3's 64-bit finaliser: spreads int keys over index slots (independent of the kg hash)."""
+    k ^= k >> _S33
+    k *= _M1
+    k ^= k >> _S33
+    k *= _M2
+    k ^= k >> _S33
+    return k
+
+
+@njit(**_OPTS)
+def var_alloc_size(length):
+    """Bytes reserved for a variable-length value: the next power of two, so appends amortise."""
+    size = MIN_VAR_ALLOC
+    while size < length:
+        size *= 2
+    return size
+
+
+# ---- key index: int64 keys ---------------------------------------------------------------
+
+
+@njit(**_OPTS)
+def lookup_i64(a64, a32, dir_w, kgs, keys, rows, insert):
+    """Row of each key in its key group's table (inserting new keys if ``insert``, else -1)."""
+    for i in range(kgs.shape[0]):
+        h = dir_w + np.int64(kgs[i]) * KG_WORDS
+        key = keys[i]
+        idx = a64[h + H_INDEX_OFF] >> 2
+        mask = a64[h + H_INDEX_CAP] - 1
+        kw = a64[h + H_KEYS_OFF] >> 3
+        s = np.int64(_mix(np.uint64(key)) & np.uint64(mask))
+        while True:
+            r = a32[idx + s]
+            if r == 0:
+                if insert:
+                    row = a64[h + H_NKEYS]
+                    a64[kw + row] = key
+                    a32[idx + s] = row + 1
+                    a64[h + H_NKEYS] = row + 1
+                else:
+                    row = -1
+                break
+            if a64[kw + r - 1] == key:
+                row = r - 1
+                break
+            s = (s + 1) & mask
+        rows[i] = row
+
+
+@njit(**_OPTS)
+def rehash_i64(a64, a32, h, new_idx_off, new_cap):
+    """Fill a fresh (zeroed) index of ``new_cap`` slots from the key column of header word ``h``."""
+    idx = new_idx_off >> 2
+    mask = new_cap - 1
+    kw = a64[h + H_KEYS_OFF] >> 3
+    for row in range(a64[h + H_NKEYS]):
+        s = np.int64(_mix(np.uint64(a64[kw + row])) & np.uint64(mask))
+        while a32[idx + s] != 0:
+            s = (s + 1) & mask
+        a32[idx + s] = row + 1
+
+
+# ---- key index: byte-string keys ---------------------------------------------------------
+
+
+@njit(**_OPTS)
+def _bytes_equal(a8, off, data, start, length):
+    for j in range(length):  # noqa: SIM110 - an explicit loop compiles to a tight numba loop
+        if a8[off + j] != data[start + j]:
+            return False
+    return True
+
+
+@njit(**_OPTS)
+def lookup_bytes(a64, a32, a8, dir_w, kgs, offsets, data, rows, insert):
+    """Like lookup_i64 for keys given as Arrow binary (offsets, data); keys are copied on insert."""
+    for i in range(kgs.shape[0]):
+        h = dir_w + np.int64(kgs[i]) * KG_WORDS
+        start = np.int64(offsets[i])
+        length = np.int64(offsets[i + 1]) - start
+        hv = xxh64_span(data, start, length, _INDEX_SEED)
+        idx = a64[h + H_INDEX_OFF] >> 2
+        mask = a64[h + H_INDEX_CAP] - 1
+        kw = a64[h + H_KEYS_OFF] >> 3
+        hw = a64[h + H_KHASH_OFF] >> 3
+        s = np.int64(hv & np.uint64(mask))
+        while True:
+            r = a32[idx + s]
+            if r == 0:
+                if insert:
+                    row = a64[h + H_NKEYS]
+                    used = a64[h + H_KHEAP_USED]
+                    dst = a64[h + H_KHEAP_OFF] + used
+                    for j in range(length):
+                        a8[dst + j] = data[start + j]
+                    a64[h + H_KHEAP_USED] = used + length
+                    a64[kw + 2 * row] = used
+                    a64[kw + 2 * row + 1] = length
+                    a64[hw + row] = np.int64(hv)
+                    a32[idx + s] = row + 1
+                    a64[h + H_NKEYS] = row + 1
+                else:
+                    row = -1
+                break
+            row = r - 1
+            if (
+                a64[hw + row] == np.int64(hv)
+                and a64[kw + 2 * row + 1] == length
+                and _bytes_equal(a8, a64[h + H_KHEAP_OFF] + a64[kw + 2 * row], data, start, length)
+            ):
+                break
+            s = (s + 1) & mask
+        rows[i] = row
+
+
+@njit(**_OPTS)
+def rehash_bytes(a64, a32, h, new_idx_off, new_cap):
+    idx = new_idx_off >> 2
+    mask = new_cap - 1
+    hw = a64[h + H_KHASH_OFF] >> 3
+    for row in range(a64[h + H_NKEYS]):
+        s = np.int64(np.uint64(a64[hw + row]) & np.uint64(mask))
+        while a32[idx + s] != 0:
+            s = (s + 1) & mask
+        a32[idx + s] = row + 1
+
+
+@njit(**_OPTS)
+def key_bytes_total(a64, dir_w, kgs, rows, out_off, out_len):
+    """Absolute byte offset and length of each stored byte-string key."""
+    for i in range(kgs.shape[0]):
+        h = dir_w + np.int64(kgs[i]) * KG_WORDS
+        kw = a64[h + H_KEYS_OFF] >> 3
+        out_off[i] = a64[h + H_KHEAP_OFF] + a64[kw + 2 * rows[i]]
+        out_len[i] = a64[kw + 2 * rows[i] + 1]
+
+
+# ---- batch-local dedup -------------------------------------------------------------------
+
+
+@njit(**_OPTS)
+def dedup(kgs, rows, scratch, uidx, first):
+    """Map each row to a batch-unique key slot; returns the number of unique keys.
+
+    ``scratch`` is a zeroed int64 array whose length is a power of two >= 2 * len(rows);
+    ``first[u]`` receives the first position of unique key ``u``.
+    """
+    mask = scratch.shape[0] - 1
+    n_unique = 0
+    for i in range(kgs.shape[0]):
+        code = (np.int64(kgs[i]) << 40) | rows[i]
+        s = np.int64(_mix(np.uint64(code)) & np.uint64(mask))
+        while True:
+            e = scratch[s]
+            if e == 0:
+                scratch[s] = n_unique + 1
+                first[n_unique] = i
+                uidx[i] = n_unique
+                n_unique += 1
+                break
+            f = first[e - 1]
+            if kgs[f] == kgs[i] and rows[f] == rows[i]:
+                uidx[i] = e - 1
+                break
+            s = (s + 1) & mask
+    return n_unique
+
+
+# ---- fixed-width state columns -----------------------------------------------------------
+
+
+@njit(**_OPTS)
+def gather_fixed(view, shift, a64, a8, base_w, kgs, rows, out, valid):
+    """Read one fixed-width state column for each (kg, row); ``valid`` 0 where unset."""
+    for i in range(kgs.shape[0]):
+        h = base_w + np.int64(kgs[i]) * KG_WORDS
+        r = rows[i]
+        if r < a64[h + S_DATA_CAP]:
+            v = a8[a64[h + S_VALID_OFF] + r]
+            valid[i] = v
+            if v:
+                out[i] = view[(a64[h + S_DATA_OFF] >> shift) + r]
+        else:
+            valid[i] = 0
+
+
+@njit(**_OPTS)
+def scatter_fixed(view, shift, a64, a8, base_w, kgs, rows, values, valid):
+    """Write one fixed-width state column for each (kg, row) (capacity ensured by the caller)."""
+    for i in range(kgs.shape[0]):
+        h = base_w + np.int64(kgs[i]) * KG_WORDS
+        r = rows[i]
+        a8[a64[h + S_VALID_OFF] + r] = valid[i]
+        if valid[i]:
+            view[(a64[h + S_DATA_OFF] >> shift) + r] = values[i]
+
+
+@njit(**_OPTS)
+def running_aggregate(view, shift, a64, a8, base_w, kgs, rows, values, out, op):
+    """Fold each row's value into its key's accumulator and emit the running result.
+
+    op: 0 sum, 1 min, 2 max. The first value of a key initialises its accumulator.
+    """
+    for i in range(kgs.shape[0]):
+        h = base_w + np.int64(kgs[i]) * KG_WORDS
+        r = rows[i]
+        p = (a64[h + S_DATA_OFF] >> shift) + r
+        vb = a64[h + S_VALID_OFF] + r
+        v = values[i]
+        if a8[vb] == 0:
+            a8[vb] = 1
+            acc = v
+        else:
+            acc = view[p]
+            if op == 0:
+                acc = acc + v
+            elif op == 1:
+                acc = min(acc, v)
+            elif v > acc:
+                acc = v
+        view[p] = acc
+        out[i] = acc
+
+
+# ---- variable-length state columns -------------------------------------------------------
+
+
+@njit(**_OPTS)
+def var_views(a64, base_w, kgs, rows, out_off, out_len):
+    """Absolute offset and length of each value; length -1 where the value is unset."""
+    for i in range(kgs.shape[0]):
+        h = base_w + np.int64(kgs[i]) * KG_WORDS
+        r = rows[i]
+        if r < a64[h + S_DATA_CAP]:
+            vw = (a64[h + S_DATA_OFF] >> 3) + 2 * r
+            n1 = a64[vw + 1]
+            out_len[i] = n1 - 1
+            out_off[i] = a64[h + S_HEAP_OFF] + a64[vw] if n1 > 0 else 0
+        else:
+            out_len[i] = -1
+            out_off[i] = 0
+
+
+@njit(**_OPTS)
+def var_demand(a64, base_w, kgs, rows, lengths, appends, demand):
+    """Heap bytes each write would need at the end of its key group's heap (0 if it fits in place)."""
+    for i in range(kgs.shape[0]):
+        h = base_w + np.int64(kgs[i]) * KG_WORDS
+        r = rows[i]
+        old = -1
+        if r < a64[h + S_DATA_CAP]:
+            old = a64[(a64[h + S_DATA_OFF] >> 3) + 2 * r + 1] - 1
+        new = lengths[i]
+        if lengths[i] < 0:
+            continue
+        if appends[i] and old > 0:
+            new = old + lengths[i]
+        if old >= 0 and var_alloc_size(new) <= var_alloc_size(old):
+            continue
+        demand[np.int64(kgs[i])] += var_alloc_size(new)
+
+
+@njit(**_OPTS)
+def var_write(a64, a8, base_w, kgs, rows, lengths, appends, payload, payload_off):
+    """Write (or append to) each value; length -1 clears. Heap room is ensured by the caller."""
+    for i in range(kgs.shape[0]):
+        h = base_w + np.int64(kgs[i]) * KG_WORDS
+        r = rows[i]
+        vw = (a64[h + S_DATA_OFF] >> 3) + 2 * r
+        heap = a64[h + S_HEAP_OFF]
+        old = a64[vw + 1] - 1
+        src = payload_off[i]
+        n = lengths[i]
+        if n < 0:
+            if old >= 0:
+                a64[h + S_HEAP_GARBAGE] += var_alloc_size(old)
+            a64[vw + 1] = 0
+            continue
+        if appends[i] and old > 0:
+            total = old + n
+            if var_alloc_size(total) <= var_alloc_size(old):
+                dst = heap + a64[vw] + old
+                for j in range(n):
+                    a8[dst + j] = payload[src + j]
+            else:
+                used = a64[h + S_HEAP_USED]
+                oldp = heap + a64[vw]
+                dst = heap + used
+                for j in range(old):
+                    a8[dst + j] = a8[oldp + j]
+                for j in range(n):
+                    a8[dst + old + j] = payload[src + j]
+                a64[h + S_HEAP_USED] = used + var_alloc_size(total)
+                a64[h + S_HEAP_GARBAGE] += var_alloc_size(old)
+                a64[vw] = used
+            a64[vw + 1] = total + 1
+            continue
+        if old >= 0 and var_alloc_size(n) <= var_alloc_size(old):
+            dst = heap + a64[vw]
+        else:
+            if old >= 0:
+                a64[h + S_HEAP_GARBAGE] += var_alloc_size(old)
+            used = a64[h + S_HEAP_USED]
+            a64[vw] = used
+            a64[h + S_HEAP_USED] = used + var_alloc_size(n)
+            dst = heap + used
+        for j in range(n):
+            a8[dst + j] = payload[src + j]
+        a64[vw + 1] = n + 1
+
+
+@njit(**_OPTS)
+def var_compact(a64, a8, h, n_rows, new_heap_off):
+    """Copy the live values of one column into a fresh heap; returns the bytes used there."""
+    vw0 = a64[h + S_DATA_OFF] >> 3
+    old_heap = a64[h + S_HEAP_OFF]
+    used = 0
+    for r in range(min(n_rows, a64[h + S_DATA_CAP])):
+        n1 = a64[vw0 + 2 * r + 1]
+        if n1 == 0:
+            continue
+        n = n1 - 1
+        src = old_heap + a64[vw0 + 2 * r]
+        for j in range(n):
+            a8[new_heap_off + used + j] = a8[src + j]
+        a64[vw0 + 2 * r] = used
+        used += var_alloc_size(n)
+    return used

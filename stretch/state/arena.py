@@ -1,0 +1,154 @@
+"""The state arena: one keyed operator's whole state store in one sparse shared-memory segment.
+
+The segment is reserved large (sparse: only touched pages use memory), so it never has to be
+remapped, and every process addresses the same structures by byte offset. Space is handed out by
+an atomic bump pointer; space given up by a structure that grew is returned to the OS page by page
+(``MADV_REMOVE``), so memory in use tracks the live state.
+
+Layout: a header page, a registry of declared states (JSON, written under a robust mutex), then a
+directory with one fixed-size header per key group (see ``_table_kernels``), then the data.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+
+import numpy as np
+
+from stretch.runtime.shm import Segment
+from stretch.state import _table_kernels as K
+
+_MAGIC = 0x53545245_4152454E  # "STREAREN"
+_A_MAGIC, _A_RESERVE, _A_BUMP, _A_KEY_MODE, _A_MAXP, _A_REGISTRY_LEN = 0, 8, 16, 24, 32, 40
+_A_LOCK = 64
+_REGISTRY_OFF, _REGISTRY_SIZE = 4096, 61440
+DIR_OFF = 65536
+PAGE = mmap.PAGESIZE
+DEFAULT_RESERVE = int(os.environ.get("STRETCH_ARENA_RESERVE", str(1 << 40)))
+
+
+def _page_round(n: int) -> int:
+    return (n + PAGE - 1) // PAGE * PAGE
+
+
+class Arena:
+    """Typed views, allocation and the state registry of one operator's state segment."""
+
+    def __init__(self, segment: Segment):
+        self.segment = segment
+        r = self.region = segment.region
+        if r.load64(_A_MAGIC) != _MAGIC:
+            raise ValueError(f"segment {segment.name} is not a state arena")
+        self.max_parallelism = r.load64(_A_MAXP)
+        mm = segment.mmap
+        self.a8 = np.frombuffer(mm, dtype=np.uint8)
+        self.a64 = self.a8.view(np.int64)
+        self.views = {
+            np.dtype(np.int64): (self.a64, 3),
+            np.dtype(np.float64): (self.a8.view(np.float64), 3),
+            np.dtype(np.int32): (self.a8.view(np.int32), 2),
+            np.dtype(np.float32): (self.a8.view(np.float32), 2),
+            np.dtype(np.int16): (self.a8.view(np.int16), 1),
+            np.dtype(np.int8): (self.a8.view(np.int8), 0),
+            np.dtype(np.uint8): (self.a8, 0),
+        }
+        self.a32 = self.views[np.dtype(np.int32)][0]
+        self.dir_w = DIR_OFF // 8
+        self.headers = self.a64[self.dir_w : self.dir_w + self.max_parallelism * K.KG_WORDS].reshape(
+            self.max_parallelism, K.KG_WORDS
+        )
+        self._registry_cache: list[dict] = []
+        self._registry_len = -1
+
+    @property
+    def name(self) -> str:
+        return self.segment.name
+
+    @classmethod
+    def create(cls, prefix: str, max_parallelism: int, reserve: int = DEFAULT_RESERVE) -> Arena:
+        seg = Segment.create(prefix, "state", reserve)
+        r = seg.region
+        r.store64(_A_RESERVE, reserve)
+        r.store64(_A_MAXP, max_parallelism)
+        r.store64(_A_BUMP, _page_round(DIR_OFF + max_parallelism * K.KG_WORDS * 8))
+        r.store64(_A_MAGIC, _MAGIC)
+        return cls(seg)
+
+    @classmethod
+    def attach(cls, name: str) -> Arena:
+        return cls(Segment.attach(name))
+
+    # ---- allocation --------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> int:
+        """Reserve zero-filled, page-aligned space; returns its byte offset."""
+        size = _page_round(max(nbytes, 1))
+        off = self.region.fetch_add64(_A_BUMP, size)
+        if off + size > self.segment.size:
+            raise MemoryError(
+                f"state arena {self.name} is exhausted ({self.segment.size} bytes reserved); "
+                "set STRETCH_ARENA_RESERVE higher"
+            )
+        return off
+
+    def free(self, off: int, nbytes: int) -> None:
+        """Give the pages of an abandoned structure back to the OS."""
+        if off and nbytes:
+            self.segment.release_pages(off, _page_round(nbytes))
+
+    def resident_bytes(self) -> int:
+        return self.segment.resident_bytes()
+
+    # ---- key mode ----------------------------------------------------------------------
+    def key_mode(self) -> int:
+        return self.region.load64(_A_KEY_MODE)
+
+    def claim_key_mode(self, mode: int) -> int:
+        """Set the operator's key mode if unset; returns the mode in force."""
+        self.region.cas64(_A_KEY_MODE, 0, mode)
+        return self.region.load64(_A_KEY_MODE)
+
+    # ---- state registry ----------------------------------------------------------------
+    def registry(self) -> list[dict]:
+        """Declared states in id order: dicts with name, kind, storage and type description."""
+        n = self.region.load64(_A_REGISTRY_LEN)
+        if n != self._registry_len:
+            self._registry_cache = json.loads(
+                bytes(self.a8[_REGISTRY_OFF : _REGISTRY_OFF + n]) if n else b"[]"
+            )
+            self._registry_len = n
+        return self._registry_cache
+
+    def register_state(self, entry: dict) -> int:
+        """Id of the state named entry['name'], declaring it if new; a conflicting redeclaration fails."""
+        self.region.lock(_A_LOCK)
+        try:
+            states = self.registry()
+            for sid, existing in enumerate(states):
+                if existing["name"] == entry["name"]:
+                    if existing != entry:
+                        raise ValueError(
+                            f"state {entry['name']!r} was declared as {existing} and is now declared "
+                            f"as {entry}; one name must keep one kind and type"
+                        )
+                    return sid
+            if len(states) >= K.MAX_STATES:
+                raise ValueError(f"an operator can declare at most {K.MAX_STATES} states")
+            raw = json.dumps([*states, entry]).encode()
+            if len(raw) > _REGISTRY_SIZE:
+                raise ValueError("too many or too large state declarations for one operator")
+            self.a8[_REGISTRY_OFF : _REGISTRY_OFF + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+            self.region.store64(_A_REGISTRY_LEN, len(raw))
+            return len(states)
+        finally:
+            self.region.unlock(_A_LOCK)
+
+    def state_base_w(self, sid: int) -> int:
+        """Word offset of state `sid`'s column words in key group 0's header (add kg * KG_WORDS)."""
+        return self.dir_w + K.STATE_BASE + sid * K.STATE_WORDS
+
+    def close(self) -> None:
+        self.views.clear()
+        self.a8 = self.a64 = self.a32 = self.headers = None
+        self.segment.close()

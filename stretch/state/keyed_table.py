@@ -1,0 +1,328 @@
+"""Per-key-group keyed state tables in the arena: a key index plus one column per declared state.
+
+Each key group has its own table (key column, open-addressing index, state columns), written only
+by the instance that owns the key group; ownership moves by rewriting the ownership table, never by
+copying these bytes. Everything here works on whole batches: the Python side sizes structures, the
+numba kernels in ``_table_kernels`` do the per-row work.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import IntEnum
+
+import numpy as np
+import pyarrow as pa
+
+from stretch.state import _table_kernels as K
+from stretch.state.arena import Arena
+from stretch.state.key_codec import decode_key
+
+_MAX_LOAD = 0.7
+_MIN_ROWS = 64
+
+
+class KeyMode(IntEnum):
+    """How an operator's keys are stored: int64 values, or byte strings decoded as str/bytes/objects."""
+
+    INT64 = 1
+    UTF8 = 2
+    BINARY = 3
+    CANONICAL = 4  # stretch.state.key_codec encoding: tuples, floats, mixed types
+
+
+def key_mode_of(arrow_type: pa.DataType) -> KeyMode:
+    """The key mode for a key column of this Arrow type."""
+    if pa.types.is_integer(arrow_type) or pa.types.is_boolean(arrow_type):
+        return KeyMode.INT64
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return KeyMode.UTF8
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return KeyMode.BINARY
+    raise TypeError(f"keys of Arrow type {arrow_type} cannot be stored; key by an int, str or bytes field")
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 1).bit_length()
+
+
+def writable(a: np.ndarray) -> np.ndarray:
+    """Kernels are compiled for writable arrays; zero-copy views of Arrow buffers are read-only."""
+    return a if a.flags.writeable else a.copy()
+
+
+def binary_buffers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 offsets, uint8 data) of a string/binary array, zero-copy for large types."""
+    if column.null_count:
+        raise ValueError("a key is null; keys must not be null")
+    if pa.types.is_string(column.type):
+        column = column.cast(pa.large_string())
+    elif pa.types.is_binary(column.type):
+        column = column.cast(pa.large_binary())
+    _, offsets_buf, data_buf = column.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64, count=len(column) + 1, offset=column.offset * 8)
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return writable(offsets), writable(data)
+
+
+class KeyedTable:
+    """Batch operations on one operator's key-group tables (used by the owning instances)."""
+
+    def __init__(self, arena: Arena):
+        self.arena = arena
+        self.headers = arena.headers
+        self.maxp = arena.max_parallelism
+
+    # ---- keys --------------------------------------------------------------------------
+    def mode(self) -> KeyMode | None:
+        m = self.arena.key_mode()
+        return KeyMode(m) if m else None
+
+    def claim_mode(self, mode: KeyMode, example=None) -> None:
+        """Fix the operator's key type on first use; keys of another type later are an error."""
+        held = self.arena.claim_key_mode(int(mode))
+        if held != mode:
+            hint = f" (key {example!r})" if example is not None else ""
+            raise TypeError(
+                f"keys of this operator are {KeyMode(held).name.lower()} but a {mode.name.lower()} key "
+                f"arrived{hint}; one operator's keys must share one type, as in Flink"
+            )
+
+    def rows(self, kgs: np.ndarray, keys, mode: KeyMode, insert: bool = True) -> np.ndarray:
+        """Row of each key within its key group's table; new keys get rows if ``insert`` (else -1)."""
+        self.claim_mode(mode)
+        kgs = writable(kgs)
+        n = len(kgs)
+        rows = np.empty(n, dtype=np.int64)
+        if mode is KeyMode.INT64:
+            values = writable(keys if isinstance(keys, np.ndarray) else _int64_keys(keys))
+            if insert:
+                self._ensure_keys(kgs, None)
+            K.lookup_i64(self.arena.a64, self.arena.a32, self.arena.dir_w, kgs, values, rows, insert)
+        else:
+            offsets, data = keys if isinstance(keys, tuple) else binary_buffers(keys)
+            if insert:
+                self._ensure_keys(kgs, np.diff(offsets))
+            K.lookup_bytes(
+                self.arena.a64,
+                self.arena.a32,
+                self.arena.a8,
+                self.arena.dir_w,
+                kgs,
+                offsets,
+                data,
+                rows,
+                insert,
+            )
+        return rows
+
+    def _ensure_keys(self, kgs: np.ndarray, key_lengths: np.ndarray | None) -> None:
+        counts = np.bincount(kgs, minlength=self.maxp)
+        h = self.headers
+        need = h[:, K.H_NKEYS] + counts
+        short = (need > h[:, K.H_KEYS_CAP]) | (need > h[:, K.H_INDEX_CAP] * _MAX_LOAD)
+        heap_need = None
+        if key_lengths is not None:
+            heap_need = h[:, K.H_KHEAP_USED] + np.bincount(
+                kgs, weights=key_lengths, minlength=self.maxp
+            ).astype(np.int64)
+            short |= heap_need > h[:, K.H_KHEAP_CAP]
+        for kg in np.flatnonzero(short):
+            self._grow_keys(int(kg), int(need[kg]), None if heap_need is None else int(heap_need[kg]))
+
+    def _grow_keys(self, kg: int, need_rows: int, need_heap: int | None) -> None:
+        a = self.arena
+        h = self.headers[kg]
+        n = int(h[K.H_NKEYS])
+        byte_keys = need_heap is not None
+        if need_rows > h[K.H_KEYS_CAP]:
+            cap = _pow2(max(need_rows, _MIN_ROWS))
+            width = 16 if byte_keys else 8
+            h[K.H_KEYS_OFF] = self._move(
+                int(h[K.H_KEYS_OFF]), int(h[K.H_KEYS_CAP]) * width, n * width, cap * width
+            )
+            if byte_keys:
+                h[K.H_KHASH_OFF] = self._move(int(h[K.H_KHASH_OFF]), int(h[K.H_KEYS_CAP]) * 8, n * 8, cap * 8)
+            h[K.H_KEYS_CAP] = cap
+        if need_rows > h[K.H_INDEX_CAP] * _MAX_LOAD:
+            cap = _pow2(max(int(need_rows / _MAX_LOAD) + 1, _MIN_ROWS))
+            off = a.alloc(cap * 4)
+            w = a.dir_w + kg * K.KG_WORDS
+            (K.rehash_bytes if byte_keys else K.rehash_i64)(a.a64, a.a32, w, off, cap)
+            a.free(int(h[K.H_INDEX_OFF]), int(h[K.H_INDEX_CAP]) * 4)
+            h[K.H_INDEX_OFF] = off
+            h[K.H_INDEX_CAP] = cap
+        if byte_keys and need_heap > h[K.H_KHEAP_CAP]:
+            cap = _pow2(max(need_heap, 4096))
+            used = int(h[K.H_KHEAP_USED])
+            h[K.H_KHEAP_OFF] = self._move(int(h[K.H_KHEAP_OFF]), int(h[K.H_KHEAP_CAP]), used, cap)
+            h[K.H_KHEAP_CAP] = cap
+
+    def _move(self, old_off: int, old_size: int, live: int, new_size: int) -> int:
+        """Allocate `new_size` bytes, copy the first `live` bytes of the old block, free the old one."""
+        a = self.arena
+        off = a.alloc(new_size)
+        if live:
+            a.a8[off : off + live] = a.a8[old_off : old_off + live]
+        a.free(old_off, old_size)
+        return off
+
+    def n_keys(self, kg: int) -> int:
+        return int(self.headers[kg, K.H_NKEYS])
+
+    def keys_of(self, kg: int) -> list:
+        """All keys of a key group as Python objects, in row order."""
+        mode = self.mode()
+        h = self.headers[kg]
+        n = int(h[K.H_NKEYS])
+        if n == 0 or mode is None:
+            return []
+        a = self.arena
+        if mode is KeyMode.INT64:
+            off = int(h[K.H_KEYS_OFF]) // 8
+            return a.a64[off : off + n].tolist()
+        views = a.a64[int(h[K.H_KEYS_OFF]) // 8 :][: 2 * n].reshape(n, 2)
+        heap = int(h[K.H_KHEAP_OFF])
+        raw = [bytes(a.a8[heap + o : heap + o + ln]) for o, ln in views.tolist()]
+        if mode is KeyMode.UTF8:
+            return [b.decode() for b in raw]
+        if mode is KeyMode.CANONICAL:
+            return [decode_key(b) for b in raw]
+        return raw
+
+    # ---- state columns -----------------------------------------------------------------
+    def _state_words(self, sid: int) -> np.ndarray:
+        base = K.STATE_BASE + sid * K.STATE_WORDS
+        return self.headers[:, base : base + K.STATE_WORDS]
+
+    def ensure_columns(self, sid: int, kgs: np.ndarray, width: int) -> None:
+        """Make state `sid`'s column cover every key row of these key groups (new rows unset)."""
+        cols = self._state_words(sid)
+        short = np.flatnonzero(cols[:, K.S_DATA_CAP] < self.headers[:, K.H_NKEYS])
+        if not short.size:
+            return
+        wanted = np.zeros(self.maxp, dtype=bool)
+        wanted[kgs] = True
+        for kg in short[wanted[short]]:
+            c = cols[kg]
+            old_cap = int(c[K.S_DATA_CAP])
+            cap = int(self.headers[kg, K.H_KEYS_CAP])
+            c[K.S_DATA_OFF] = self._move(int(c[K.S_DATA_OFF]), old_cap * width, old_cap * width, cap * width)
+            if width != 16:  # fixed-width columns keep a validity byte per row; var columns encode it
+                c[K.S_VALID_OFF] = self._move(int(c[K.S_VALID_OFF]), old_cap, old_cap, cap)
+            c[K.S_DATA_CAP] = cap
+
+    def gather(
+        self, sid: int, dtype: np.dtype, kgs: np.ndarray, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        view, shift = self.arena.views[np.dtype(dtype)]
+        out = np.zeros(len(rows), dtype=dtype)
+        valid = np.empty(len(rows), dtype=np.uint8)
+        K.gather_fixed(
+            view, shift, self.arena.a64, self.arena.a8, self.arena.state_base_w(sid), kgs, rows, out, valid
+        )
+        return out, valid
+
+    def scatter(self, sid: int, dtype: np.dtype, kgs, rows, values: np.ndarray, valid: np.ndarray) -> None:
+        dtype = np.dtype(dtype)
+        self.ensure_columns(sid, kgs, dtype.itemsize)
+        view, shift = self.arena.views[dtype]
+        K.scatter_fixed(
+            view, shift, self.arena.a64, self.arena.a8, self.arena.state_base_w(sid), kgs, rows, values, valid
+        )
+
+    def aggregate(self, sid: int, kgs, rows, values: np.ndarray, op: int) -> np.ndarray:
+        """Running sum/min/max (op 0/1/2) of `values` per key; returns the running results."""
+        self.ensure_columns(sid, kgs, values.dtype.itemsize)
+        values = writable(values)
+        view, shift = self.arena.views[values.dtype]
+        out = np.empty_like(values)
+        K.running_aggregate(
+            view,
+            shift,
+            self.arena.a64,
+            self.arena.a8,
+            self.arena.state_base_w(sid),
+            kgs,
+            rows,
+            values,
+            out,
+            op,
+        )
+        return out
+
+    def read_var(self, sid: int, kgs, rows) -> list:
+        """The stored bytes of each (kg, row), or None where unset."""
+        n = len(rows)
+        offs = np.empty(n, dtype=np.int64)
+        lens = np.empty(n, dtype=np.int64)
+        K.var_views(self.arena.a64, self.arena.state_base_w(sid), kgs, rows, offs, lens)
+        mem = self.arena.segment.mmap
+        return [None if ln < 0 else mem[o : o + ln] for o, ln in zip(offs.tolist(), lens.tolist())]
+
+    def write_var(self, sid: int, kgs, rows, payloads: list, appends: np.ndarray | None = None) -> None:
+        """Store (or, where ``appends``, append to) each value; a None payload clears it."""
+        n = len(rows)
+        if n == 0:
+            return
+        self.ensure_columns(sid, kgs, 16)
+        lengths = np.fromiter((-1 if p is None else len(p) for p in payloads), dtype=np.int64, count=n)
+        starts = np.zeros(n, dtype=np.int64)
+        np.cumsum(np.maximum(lengths[:-1], 0), out=starts[1:])
+        blob = np.frombuffer(bytearray(b"".join(p for p in payloads if p)), dtype=np.uint8)
+        if appends is None:
+            appends = np.zeros(n, dtype=np.bool_)
+        a = self.arena
+        base_w = a.state_base_w(sid)
+        demand = np.zeros(self.maxp, dtype=np.int64)
+        K.var_demand(a.a64, base_w, kgs, rows, lengths, appends, demand)
+        for kg in np.flatnonzero(demand):
+            self._ensure_heap(sid, int(kg), int(demand[kg]))
+        K.var_write(a.a64, a.a8, base_w, kgs, rows, lengths, appends, blob, starts)
+
+    def _ensure_heap(self, sid: int, kg: int, extra: int) -> None:
+        """Give a column's heap room for `extra` bytes, compacting away garbage as it moves."""
+        c = self._state_words(sid)[kg]
+        used, cap, garbage = int(c[K.S_HEAP_USED]), int(c[K.S_HEAP_CAP]), int(c[K.S_HEAP_GARBAGE])
+        if used + extra <= cap:
+            return
+        new_cap = _pow2(max(2 * (used - garbage + extra), 4096))
+        off = self.arena.alloc(new_cap)
+        words = self.arena.state_base_w(sid) + kg * K.KG_WORDS
+        new_used = K.var_compact(self.arena.a64, self.arena.a8, words, int(self.headers[kg, K.H_NKEYS]), off)
+        self.arena.free(int(c[K.S_HEAP_OFF]), cap)
+        c[K.S_HEAP_OFF] = off
+        c[K.S_HEAP_CAP] = new_cap
+        c[K.S_HEAP_USED] = new_used
+        c[K.S_HEAP_GARBAGE] = 0
+
+    # ---- consistency for concurrent readers ---------------------------------------------
+    def begin_write(self, kgs_unique: np.ndarray) -> None:
+        """Mark key groups as being written (odd version), for readers outside the owner."""
+        self.headers[kgs_unique, K.H_VERSION] += 1
+
+    def end_write(self, kgs_unique: np.ndarray) -> None:
+        self.headers[kgs_unique, K.H_VERSION] += 1
+
+    def stable_read(self, kg: int, read, attempts: int = 1000):
+        """Run ``read()`` until it saw no concurrent write to key group `kg` (a seqlock read)."""
+        region = self.arena.region
+        word = (self.arena.dir_w + kg * K.KG_WORDS + K.H_VERSION) * 8
+        for _ in range(attempts):
+            before = region.load64(word)
+            if before % 2 == 0:
+                result = read()
+                if region.load64(word) == before:
+                    return result
+            time.sleep(0.0005)
+        raise TimeoutError(f"key group {kg} kept changing while being read")
+
+
+def _int64_keys(column) -> np.ndarray:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.null_count:
+        raise ValueError("a key is null; keys must not be null")
+    if not pa.types.is_int64(column.type):
+        column = column.cast(pa.int64())
+    return column.to_numpy(zero_copy_only=False)

@@ -1,0 +1,53 @@
+"""Compile (or load from numba's cache) the state-table kernels before a worker takes work."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stretch.state import _table_kernels as K
+
+
+def warm_table_kernels() -> None:
+    """Run every kernel once on a tiny scratch arena with the dtypes the engine uses."""
+    words = K.KG_WORDS * 2 + 4096
+    a8 = np.zeros(words * 8, dtype=np.uint8)
+    a64 = a8.view(np.int64)
+    a32 = a8.view(np.int32)
+    h = 0
+    index_off, keys_off = K.KG_WORDS * 8, K.KG_WORDS * 8 + 1024
+    a64[K.H_INDEX_OFF], a64[K.H_INDEX_CAP] = index_off, 64
+    a64[K.H_KEYS_OFF], a64[K.H_KEYS_CAP] = keys_off, 64
+    a64[K.H_KHEAP_OFF], a64[K.H_KHEAP_CAP] = keys_off + 2048, 1024
+    a64[K.H_KHASH_OFF] = keys_off + 4096
+    kgs = np.zeros(1, dtype=np.uint16)
+    rows = np.zeros(1, dtype=np.int64)
+    K.lookup_i64(a64, a32, h, kgs, np.zeros(1, dtype=np.int64), rows, False)
+    K.rehash_i64(a64, a32, h, index_off, 64)
+    K.lookup_bytes(
+        a64, a32, a8, h, kgs, np.zeros(2, dtype=np.int64), np.zeros(1, dtype=np.uint8), rows, False
+    )
+    K.rehash_bytes(a64, a32, h, index_off, 64)
+    scratch = np.zeros(4, dtype=np.int64)
+    K.dedup(kgs, rows, scratch, np.zeros(1, np.int64), np.zeros(1, np.int64))
+    base = K.STATE_BASE
+    views = {
+        np.int64: (a64, 3),
+        np.float64: (a8.view(np.float64), 3),
+        np.int32: (a32, 2),
+        np.float32: (a8.view(np.float32), 2),
+        np.int16: (a8.view(np.int16), 1),
+        np.int8: (a8.view(np.int8), 0),
+        np.uint8: (a8, 0),
+    }
+    for dtype, (view, shift) in views.items():
+        out = np.zeros(1, dtype=dtype)
+        valid = np.zeros(1, dtype=np.uint8)
+        K.gather_fixed(view, shift, a64, a8, base, kgs, rows, out, valid)
+        K.scatter_fixed(view, shift, a64, a8, base, kgs, rows[:0], out[:0], valid[:0])
+        if dtype in (np.int64, np.float64):
+            K.running_aggregate(view, shift, a64, a8, base, kgs[:0], rows[:0], out[:0], out[:0], 0)
+    lens = np.full(1, -1, dtype=np.int64)
+    K.var_views(a64, base, kgs, rows, np.zeros(1, np.int64), np.zeros(1, np.int64))
+    K.var_demand(a64, base, kgs, rows, lens, np.zeros(1, np.bool_), np.zeros(1, np.int64))
+    K.var_write(a64, a8, base, kgs[:0], rows[:0], lens[:0], np.zeros(0, np.bool_), a8[:0], lens[:0])
+    K.var_compact(a64, a8, base, 0, 0)
