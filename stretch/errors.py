@@ -1,0 +1,12 @@
+"""Errors a job raises in the user's process."""
+
+from __future__ import annotations
+
+
+class JobExecutionError(RuntimeError):
+    """The job failed; the message says which operator and why."""
+
+
+class UserFunctionError(JobExecutionError):
+    """A user function raised: the message names the operator, the key and the record, and ends
+    with the user code's traceback from the worker process; ``__cause__`` is the original error."""

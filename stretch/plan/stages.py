@@ -1,0 +1,196 @@
+"""Compile the job graph into stages: sources and keyed operators with their chained steps.
+
+A stage is what one worker process runs: a source, or one instance of a keyed operator. Stateless
+map/filter/flat_map steps never become stages of their own; they are chained into the stage that
+produces their input. A key_by becomes a gate: the producing stage computes each record's key group
+and appends the batch to the gate that the keyed operator's instances read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from stretch.common.typeinfo import TypeInformation
+from stretch.plan.graph import Transformation, reachable
+
+STATELESS = ("map", "flat_map", "filter")
+KEYED = ("process", "aggregate")
+
+
+@dataclass
+class KeySpec:
+    """How a producer derives the key of each record for the gate it feeds."""
+
+    selector: Any = None  # callable(record) -> key, or None when keyed by a field
+    field: str | int | None = None  # field name or position (vectorized path)
+    key_type: TypeInformation | None = None
+    max_parallelism: int = 128
+
+
+@dataclass
+class Step:
+    """One chained step: map/flat_map/filter, or a terminal that hands records on."""
+
+    kind: str  # map | flat_map | filter | to_gate | to_sink
+    fn: Any = None
+    output_type: TypeInformation | None = None
+    children: list[Step] = field(default_factory=list)
+    gate: int = -1
+    key: KeySpec | None = None
+    sink: int = -1
+    name: str = ""
+
+
+@dataclass
+class OperatorSpec:
+    """The keyed operator at the head of a keyed stage."""
+
+    kind: str  # process | aggregate
+    fn: Any = None
+    output_type: TypeInformation | None = None
+    key: KeySpec | None = None
+    op: str = ""  # aggregate: sum | min | max
+    fields: list = field(default_factory=list)
+
+
+@dataclass
+class StageSpec:
+    id: int
+    name: str
+    kind: str  # source | keyed
+    parallelism: int
+    max_parallelism: int
+    chain: list[Step]
+    source: Any = None
+    operator: OperatorSpec | None = None
+    input_gate: int = -1
+
+
+@dataclass
+class SinkSpec:
+    id: int
+    name: str
+    sink: Any
+    producers: list[int] = field(default_factory=list)  # stage ids
+    upstream_parallelism: int = 1
+
+
+@dataclass
+class JobPlan:
+    stages: list[StageSpec]
+    sinks: list[SinkSpec]
+    gate_producers: dict[int, list[int]]  # gate id -> producing stage ids
+    max_parallelism: int
+
+    def stage(self, name: str) -> StageSpec:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        known = ", ".join(s.name for s in self.stages if s.kind == "keyed")
+        raise KeyError(f"no operator named {name!r} in this job (keyed operators: {known})")
+
+
+def compile_plan(sinks: list[Transformation], default_parallelism: int, max_parallelism: int) -> JobPlan:
+    """Turn the transformations the sinks depend on into stages, gates and sinks."""
+    if not sinks:
+        raise RuntimeError("the job has no sinks: add print(), sink_to(...) or execute_and_collect()")
+    nodes = reachable(sinks)
+    consumers: dict[int, list[Transformation]] = {t.id: [] for t in nodes}
+    for t in nodes:
+        for i in t.inputs:
+            consumers[i.id].append(t)
+
+    names: dict[str, int] = {}
+
+    def unique(name: str) -> str:
+        n = names.get(name, 0)
+        names[name] = n + 1
+        return name if n == 0 else f"{name}-{n + 1}"
+
+    stage_of: dict[int, int] = {}
+    gate_of: dict[int, int] = {}
+    sink_of: dict[int, int] = {}
+    stages: list[StageSpec] = []
+    sink_specs: list[SinkSpec] = []
+    for t in nodes:
+        if t.kind == "source":
+            stage_of[t.id] = len(stages)
+            stages.append(
+                StageSpec(
+                    len(stages), unique(t.name), "source", 1, max_parallelism, [], source=t.spec["source"]
+                )
+            )
+        elif t.kind in KEYED:
+            key_by = t.inputs[0]
+            mp = t.max_parallelism or max_parallelism
+            p = t.parallelism or default_parallelism
+            if p > mp:
+                raise ValueError(f"operator {t.name!r}: parallelism {p} exceeds max parallelism {mp}")
+            gate_of[t.id] = len(gate_of)
+            key = _key_spec(key_by, mp)
+            op = OperatorSpec(
+                t.kind,
+                t.spec.get("fn"),
+                t.output_type,
+                key,
+                t.spec.get("op", ""),
+                list(t.spec.get("fields", [])),
+            )
+            stage_of[t.id] = len(stages)
+            stages.append(
+                StageSpec(
+                    len(stages), unique(t.name), "keyed", p, mp, [], operator=op, input_gate=gate_of[t.id]
+                )
+            )
+        elif t.kind == "sink":
+            sink_of[t.id] = len(sink_specs)
+            sink_specs.append(SinkSpec(len(sink_specs), t.name, t.spec["sink"]))
+
+    def steps_after(t: Transformation) -> list[Step]:
+        out: list[Step] = []
+        for c in consumers[t.id]:
+            if c.kind in STATELESS:
+                out.append(Step(c.kind, c.spec["fn"], c.output_type, steps_after(c), name=c.name))
+            elif c.kind == "union":
+                out.extend(steps_after(c))
+            elif c.kind == "key_by":
+                for k in consumers[c.id]:
+                    out.append(
+                        Step(
+                            "to_gate",
+                            gate=gate_of[k.id],
+                            key=_key_spec(c, stages[stage_of[k.id]].max_parallelism),
+                        )
+                    )
+            elif c.kind == "sink":
+                out.append(Step("to_sink", sink=sink_of[c.id], name=c.name))
+            else:
+                raise TypeError(f"{c.kind} cannot follow {t.kind}")
+        return out
+
+    gate_producers: dict[int, list[int]] = {g: [] for g in gate_of.values()}
+    for t in nodes:
+        if t.id in stage_of:
+            stage = stages[stage_of[t.id]]
+            stage.chain = steps_after(t)
+            for step in _walk(stage.chain):
+                if step.kind == "to_gate":
+                    gate_producers[step.gate].append(stage.id)
+                elif step.kind == "to_sink":
+                    sink_specs[step.sink].producers.append(stage.id)
+    for s in sink_specs:
+        s.upstream_parallelism = max((stages[i].parallelism for i in s.producers), default=1)
+    return JobPlan(stages, sink_specs, gate_producers, max_parallelism)
+
+
+def _key_spec(key_by: Transformation, max_parallelism: int) -> KeySpec:
+    return KeySpec(
+        key_by.spec.get("selector"), key_by.spec.get("field"), key_by.spec.get("key_type"), max_parallelism
+    )
+
+
+def _walk(steps: list[Step]):
+    for s in steps:
+        yield s
+        yield from _walk(s.children)

@@ -1,0 +1,327 @@
+"""Chained stateless steps and the hand-off of records to gates and sinks, inside one stage.
+
+Records move through a chain as whole batches: an Arrow batch, a Python list of records, or both,
+converted only when a step needs the other form. A ``to_gate`` step is where a key_by happens:
+it computes each record's key and key group once, here in the producer, and appends the batch
+with ``__key``/``__kg`` columns to the gate of the keyed operator.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import numpy as np
+import pyarrow as pa
+
+from stretch.common.records import from_batch, to_batch
+from stretch.common.typeinfo import Types
+from stretch.datastream.functions import Function, KeySelector
+from stretch.plan.stages import KeySpec, Step
+from stretch.state.key_codec import encode_key
+from stretch.state.key_groups import key_groups_of, key_groups_of_keys, stable_hash
+
+KEY_COLUMN = "__key"
+KG_COLUMN = "__kg"
+CANONICAL_META = {b"stretch.key": b"canonical"}
+INFERRED_META = b"stretch.inferred"
+
+
+class Records:
+    """Records in flight: an Arrow batch, a Python list, or both (each made on demand)."""
+
+    __slots__ = ("_batch", "_items", "type_info")
+
+    def __init__(self, batch: pa.RecordBatch | None = None, items: list | None = None, type_info=None):
+        self._batch = batch
+        self._items = items
+        self.type_info = type_info
+
+    def __len__(self) -> int:
+        return self._batch.num_rows if self._batch is not None else len(self._items)
+
+    def items(self) -> list:
+        if self._items is None:
+            self._items = from_batch(self._batch)
+        return self._items
+
+    def batch(self) -> pa.RecordBatch:
+        if self._batch is None:
+            batch = to_batch(self._items, self.type_info)
+            if self.type_info is None:  # remembered so print() can show the records as Python does
+                batch = batch.replace_schema_metadata({**(batch.schema.metadata or {}), INFERRED_META: b"1"})
+            self._batch = batch
+        return self._batch
+
+    def data_batch(self) -> pa.RecordBatch:
+        """The batch without engine columns (``__kg``, ``__key``)."""
+        b = self.batch()
+        keep = [
+            i for i, name in enumerate(b.schema.names) if not name.startswith("__") or name == "__row_kind"
+        ]
+        return b if len(keep) == b.num_columns else b.select(keep)
+
+
+class StepError(Exception):
+    """A user function failed on a record; carries what the job error must name."""
+
+    def __init__(self, operator: str, record, key, cause: BaseException, what: str = "user function"):
+        self.operator = operator
+        self.record = record
+        self.key = key
+        self.cause = cause
+        self.what = what
+        self.user_traceback = "".join(traceback.format_exception(cause))
+        super().__init__(describe_failure(operator, record, key, cause, what))
+
+
+def describe_failure(operator: str, record, key, cause: BaseException, what: str = "user function") -> str:
+    key_part = "" if key is _NO_KEY else f", key {_short(key)}"
+    reason = f"{type(cause).__name__}: {cause}"
+    return f"{what} of operator {operator!r} failed on record {_short(record)}{key_part}: {reason}"
+
+
+_NO_KEY = object()
+
+
+def _short(value, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def call_of(fn, method: str):
+    """The callable behind a user function object or plain callable."""
+    if isinstance(fn, Function):
+        return getattr(fn, method)
+    if callable(fn):
+        return fn
+    raise TypeError(f"{fn!r} is neither a {method} function nor callable")
+
+
+class Chain:
+    """Runs a stage's chained steps on each batch and hands results to gates and sinks."""
+
+    def __init__(self, steps: list[Step], stage_name: str, outputs: Outputs):
+        self.roots = [_make(s, stage_name, outputs) for s in steps]
+        self.functions = [f for r in self.roots for f in r.functions()]
+
+    def open(self, runtime_context) -> None:
+        for f in self.functions:
+            f.open(runtime_context)
+
+    def close(self) -> None:
+        for f in self.functions:
+            f.close()
+
+    def push(self, records: Records) -> None:
+        if len(records):
+            for r in self.roots:
+                r.push(records)
+
+
+class Outputs:
+    """Where a stage's terminal steps write: gates and sink gates by id, and this producer's index."""
+
+    def __init__(self, gates: dict, sink_gates: dict, producer: int, count_out):
+        self.gates = gates
+        self.sink_gates = sink_gates
+        self.producer = producer
+        self.count_out = count_out
+
+
+class _Node:
+    def __init__(self, step: Step, stage_name: str, outputs: Outputs):
+        self.step = step
+        self.stage_name = stage_name
+        self.children = [_make(c, stage_name, outputs) for c in step.children]
+
+    def functions(self) -> list:
+        own = [self.step.fn] if isinstance(self.step.fn, Function) else []
+        return own + [f for c in self.children for f in c.functions()]
+
+    def forward(self, records: Records) -> None:
+        if len(records):
+            for c in self.children:
+                c.push(records)
+
+
+class _Map(_Node):
+    def push(self, records: Records) -> None:
+        f = call_of(self.step.fn, "map")
+        items = records.items()
+        try:
+            out = [f(r) for r in items]
+        except Exception as e:
+            raise StepError(self.stage_name, _culprit(items, f), _NO_KEY, e, "map function") from e
+        self.forward(Records(items=out, type_info=self.step.output_type))
+
+
+class _FlatMap(_Node):
+    def push(self, records: Records) -> None:
+        f = call_of(self.step.fn, "flat_map")
+        out: list = []
+        ext = out.extend
+        record = None
+        try:
+            for record in records.items():
+                res = f(record)
+                if res is not None:
+                    ext(res)
+        except Exception as e:
+            raise StepError(self.stage_name, record, _NO_KEY, e, "flat_map function") from e
+        self.forward(Records(items=out, type_info=self.step.output_type))
+
+
+class _Filter(_Node):
+    def push(self, records: Records) -> None:
+        f = call_of(self.step.fn, "filter")
+        items = records.items()
+        try:
+            mask = [bool(f(r)) for r in items]
+        except Exception as e:
+            raise StepError(self.stage_name, _culprit(items, f), _NO_KEY, e, "filter function") from e
+        if records._batch is not None:
+            out = Records(batch=records._batch.filter(pa.array(mask)), type_info=records.type_info)
+            out._items = [r for r, m in zip(items, mask) if m]
+        else:
+            out = Records(items=[r for r, m in zip(items, mask) if m], type_info=records.type_info)
+        self.forward(out)
+
+
+def _culprit(items: list, f):
+    """The first record on which ``f`` raises (re-run only after a failure)."""
+    for r in items:
+        try:
+            f(r)
+        except Exception:
+            return r
+    return None
+
+
+class _ToSink(_Node):
+    def __init__(self, step, stage_name, outputs):
+        super().__init__(step, stage_name, outputs)
+        self.gate = outputs.sink_gates[step.sink]
+        self.outputs = outputs
+
+    def push(self, records: Records) -> None:
+        batch = records.data_batch()
+        self.outputs.count_out(batch.num_rows)
+        self.gate.append_batch(batch, producer=self.outputs.producer)
+
+
+class _ToGate(_Node):
+    def __init__(self, step, stage_name, outputs):
+        super().__init__(step, stage_name, outputs)
+        self.gate = outputs.gates[step.gate]
+        self.outputs = outputs
+        self.key: KeySpec = step.key
+
+    def push(self, records: Records) -> None:
+        key = self.key
+        if key.field is not None:
+            batch = records.data_batch()
+            column = batch.column(resolve_field(batch.schema, key.field))
+            kgs = key_groups_of(column, key.max_parallelism)
+            extra = []
+            if not (
+                pa.types.is_integer(column.type)
+                or pa.types.is_boolean(column.type)
+                or pa.types.is_string(column.type)
+                or pa.types.is_large_string(column.type)
+                or pa.types.is_binary(column.type)
+                or pa.types.is_large_binary(column.type)
+            ):
+                extra = [
+                    (
+                        pa.field(KEY_COLUMN, pa.large_binary(), metadata=CANONICAL_META),
+                        pa.array([encode_key(k) for k in column.to_pylist()], pa.large_binary()),
+                    )
+                ]
+        else:
+            items = records.items()
+            keys = self._keys(items)
+            kgs = self._key_groups(items, keys)
+            extra = [key_column(keys, key.key_type)]
+            batch = records.data_batch()
+        for f, arr in extra:
+            batch = batch.append_column(f, arr)
+        batch = batch.append_column(KG_COLUMN, pa.array(kgs, type=pa.uint16()))
+        self.outputs.count_out(batch.num_rows)
+        self.gate.append_batch(batch, producer=self.outputs.producer)
+
+    def _keys(self, items: list) -> list:
+        sel = self.key.selector.get_key if isinstance(self.key.selector, KeySelector) else self.key.selector
+        try:
+            return [sel(r) for r in items]
+        except Exception as e:
+            raise StepError(self.stage_name, _culprit(items, sel), _NO_KEY, e, "key selector") from e
+
+    def _key_groups(self, items: list, keys: list) -> np.ndarray:
+        try:
+            return key_groups_of_keys(keys, self.key.max_parallelism)
+        except TypeError:
+            for r, k in zip(items, keys):
+                try:
+                    stable_hash(k)
+                except TypeError:
+                    raise TypeError(
+                        f"key_by of operator {self.stage_name!r}: record {_short(r)} has key {_short(k)} "
+                        f"of type {type(k).__name__}, which cannot be hashed stably; keys must be int, "
+                        "float, str, bytes, bool, None or tuples of these"
+                    ) from None
+            raise
+
+
+def key_column(keys: list, key_type) -> tuple[pa.Field, pa.Array]:
+    """The ``__key`` column for keys a selector returned: int64, string, bytes, or canonical bytes."""
+    if key_type is not None and key_type != Types.PICKLED_BYTE_ARRAY():
+        arrow = key_type.to_arrow()
+        try:
+            if pa.types.is_integer(arrow) or pa.types.is_boolean(arrow):
+                if not all(isinstance(k, int) for k in keys):
+                    raise TypeError("not an int")
+                return pa.field(KEY_COLUMN, pa.int64()), pa.array(keys, pa.int64())
+            if pa.types.is_string(arrow) or pa.types.is_large_string(arrow):
+                return pa.field(KEY_COLUMN, pa.large_string()), pa.array(keys, pa.large_string())
+        except (TypeError, pa.ArrowException, OverflowError):
+            bad = next((k for k in keys if not _matches(k, arrow)), None)
+            raise TypeError(f"key {_short(bad)} does not match the declared key_type {key_type!r}") from None
+    elif key_type is None:
+        kinds = {type(k) for k in keys}
+        if kinds <= {int, bool}:
+            try:
+                return pa.field(KEY_COLUMN, pa.int64()), pa.array(keys, pa.int64())
+            except (OverflowError, pa.ArrowException):
+                pass
+        elif kinds == {str}:
+            return pa.field(KEY_COLUMN, pa.large_string()), pa.array(keys, pa.large_string())
+        elif kinds == {bytes}:
+            return pa.field(KEY_COLUMN, pa.large_binary()), pa.array(keys, pa.large_binary())
+    field = pa.field(KEY_COLUMN, pa.large_binary(), metadata=CANONICAL_META)
+    return field, pa.array([encode_key(k) for k in keys], pa.large_binary())
+
+
+def _matches(k, arrow) -> bool:
+    if pa.types.is_integer(arrow) or pa.types.is_boolean(arrow):
+        return isinstance(k, int)
+    return isinstance(k, str)
+
+
+def resolve_field(schema: pa.Schema, field: str | int) -> int:
+    """Column index of a record field given by name or by position among the data columns."""
+    data = [i for i, name in enumerate(schema.names) if not name.startswith("__")]
+    if isinstance(field, int):
+        if not 0 <= field < len(data):
+            raise IndexError(f"field position {field} is out of range for records with {len(data)} fields")
+        return data[field]
+    if field not in schema.names or field.startswith("__"):
+        names = [schema.names[i] for i in data]
+        raise KeyError(f"records have no field {field!r} (fields: {names})")
+    return schema.get_field_index(field)
+
+
+_KINDS = {"map": _Map, "flat_map": _FlatMap, "filter": _Filter, "to_sink": _ToSink, "to_gate": _ToGate}
+
+
+def _make(step: Step, stage_name: str, outputs: Outputs) -> _Node:
+    return _KINDS[step.kind](step, stage_name, outputs)

@@ -1,0 +1,88 @@
+"""The job's control block: per keyed operator, the ownership table by epoch and instance counters.
+
+Ownership is only a table (key group -> instance index). A rescale publishes the next epoch's
+table here and places an EPOCH record in the operator's gate; instances switch tables when they
+read that record. Each instance also publishes the epoch it runs under and its counters here, so
+the coordinator, the CLI and other instances can see progress without asking.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stretch.runtime.shm import Segment
+
+TABLE_RING = 8  # epochs kept readable; a rescale waits until its slot is no longer in use
+MAX_INSTANCES = 256
+
+# Per-instance words (int64).
+I_EPOCH, I_RECORDS_IN, I_RECORDS_OUT, I_BUSY_NS, I_BATCHES, I_HEARTBEAT_NS, I_STATE, I_GATE_SEQ = range(8)
+I_WORDS = 16
+# Instance states.
+FREE, RUNNING, DONE = 0, 1, 2
+
+_OP_HEADER = 64  # epoch, parallelism, switch_seq...
+O_EPOCH, O_PARALLELISM, O_SWITCH_SEQ = 0, 1, 2
+
+
+class ControlBlock:
+    """Typed views over the control segment (the same layout in every process of the job)."""
+
+    def __init__(self, segment: Segment, n_operators: int, max_parallelism: int):
+        self.segment = segment
+        self.n_operators = n_operators
+        self.max_parallelism = max_parallelism
+        table_bytes = TABLE_RING * max_parallelism * 2
+        self._table_bytes = (table_bytes + 63) // 64 * 64
+        self._inst_bytes = MAX_INSTANCES * I_WORDS * 8
+        self._op_bytes = _OP_HEADER * 8 + self._table_bytes + self._inst_bytes
+
+    @staticmethod
+    def size(n_operators: int, max_parallelism: int) -> int:
+        table_bytes = (TABLE_RING * max_parallelism * 2 + 63) // 64 * 64
+        return max(n_operators, 1) * (_OP_HEADER * 8 + table_bytes + MAX_INSTANCES * I_WORDS * 8)
+
+    @classmethod
+    def create(cls, prefix: str, n_operators: int, max_parallelism: int) -> ControlBlock:
+        seg = Segment.create(prefix, "control", cls.size(n_operators, max_parallelism))
+        return cls(seg, n_operators, max_parallelism)
+
+    @classmethod
+    def attach(cls, name: str, n_operators: int, max_parallelism: int) -> ControlBlock:
+        return cls(Segment.attach(name), n_operators, max_parallelism)
+
+    def _base(self, op: int) -> int:
+        return op * self._op_bytes
+
+    def header(self, op: int) -> np.ndarray:
+        return self.segment.view(np.int64, self._base(op), _OP_HEADER)
+
+    def table(self, op: int, epoch: int) -> np.ndarray:
+        """The ownership table (int16 instance index per key group) of an epoch."""
+        off = self._base(op) + _OP_HEADER * 8 + (epoch % TABLE_RING) * self.max_parallelism * 2
+        return self.segment.view(np.int16, off, self.max_parallelism)
+
+    def instances(self, op: int) -> np.ndarray:
+        """Per-instance words, shape (MAX_INSTANCES, I_WORDS); row i is written by instance i."""
+        off = self._base(op) + _OP_HEADER * 8 + self._table_bytes
+        return self.segment.view(np.int64, off, MAX_INSTANCES * I_WORDS).reshape(MAX_INSTANCES, I_WORDS)
+
+    def epoch_word(self, op: int) -> int:
+        """Byte offset of the operator's current-epoch word (for native atomics)."""
+        return self._base(op) + O_EPOCH * 8
+
+    def instance_word(self, op: int, instance: int, word: int) -> int:
+        return self._base(op) + _OP_HEADER * 8 + self._table_bytes + (instance * I_WORDS + word) * 8
+
+    def publish(self, op: int, epoch: int, owners: np.ndarray) -> None:
+        """Write an epoch's table, then make it the operator's current epoch."""
+        self.table(op, epoch)[:] = owners
+        h = self.header(op)
+        h[O_PARALLELISM] = int(owners.max()) + 1
+        self.segment.region.store64(self.epoch_word(op), epoch)
+
+    def epoch(self, op: int) -> int:
+        return self.segment.region.load64(self.epoch_word(op))
+
+    def close(self) -> None:
+        self.segment.close()

@@ -1,0 +1,431 @@
+"""The coordinator: one job's control plane on this machine (the node engine's head).
+
+It owns the job's shared-memory segments, its control socket and its zygote; it hands stages to
+worker processes, moves end-of-stream markers from finished producers into the gates they fed, and
+turns a worker's failure into a clear error in the user's process. Data never passes through it:
+workers read and write the gates directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+import cloudpickle
+
+from stretch.common.job_status import JobStatus
+from stretch.errors import JobExecutionError, UserFunctionError
+from stretch.plan.stages import JobPlan
+from stretch.runtime import control_block as cbk
+from stretch.runtime import shm
+from stretch.runtime.control_block import ControlBlock
+from stretch.runtime.control_socket import ControlServer, runtime_dir
+from stretch.runtime.gate import Gate, Kind
+from stretch.runtime.resources import JobResources
+from stretch.runtime.sink_runner import SinkRunner
+from stretch.runtime.tasks import Assignment
+from stretch.runtime.zygote import Zygote
+from stretch.state.arena import Arena
+from stretch.state.key_groups import assignment as range_assignment
+
+
+@dataclass
+class EngineConfig:
+    """Sizes of the node engine's structures; defaults suit a laptop-sized machine."""
+
+    gate_slots: int = 64
+    gate_bytes: int = 32 << 20
+    sink_gate_bytes: int = 32 << 20
+    spare_workers: int = 0
+    shutdown_timeout: float = 10.0
+
+
+@dataclass
+class _Worker:
+    id: int
+    pid: int | None = None
+    conn: object = None
+    task: tuple[int, int] | None = None  # (stage id, instance index)
+    exited: bool = False
+
+
+@dataclass
+class _StageState:
+    running: set[int] = field(default_factory=set)
+    done: set[int] = field(default_factory=set)
+    finished: bool = False
+
+
+class Coordinator:
+    """Runs one job: call ``run()`` in a dedicated thread; everything else is thread-safe."""
+
+    def __init__(self, plan: JobPlan, job_name: str, config: EngineConfig | None = None):
+        self.plan = plan
+        self.job_name = job_name
+        self.job_id = secrets.token_hex(16)
+        self.config = config or EngineConfig()
+        self.status = JobStatus.CREATED
+        self.error: BaseException | None = None
+        self.started_at = time.time()
+        self.finished_at: float | None = None
+        self._events: queue.Queue = queue.Queue()
+        self._done = threading.Event()
+        self._started = threading.Event()
+        self._token = secrets.token_hex(32)
+        self._workers: dict[int, _Worker] = {}
+        self._pending: list[tuple[int, int]] = []
+        self._stages = {s.id: _StageState() for s in plan.stages}
+        self._sinks_done: set[int] = set()
+        self._finished_gates: set[int] = set()
+        self._segments: list = []
+        self.gates: dict[int, Gate] = {}
+        self.sink_gates: dict[int, Gate] = {}
+        self.arenas: dict[int, Arena] = {}
+        self.control: ControlBlock | None = None
+        self.resources: JobResources | None = None
+        self._sink_runners: list[SinkRunner] = []
+        self._collect_sinks: set[int] = set()
+        self._server: ControlServer | None = None
+        self._zygote: Zygote | None = None
+        self.socket_path = runtime_dir() / f"{self.job_id}.sock"
+        self.info_path = runtime_dir() / f"{self.job_id}.json"
+
+    # ---- public, thread-safe ------------------------------------------------------------
+    def wait_started(self, timeout: float | None = None) -> bool:
+        return self._started.wait(timeout)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        self._events.put(("cancel",))
+
+    def sink_finished(self, sink: int, error: BaseException | None = None) -> None:
+        self._events.put(("sink_done", sink, error))
+
+    def register_collect(self, sink: int) -> None:
+        """A sink read by the caller (execute_and_collect) rather than by a runner thread."""
+        self._collect_sinks.add(sink)
+
+    # ---- the job thread -----------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._start()
+            self._loop()
+        except BaseException as e:
+            if self.error is None:
+                self.error = e
+            self.status = JobStatus.FAILED
+        finally:
+            try:
+                self._shutdown()
+            finally:
+                self.finished_at = time.time()
+                self._started.set()
+                self._done.set()
+
+    def _start(self) -> None:
+        shm.reap_dead_engines()
+        cfg, plan = self.config, self.plan
+        prefix = shm.engine_prefix()
+        keyed = [s for s in plan.stages if s.kind == "keyed"]
+        self.control = ControlBlock.create(prefix, len(keyed), plan.max_parallelism)
+        self._segments.append(self.control)
+        res = JobResources(prefix, self.control.segment.name, len(keyed), plan.max_parallelism)
+        for gate_id in plan.gate_producers:
+            g = Gate.create(prefix, "gate", cfg.gate_slots, cfg.gate_bytes)
+            self.gates[gate_id] = g
+            res.gates[gate_id] = g.name
+            self._segments.append(g.segment)
+        for sink in plan.sinks:
+            g = Gate.create(prefix, "sink", cfg.gate_slots, cfg.sink_gate_bytes)
+            g.open_reader(0, 0)
+            self.sink_gates[sink.id] = g
+            res.sink_gates[sink.id] = g.name
+            self._segments.append(g.segment)
+        for op_index, stage in enumerate(keyed):
+            arena = Arena.create(prefix, stage.max_parallelism)
+            self.arenas[stage.id] = arena
+            res.arenas[stage.id] = arena.name
+            res.keyed_index[stage.id] = op_index
+            self._segments.append(arena)
+            self.control.publish(op_index, 0, range_assignment(stage.parallelism, stage.max_parallelism))
+            gate = self.gates[stage.input_gate]
+            for i in range(stage.parallelism):
+                gate.open_reader(i, 0)
+            self._pending.extend((stage.id, i) for i in range(stage.parallelism))
+        for stage in plan.stages:
+            if stage.kind == "source":
+                self._pending.append((stage.id, 0))
+        self.resources = res
+        self._server = ControlServer(self.socket_path, self._token, self._on_message, self._on_close)
+        self._write_info()
+        self._zygote = Zygote(str(self.socket_path), self._token)
+        for _ in range(len(self._pending) + cfg.spare_workers):
+            self._spawn_worker()
+        for sink in plan.sinks:
+            if sink.id not in self._collect_sinks:
+                runner = SinkRunner(sink, self.sink_gates[sink.id], self)
+                self._sink_runners.append(runner)
+                runner.start()
+        self.status = JobStatus.RUNNING
+        self._started.set()
+
+    def _spawn_worker(self) -> _Worker:
+        wid = len(self._workers)
+        w = self._workers[wid] = _Worker(wid)
+        w.pid = self._zygote.fork(wid)
+        return w
+
+    def _write_info(self) -> None:
+        info = {
+            "job_id": self.job_id,
+            "name": self.job_name,
+            "pid": os.getpid(),
+            "socket": str(self.socket_path),
+            "started": self.started_at,
+            "operators": [s.name for s in self.plan.stages if s.kind == "keyed"],
+        }
+        tmp = self.info_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info))
+        tmp.replace(self.info_path)
+
+    # ---- events ---------------------------------------------------------------------------
+    def _on_message(self, conn, msg) -> None:
+        self._events.put(("msg", conn, msg))
+
+    def _on_close(self, conn) -> None:
+        self._events.put(("closed", conn))
+
+    def _loop(self) -> None:
+        while True:
+            if self._finished():
+                self.status = JobStatus.FINISHED
+                return
+            try:
+                event = self._events.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            kind = event[0]
+            if kind == "msg":
+                self._handle(event[1], event[2])
+            elif kind == "closed":
+                self._worker_gone(event[1])
+            elif kind == "sink_done":
+                if event[2] is not None:
+                    self._fail(event[2])
+                self._sinks_done.add(event[1])
+            elif kind == "cancel" and not self.status.is_globally_terminal_state():
+                self.status = JobStatus.CANCELLING
+                self._stop_everything()
+                self.status = JobStatus.CANCELED
+                return
+            if self.status is JobStatus.FAILING:
+                self._stop_everything()
+                self.status = JobStatus.FAILED
+                return
+
+    def _finished(self) -> bool:
+        return all(s.finished for s in self._stages.values()) and len(self._sinks_done) == len(
+            self.plan.sinks
+        )
+
+    def _handle(self, conn, msg) -> None:
+        op = msg.get("op")
+        if op == "hello":
+            w = self._workers.get(conn.worker)
+            if w is None:
+                return
+            w.conn = conn
+            self._assign(w)
+        elif op in ("done", "stopped", "failed"):
+            w = self._workers.get(conn.worker)
+            if w is not None:
+                w.task = None
+            if op == "failed":
+                self._fail(_job_error(msg["error"], self.plan.stages[msg["stage"]].name))
+            elif op == "done":
+                self._instance_done(msg["stage"], msg["index"])
+            if w is not None and self.status is JobStatus.RUNNING:
+                self._assign(w)
+        elif op == "status":
+            conn.send(self.describe())
+        else:
+            conn.send({"ok": False, "error": f"unknown request {op!r}"})
+
+    def _assign(self, w: _Worker) -> None:
+        if not self._pending or w.conn is None:
+            return
+        stage_id, index = self._pending.pop(0)
+        stage = self.plan.stages[stage_id]
+        w.task = (stage_id, index)
+        self._stages[stage_id].running.add(index)
+        w.conn.send({"op": "run", "assignment": Assignment(self.resources, stage, index, 0)}, fmt=ord("P"))
+
+    def _instance_done(self, stage_id: int, index: int) -> None:
+        st = self._stages[stage_id]
+        st.running.discard(index)
+        st.done.add(index)
+        stage = self.plan.stages[stage_id]
+        if len(st.done) == stage.parallelism and not st.finished:
+            st.finished = True
+            self._producer_finished(stage_id)
+
+    def _producer_finished(self, stage_id: int) -> None:
+        """A stage ended: every gate and sink whose producers have all ended gets end-of-stream."""
+        done = {s for s, st in self._stages.items() if st.finished}
+        for gate_id, producers in self.plan.gate_producers.items():
+            if gate_id not in self._finished_gates and set(producers) <= done:
+                self._finished_gates.add(gate_id)
+                self.gates[gate_id].append_control(Kind.END_OF_STREAM)
+        for sink in self.plan.sinks:
+            key = -1 - sink.id
+            if key not in self._finished_gates and set(sink.producers) <= done:
+                self._finished_gates.add(key)
+                self.sink_gates[sink.id].append_control(Kind.END_OF_STREAM)
+
+    def _worker_gone(self, conn) -> None:
+        w = self._workers.get(conn.worker) if conn.worker is not None else None
+        if w is None:
+            return
+        w.exited = True
+        if w.task is not None and self.status is JobStatus.RUNNING:
+            stage = self.plan.stages[w.task[0]]
+            self._fail(
+                JobExecutionError(f"worker {w.pid} running operator {stage.name!r} exited unexpectedly")
+            )
+
+    def _fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        if not self.status.is_globally_terminal_state():
+            self.status = JobStatus.FAILING
+
+    def _stop_everything(self) -> None:
+        for g in (*self.gates.values(), *self.sink_gates.values()):
+            g.close()
+        for w in self._workers.values():
+            if w.conn is not None and not w.exited:
+                with contextlib.suppress(OSError):
+                    w.conn.send({"op": "stop"})
+
+    # ---- status -----------------------------------------------------------------------------
+    def describe(self) -> dict:
+        ops = []
+        for stage in self.plan.stages:
+            if stage.kind != "keyed" or self.control is None:
+                continue
+            op = self.resources.keyed_index[stage.id]
+            epoch = self.control.epoch(op)
+            owners = self.control.table(op, epoch)
+            p = int(owners.max()) + 1
+            inst = self.control.instances(op)[:p]
+            ops.append(
+                {
+                    "name": stage.name,
+                    "parallelism": p,
+                    "epoch": epoch,
+                    "gate_depth": self.gates[stage.input_gate].depth(),
+                    "instances": [
+                        {
+                            "index": i,
+                            "records_in": int(inst[i, cbk.I_RECORDS_IN]),
+                            "records_out": int(inst[i, cbk.I_RECORDS_OUT]),
+                            "busy_ms": int(inst[i, cbk.I_BUSY_NS]) // 1_000_000,
+                        }
+                        for i in range(p)
+                    ],
+                }
+            )
+        return {
+            "ok": True,
+            "job_id": self.job_id,
+            "name": self.job_name,
+            "status": self.status.value,
+            "operators": ops,
+        }
+
+    # ---- shutdown ------------------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        if self.status is not JobStatus.FINISHED:
+            self._stop_everything()
+        for w in self._workers.values():
+            if w.conn is not None and not w.exited:
+                with contextlib.suppress(OSError):
+                    w.conn.send({"op": "exit"})
+        self._await_workers()
+        if self._zygote is not None:
+            self._zygote.stop()
+        if self._server is not None:
+            self._server.close()
+        for r in self._sink_runners:
+            r.join(self.config.shutdown_timeout)
+        for seg in self._segments:
+            with contextlib.suppress(Exception):
+                seg.close()
+        if self.resources is not None:
+            shm.unlink_prefix(self.resources.prefix)
+        with contextlib.suppress(FileNotFoundError):
+            self.info_path.unlink()
+
+    def _await_workers(self) -> None:
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        pids = [w.pid for w in self._workers.values() if w.pid]
+        while time.monotonic() < deadline:
+            alive = [p for p in pids if _alive(p)]
+            if not alive:
+                return
+            time.sleep(0.01)
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, 9)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _job_error(report: dict, operator: str) -> BaseException:
+    """Rebuild a worker's failure as the exception the user sees."""
+    cause = None
+    if report.get("exception"):
+        with contextlib.suppress(Exception):
+            cause = cloudpickle.loads(report["exception"])
+    message = report["message"]
+    if "user_traceback" in report:
+        err: BaseException = UserFunctionError(
+            f"{message}\n\nUser code traceback (worker process):\n{report['user_traceback']}"
+        )
+    elif report["type"] in ("TypeError", "ValueError", "KeyError", "IndexError", "OverflowError"):
+        err = {
+            "TypeError": TypeError,
+            "ValueError": ValueError,
+            "KeyError": KeyError,
+            "IndexError": IndexError,
+            "OverflowError": OverflowError,
+        }[report["type"]](message)
+    else:
+        err = JobExecutionError(
+            f"operator {operator!r} failed: {report['type']}: {message}\n{report['traceback']}"
+        )
+    if cause is not None:
+        err.__cause__ = cause
+    return err

@@ -1,0 +1,300 @@
+"""The gate: an operator's shared input queue.
+
+A bounded log of Arrow record batches in one shared-memory segment. Any number of producers
+append (serialised by a robust inter-process mutex); every reader (operator instance) reads every
+entry in the same order with its own cursor, zero-copy; space is reclaimed behind the slowest
+active cursor, and a full gate blocks producers (backpressure) instead of dropping or growing.
+Control records (end of stream, rescale epochs, watermarks, checkpoints) travel in the same log,
+so they are ordered with the data.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+import pyarrow as pa
+
+from stretch.runtime.shm import Segment
+
+
+class Kind(IntEnum):
+    """What an entry of the gate holds."""
+
+    DATA = 1
+    END_OF_STREAM = 2
+    EPOCH = 3
+    WATERMARK = 4
+    CHECKPOINT = 5
+    MARK = 6  # a no-op position marker (tests, flushes)
+
+
+class GateClosed(Exception):
+    """The gate was closed (job cancelled or failed) while a caller waited on it."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry read from a gate; `batch` is a zero-copy view valid until the cursor moves past."""
+
+    seq: int
+    kind: Kind
+    batch: pa.RecordBatch | None
+    arg0: int
+    arg1: int
+    input_index: int
+
+
+_MAGIC = 0x53545245_47415445  # "STREGATE"
+# Header words (byte offsets). Futex words are 32-bit; everything else 64-bit.
+_H_MAGIC, _H_SLOTS, _H_DATA, _H_READERS = 0, 8, 16, 24
+_H_LOCK = 64
+_H_TAIL, _H_DATA_TAIL, _H_CLOSED = 128, 136, 144
+_H_PUB_FUTEX, _H_READERS_SLEEPING = 192, 196
+_H_SPACE_FUTEX, _H_PRODUCERS_SLEEPING = 256, 260
+_H_READERS_OFF = 512
+_READER_STRIDE = 64  # one cache line per cursor: no false sharing between instances
+_SLOT_WORDS = 8  # seq, kind, pos, len, arg0, arg1, input_index, rows
+_ALIGN = 64
+_INACTIVE = -1
+_POLL = 0.05  # futex waits re-check at this period; wakes are normally immediate
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class Gate:
+    """Producer and reader side of one gate segment (the same class in every process)."""
+
+    def __init__(self, segment: Segment):
+        self.segment = segment
+        r = self.region = segment.region
+        if r.load64(_H_MAGIC) != _MAGIC:
+            raise ValueError(f"segment {segment.name} is not a gate")
+        self.slot_capacity = r.load64(_H_SLOTS)
+        self.data_capacity = r.load64(_H_DATA)
+        self.max_readers = r.load64(_H_READERS)
+        self._slots_off = _H_READERS_OFF + self.max_readers * _READER_STRIDE
+        self._data_off = _align(self._slots_off + self.slot_capacity * _SLOT_WORDS * 8)
+        self._slots = segment.view(np.int64, self._slots_off, self.slot_capacity * _SLOT_WORDS).reshape(
+            self.slot_capacity, _SLOT_WORDS
+        )
+        self._cursors = segment.view(np.int64, _H_READERS_OFF, self.max_readers * _READER_STRIDE // 8)[
+            :: _READER_STRIDE // 8
+        ]
+        self._data = segment.bytes[self._data_off : self._data_off + self.data_capacity]
+        self._data_buffer = pa.py_buffer(self._data)
+        self.max_entry_bytes = self.data_capacity // 4
+
+    @property
+    def name(self) -> str:
+        return self.segment.name
+
+    @classmethod
+    def create(
+        cls,
+        prefix: str,
+        kind: str = "gate",
+        slot_capacity: int = 64,
+        data_bytes: int = 32 << 20,
+        max_readers: int = 64,
+    ) -> Gate:
+        """Lay out a new gate; every reader cursor starts inactive."""
+        slots_off = _H_READERS_OFF + max_readers * _READER_STRIDE
+        data_off = _align(slots_off + slot_capacity * _SLOT_WORDS * 8)
+        seg = Segment.create(prefix, kind, data_off + data_bytes)
+        r = seg.region
+        r.store64(_H_SLOTS, slot_capacity)
+        r.store64(_H_DATA, data_bytes)
+        r.store64(_H_READERS, max_readers)
+        for i in range(max_readers):
+            r.store64(_H_READERS_OFF + i * _READER_STRIDE, _INACTIVE)
+        r.store64(_H_MAGIC, _MAGIC)
+        return cls(seg)
+
+    @classmethod
+    def attach(cls, name: str) -> Gate:
+        return cls(Segment.attach(name))
+
+    # ---- state -------------------------------------------------------------------------
+    @property
+    def tail(self) -> int:
+        """Sequence number the next appended entry will get (entries below it are readable)."""
+        return self.region.load64(_H_TAIL)
+
+    @property
+    def closed(self) -> bool:
+        return self.region.load64(_H_CLOSED) != 0
+
+    def close(self) -> None:
+        """Mark closed and wake every sleeper, so nobody waits on a dead job."""
+        self.region.store64(_H_CLOSED, 1)
+        self.region.fetch_add32(_H_PUB_FUTEX, 1)
+        self.region.fetch_add32(_H_SPACE_FUTEX, 1)
+        self.region.wake32(_H_PUB_FUTEX)
+        self.region.wake32(_H_SPACE_FUTEX)
+
+    def active_cursors(self) -> np.ndarray:
+        c = self._cursors
+        return c[c >= 0]
+
+    def depth(self) -> int:
+        """Entries appended but not yet read by the slowest active reader."""
+        active = self.active_cursors()
+        return int(self.tail - active.min()) if active.size else 0
+
+    # ---- readers (registered by the coordinator) ---------------------------------------
+    def open_reader(self, reader: int, at: int | None = None) -> int:
+        """Activate a cursor at `at` (default: the current tail); returns the position."""
+        if not 0 <= reader < self.max_readers:
+            raise ValueError(f"reader slot {reader} outside 0..{self.max_readers - 1}")
+        pos = self.tail if at is None else at
+        self.region.store64(_H_READERS_OFF + reader * _READER_STRIDE, pos)
+        return pos
+
+    def close_reader(self, reader: int) -> None:
+        """Deactivate a cursor so it no longer holds back reclamation."""
+        self.region.store64(_H_READERS_OFF + reader * _READER_STRIDE, _INACTIVE)
+        self._wake_producers()
+
+    def cursor(self, reader: int) -> int:
+        return self.region.load64(_H_READERS_OFF + reader * _READER_STRIDE)
+
+    # ---- producer side -----------------------------------------------------------------
+    def append_batch(
+        self, batch: pa.RecordBatch, producer: int = 0, input_index: int = 0, timeout: float | None = None
+    ) -> int:
+        """Append a batch (split if larger than a quarter of the gate); returns its last seq.
+
+        ``producer`` (1-based instance index, 0 unknown) travels with the entry as ``arg0``.
+        """
+        size = _ipc_size(batch)
+        if size > self.max_entry_bytes and batch.num_rows > 1:
+            half = batch.num_rows // 2
+            self.append_batch(batch.slice(0, half), producer, input_index, timeout)
+            return self.append_batch(batch.slice(half), producer, input_index, timeout)
+        return self._append(Kind.DATA, size, batch, producer, 0, input_index, timeout)
+
+    def append_control(self, kind: Kind, arg0: int = 0, arg1: int = 0, input_index: int = 0) -> int:
+        """Append a control record; it is read in order with the data around it."""
+        return self._append(kind, 0, None, arg0, arg1, input_index, None)
+
+    def _append(self, kind, size, batch, arg0, arg1, input_index, timeout) -> int:
+        if size > self.max_entry_bytes:
+            raise ValueError(
+                f"a single record of {size} bytes does not fit a gate of {self.data_capacity} bytes "
+                f"(limit {self.max_entry_bytes}); raise the gate size or split the record"
+            )
+        r = self.region
+        if not r.lock(_H_LOCK, timeout):
+            raise TimeoutError("gate producer lock not acquired in time")
+        try:
+            seq = r.load64(_H_TAIL)
+            pos = r.load64(_H_DATA_TAIL)
+            if size and pos % self.data_capacity + size > self.data_capacity:
+                pos = (pos // self.data_capacity + 1) * self.data_capacity  # skip the wrap tail
+            self._wait_for_space(seq, pos, size, timeout)
+            slot = self._slots[seq % self.slot_capacity]
+            if size:
+                start = pos % self.data_capacity
+                sink = pa.FixedSizeBufferWriter(pa.py_buffer(self._data[start : start + size]))
+                with pa.ipc.new_stream(sink, batch.schema) as writer:
+                    writer.write_batch(batch)
+                rows = batch.num_rows
+            else:
+                rows = 0
+            slot[:] = (seq, int(kind), pos, size, arg0, arg1, input_index, rows)
+            r.store64(_H_DATA_TAIL, _align(pos + size))
+            r.store64(_H_TAIL, seq + 1)  # publish (seq_cst store after the slot and data writes)
+        finally:
+            r.unlock(_H_LOCK)
+        r.fetch_add32(_H_PUB_FUTEX, 1)
+        if r.load32(_H_READERS_SLEEPING):
+            r.wake32(_H_PUB_FUTEX)
+        return seq
+
+    def _has_space(self, seq: int, pos: int, size: int) -> bool:
+        active = self.active_cursors()
+        if not active.size:
+            return True  # nobody reads: entries are dropped, as by a closed subscription
+        low = int(active.min())
+        if seq - low >= self.slot_capacity:
+            return False
+        if low >= seq:
+            return True
+        low_pos = int(self._slots[low % self.slot_capacity, 2])
+        return pos + size - low_pos <= self.data_capacity
+
+    def _wait_for_space(self, seq: int, pos: int, size: int, timeout: float | None) -> None:
+        r = self.region
+        if self._has_space(seq, pos, size):
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        r.fetch_add32(_H_PRODUCERS_SLEEPING, 1)
+        try:
+            while True:
+                seen = r.load32(_H_SPACE_FUTEX)
+                if self._has_space(seq, pos, size):
+                    return
+                if self.closed:
+                    raise GateClosed(self.name)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"gate {self.name} stayed full for {timeout} s")
+                r.wait32(_H_SPACE_FUTEX, seen, _POLL)
+        finally:
+            r.fetch_add32(_H_PRODUCERS_SLEEPING, 0xFFFFFFFF)
+
+    # ---- reader side -------------------------------------------------------------------
+    def wait(self, seq: int, timeout: float | None = None) -> bool:
+        """Block until entry `seq` is readable; False on timeout. Raises GateClosed."""
+        r = self.region
+        if seq < r.load64(_H_TAIL):
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        r.fetch_add32(_H_READERS_SLEEPING, 1)
+        try:
+            while True:
+                seen = r.load32(_H_PUB_FUTEX)
+                if seq < r.load64(_H_TAIL):
+                    return True
+                if r.load64(_H_CLOSED):
+                    raise GateClosed(self.name)
+                left = _POLL if deadline is None else min(_POLL, deadline - time.monotonic())
+                if left <= 0:
+                    return False
+                r.wait32(_H_PUB_FUTEX, seen, left)
+        finally:
+            r.fetch_add32(_H_READERS_SLEEPING, 0xFFFFFFFF)
+
+    def read(self, seq: int) -> Entry:
+        """The entry at `seq` (must be readable and not yet passed by this reader's cursor)."""
+        s = self._slots[seq % self.slot_capacity]
+        if s[0] != seq:
+            raise RuntimeError(f"gate {self.name}: entry {seq} was overwritten (found {s[0]})")
+        kind = Kind(int(s[1]))
+        batch = None
+        if kind is Kind.DATA:
+            start = int(s[2]) % self.data_capacity
+            batch = pa.ipc.open_stream(self._data_buffer.slice(start, int(s[3]))).read_next_batch()
+        return Entry(seq, kind, batch, int(s[4]), int(s[5]), int(s[6]))
+
+    def advance(self, reader: int, seq: int) -> None:
+        """Move a reader's cursor to `seq` (everything below is consumed) and wake producers."""
+        self.region.store64(_H_READERS_OFF + reader * _READER_STRIDE, seq)
+        self._wake_producers()
+
+    def _wake_producers(self) -> None:
+        r = self.region
+        if r.load32(_H_PRODUCERS_SLEEPING):
+            r.fetch_add32(_H_SPACE_FUTEX, 1)
+            r.wake32(_H_SPACE_FUTEX)
+
+
+def _ipc_size(batch: pa.RecordBatch) -> int:
+    sink = pa.MockOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.size()

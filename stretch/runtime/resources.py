@@ -1,0 +1,19 @@
+"""Names of a job's shared-memory segments, as handed to every worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class JobResources:
+    """Everything a worker needs to attach to the job's segments (names only, no handles)."""
+
+    prefix: str
+    control: str
+    n_keyed: int
+    max_parallelism: int
+    gates: dict[int, str] = field(default_factory=dict)  # gate id -> segment
+    sink_gates: dict[int, str] = field(default_factory=dict)  # sink id -> segment
+    arenas: dict[int, str] = field(default_factory=dict)  # stage id -> state segment
+    keyed_index: dict[int, int] = field(default_factory=dict)  # stage id -> control block operator

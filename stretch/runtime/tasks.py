@@ -1,0 +1,161 @@
+"""What a worker runs: a source task, or one instance of a keyed operator reading its gate."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from stretch.plan.stages import StageSpec
+from stretch.runtime import control_block as cbk
+from stretch.runtime.chain import KG_COLUMN, Chain, Outputs, Records
+from stretch.runtime.control_block import ControlBlock
+from stretch.runtime.gate import Gate, Kind
+from stretch.runtime.operators import InstanceRuntimeContext, make_operator
+from stretch.runtime.resources import JobResources
+from stretch.state.arena import Arena
+from stretch.state.keyed_table import KeyedTable, writable
+
+
+@dataclass
+class Assignment:
+    """A task for a worker: which stage, which instance, and the job's segments."""
+
+    resources: JobResources
+    stage: StageSpec
+    index: int = 0
+    epoch: int = 0
+
+
+class Stopped(Exception):
+    """The coordinator asked the task to stop."""
+
+
+class _Attached:
+    """Lazily attached segments of one job, shared by the tasks a worker runs."""
+
+    def __init__(self, resources: JobResources):
+        self.resources = resources
+        self._gates: dict[str, Gate] = {}
+        self.control = ControlBlock.attach(resources.control, resources.n_keyed, resources.max_parallelism)
+        self._arenas: dict[str, Arena] = {}
+
+    def gate(self, name: str) -> Gate:
+        g = self._gates.get(name)
+        if g is None:
+            g = self._gates[name] = Gate.attach(name)
+        return g
+
+    def arena(self, name: str) -> Arena:
+        a = self._arenas.get(name)
+        if a is None:
+            a = self._arenas[name] = Arena.attach(name)
+        return a
+
+
+class Task:
+    def __init__(self, assignment: Assignment, attached: _Attached, should_stop):
+        self.a = assignment
+        self.stage = assignment.stage
+        self.res = assignment.resources
+        self.attached = attached
+        self.should_stop = should_stop
+        self.op_index = self.res.keyed_index.get(self.stage.id, -1)
+        self._records_out = 0
+
+    def outputs(self, producer: int) -> Outputs:
+        gates = {g: self.attached.gate(n) for g, n in self.res.gates.items()}
+        sinks = {s: self.attached.gate(n) for s, n in self.res.sink_gates.items()}
+        return Outputs(gates, sinks, producer, self._count_out)
+
+    def _count_out(self, n: int) -> None:
+        self._records_out += n
+
+
+class SourceTask(Task):
+    """Reads a source and pushes its batches through the chain into gates and sinks."""
+
+    def run(self) -> None:
+        chain = Chain(self.stage.chain, self.stage.name, self.outputs(producer=1))
+        chain.open(InstanceRuntimeContext(self.stage.name, 0, lambda: 1, self.stage.max_parallelism))
+        source_type = getattr(self.stage.source, "type_info", None)
+        reader = self.stage.source.create_reader()
+        try:
+            for item in reader:
+                if self.should_stop():
+                    raise Stopped()
+                if isinstance(item, list):
+                    chain.push(Records(items=item, type_info=source_type))
+                else:
+                    chain.push(Records(batch=item))
+        finally:
+            close = getattr(reader, "close", None)
+            if close is not None:
+                close()
+        chain.close()
+
+
+class KeyedInstanceTask(Task):
+    """One instance of a keyed operator: reads every gate entry, processes the rows it owns."""
+
+    def run(self) -> None:
+        stage, index = self.stage, self.a.index
+        gate = self.attached.gate(self.res.gates[stage.input_gate])
+        cb = self.attached.control
+        op = self.op_index
+        table = KeyedTable(self.attached.arena(self.res.arenas[stage.id]))
+        operator = make_operator(stage.operator, stage.name, table)
+        chain = Chain(stage.chain, stage.name, self.outputs(producer=index + 1))
+        epoch = self.a.epoch
+        owners = cb.table(op, epoch).copy()
+        stats = cb.instances(op)[index]
+        stats[cbk.I_EPOCH] = epoch
+        stats[cbk.I_STATE] = cbk.RUNNING
+        ctx = InstanceRuntimeContext(
+            stage.name,
+            index,
+            lambda: int(cb.header(op)[cbk.O_PARALLELISM]),
+            stage.max_parallelism,
+            operator.backend,
+        )
+        operator.open(ctx)
+        chain.open(ctx)
+        seq = gate.cursor(index)
+        while True:
+            if not gate.wait(seq, timeout=0.1):
+                if self.should_stop():
+                    raise Stopped()
+                continue
+            entry = gate.read(seq)
+            if entry.kind is Kind.DATA:
+                t0 = time.perf_counter_ns()
+                batch = entry.batch
+                kgs = writable(batch.column(KG_COLUMN).to_numpy())
+                mine = owners[kgs] == index
+                n = int(np.count_nonzero(mine))
+                if n:
+                    if n != batch.num_rows:
+                        sel = np.flatnonzero(mine)
+                        batch = batch.take(sel)
+                        kgs = kgs[sel]
+                    chain.push(operator.process(batch, kgs))
+                stats[cbk.I_RECORDS_IN] += n
+                stats[cbk.I_RECORDS_OUT] = self._records_out
+                stats[cbk.I_BATCHES] += 1
+                stats[cbk.I_BUSY_NS] += time.perf_counter_ns() - t0
+            elif entry.kind is Kind.END_OF_STREAM:
+                gate.advance(index, seq + 1)
+                break
+            seq += 1
+            gate.advance(index, seq)
+            stats[cbk.I_GATE_SEQ] = seq
+        operator.close()
+        chain.close()
+        stats[cbk.I_STATE] = cbk.DONE
+
+
+def make_task(assignment: Assignment, attached: _Attached, should_stop) -> Task:
+    if assignment.stage.kind == "source":
+        return SourceTask(assignment, attached, should_stop)
+    return KeyedInstanceTask(assignment, attached, should_stop)
