@@ -1,0 +1,1 @@
+"""stretch: elastic stateful stream processing."""

@@ -1,0 +1,64 @@
+"""The DataStream API, with PyFlink's names (``pyflink.datastream``).
+
+The environment, streams and job handles are imported on first use: they pull in the engine, and
+the engine's workers import the function interfaces from this package without needing them.
+"""
+
+from importlib import import_module
+
+from stretch.common.job_status import JobStatus
+from stretch.datastream.functions import (
+    AggregateFunction,
+    FilterFunction,
+    FlatMapFunction,
+    KeyedProcessFunction,
+    KeySelector,
+    MapFunction,
+    ProcessFunction,
+    ReduceFunction,
+    RuntimeContext,
+    TimeDomain,
+    TimerService,
+)
+
+_LAZY = {
+    "DataStream": "stretch.datastream.data_stream",
+    "DataStreamSink": "stretch.datastream.data_stream",
+    "KeyedStream": "stretch.datastream.data_stream",
+    "CloseableIterator": "stretch.datastream.job_client",
+    "JobClient": "stretch.datastream.job_client",
+    "JobExecutionResult": "stretch.datastream.job_client",
+    "StreamExecutionEnvironment": "stretch.datastream.stream_execution_environment",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stretch.datastream' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "AggregateFunction",
+    "CloseableIterator",
+    "DataStream",
+    "DataStreamSink",
+    "FilterFunction",
+    "FlatMapFunction",
+    "JobClient",
+    "JobExecutionResult",
+    "JobStatus",
+    "KeySelector",
+    "KeyedProcessFunction",
+    "KeyedStream",
+    "MapFunction",
+    "ProcessFunction",
+    "ReduceFunction",
+    "RuntimeContext",
+    "StreamExecutionEnvironment",
+    "TimeDomain",
+    "TimerService",
+]

@@ -1,0 +1,81 @@
+"""PrintSink: what ``DataStream.print()`` writes, formatted as PyFlink prints it."""
+
+from __future__ import annotations
+
+import sys
+
+import pyarrow as pa
+
+from stretch.common.records import RECORD_KIND_KEY, from_batch
+from stretch.common.row import Row, RowKind
+from stretch.datastream.connectors.base import Sink, SinkWriter
+
+_INFERRED = b"stretch.inferred"
+_KIND_PREFIX = {
+    RowKind.INSERT: "+I",
+    RowKind.UPDATE_BEFORE: "-U",
+    RowKind.UPDATE_AFTER: "+U",
+    RowKind.DELETE: "-D",
+}
+
+
+def _java_str(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return "(" + ",".join(_java_str(v) for v in value) + ")"
+    if isinstance(value, Row):
+        return _row_str(value)
+    return str(value)
+
+
+def _row_str(row: Row) -> str:
+    kind = _KIND_PREFIX.get(row.get_row_kind(), "+I")
+    return kind + "[" + ",".join(_java_str(v) for v in row._values) + "]"
+
+
+def format_records(batch: pa.RecordBatch) -> list[str]:
+    """Lines as PyFlink prints them: Python's str for untyped streams, Java's for typed ones."""
+    meta = batch.schema.metadata or {}
+    records = from_batch(batch)
+    if meta.get(_INFERRED) == b"1" or meta.get(RECORD_KIND_KEY) == b"pickled":
+        return [r if isinstance(r, str) else str(r) for r in records]
+    if meta.get(RECORD_KIND_KEY) == b"row":
+        return [_row_str(r) for r in records]
+    return [_java_str(r) for r in records]
+
+
+class _PrintWriter(SinkWriter):
+    def __init__(self, identifier: str | None, parallel: bool, stream):
+        self.identifier = identifier
+        self.parallel = parallel
+        self.stream = stream
+
+    def write(self, batch: pa.RecordBatch, producer: int) -> None:
+        if self.parallel:
+            prefix = f"{self.identifier}:{producer}> " if self.identifier else f"{producer}> "
+        else:
+            prefix = f"{self.identifier}> " if self.identifier else ""
+        out = self.stream or sys.stdout
+        out.write("".join(f"{prefix}{line}\n" for line in format_records(batch)))
+        out.flush()
+
+
+class PrintSink(Sink):
+    """Prints each record on a line of standard output (or ``stream``)."""
+
+    def __init__(self, sink_identifier: str | None = None, stream=None):
+        self.sink_identifier = sink_identifier
+        self.stream = stream
+
+    def create_writer(self, upstream_parallelism: int) -> SinkWriter:
+        return _PrintWriter(self.sink_identifier, upstream_parallelism > 1, self.stream)
+
+
+class CollectSink(Sink):
+    """Marks the sink that ``execute_and_collect()`` reads itself."""
+
+    def create_writer(self, upstream_parallelism: int) -> SinkWriter:
+        raise RuntimeError("collect sinks are read by the caller's iterator")

@@ -1,0 +1,286 @@
+"""DataStream and KeyedStream, with PyFlink's names: each call records a transformation."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from stretch.common.typeinfo import TypeInformation
+from stretch.datastream import keyed_functions as kf
+from stretch.datastream.connectors.base import Sink
+from stretch.datastream.connectors.print_sink import CollectSink, PrintSink
+from stretch.datastream.functions import (
+    FilterFunction,
+    FlatMapFunction,
+    KeyedProcessFunction,
+    KeySelector,
+    MapFunction,
+    ProcessFunction,
+    ReduceFunction,
+)
+from stretch.plan.graph import Transformation
+
+if TYPE_CHECKING:
+    from stretch.datastream.stream_execution_environment import StreamExecutionEnvironment
+
+
+def _check_function(func, cls, what: str):
+    if isinstance(func, cls) or callable(func):
+        return func
+    raise TypeError(f"The input must be a {cls.__name__} or a callable function! ({what} got {func!r})")
+
+
+class DataStream:
+    """A stream of records; transformations return new streams, nothing runs until execute()."""
+
+    def __init__(self, env: StreamExecutionEnvironment, transformation: Transformation):
+        self._env = env
+        self._t = transformation
+
+    # ---- naming and parallelism ---------------------------------------------------------
+    def name(self, name: str) -> DataStream:
+        self._t.name = name
+        return self
+
+    def get_name(self) -> str:
+        return self._t.name
+
+    def uid(self, uid: str) -> DataStream:
+        self._t.uid = uid
+        return self
+
+    def set_description(self, description: str) -> DataStream:
+        return self
+
+    def set_parallelism(self, parallelism: int) -> DataStream:
+        """Instances of this operator; stateless steps run chained inside their producer's instances."""
+        mp = self._t.max_parallelism or self._env.get_max_parallelism()
+        _check_parallelism(parallelism, mp)
+        self._t.parallelism = parallelism
+        return self
+
+    def set_max_parallelism(self, max_parallelism: int) -> DataStream:
+        _check_max_parallelism(max_parallelism)
+        if self._t.parallelism and self._t.parallelism > max_parallelism:
+            raise ValueError(
+                f"max parallelism {max_parallelism} is below the parallelism {self._t.parallelism}"
+            )
+        self._t.max_parallelism = max_parallelism
+        return self
+
+    def get_type(self) -> TypeInformation | None:
+        return self._t.output_type
+
+    def get_execution_environment(self) -> StreamExecutionEnvironment:
+        return self._env
+
+    def force_non_parallel(self) -> DataStream:
+        return self.set_parallelism(1)
+
+    def disable_chaining(self) -> DataStream:
+        return self
+
+    def start_new_chain(self) -> DataStream:
+        return self
+
+    def slot_sharing_group(self, slot_sharing_group) -> DataStream:
+        return self
+
+    # ---- stateless steps -----------------------------------------------------------------
+    def _then(self, kind: str, name: str, spec: dict, output_type=None) -> DataStream:
+        return DataStream(self._env, Transformation(kind, [self._t], name, spec, output_type))
+
+    def map(self, func, output_type: TypeInformation | None = None) -> DataStream:
+        return self._then("map", "Map", {"fn": _check_function(func, MapFunction, "map")}, output_type)
+
+    def flat_map(self, func, output_type: TypeInformation | None = None) -> DataStream:
+        return self._then(
+            "flat_map", "FlatMap", {"fn": _check_function(func, FlatMapFunction, "flat_map")}, output_type
+        )
+
+    def filter(self, func) -> DataStream:
+        return self._then(
+            "filter", "Filter", {"fn": _check_function(func, FilterFunction, "filter")}, self._t.output_type
+        )
+
+    def process(self, func: ProcessFunction, output_type: TypeInformation | None = None) -> DataStream:
+        if not isinstance(func, ProcessFunction):
+            raise TypeError("ProcessFunction is required for DataStream.")
+        return self._then("flat_map", "Process", {"fn": kf.StatelessProcess(func)}, output_type)
+
+    def union(self, *streams: DataStream) -> DataStream:
+        inputs = [self._t] + [s._values()._t if isinstance(s, KeyedStream) else s._t for s in streams]
+        return DataStream(self._env, Transformation("union", inputs, "Union", {}, self._t.output_type))
+
+    # ---- keying --------------------------------------------------------------------------
+    def key_by(self, key_selector, key_type: TypeInformation | None = None) -> KeyedStream:
+        """Partition by key. Beyond PyFlink, a field name or position selects a field directly,
+        which keeps the whole path vectorized (no Python call per record)."""
+        spec: dict[str, Any] = {"key_type": key_type}
+        if isinstance(key_selector, (str, int)) and not isinstance(key_selector, bool):
+            spec["field"] = key_selector
+        elif isinstance(key_selector, KeySelector) or callable(key_selector):
+            spec["selector"] = key_selector
+        else:
+            raise TypeError(
+                "Parameter key_selector should be type of KeySelector, a callable function, or a field"
+            )
+        return KeyedStream(
+            self._env, Transformation("key_by", [self._t], "KeyBy", spec, self._t.output_type), self
+        )
+
+    # ---- sinks ---------------------------------------------------------------------------
+    def sink_to(self, sink: Sink) -> DataStreamSink:
+        if not isinstance(sink, Sink):
+            raise TypeError(f"sink_to expects a stretch Sink, got {sink!r}")
+        t = Transformation("sink", [self._t], type(sink).__name__, {"sink": sink})
+        self._env._add_sink(t)
+        return DataStreamSink(t)
+
+    def add_sink(self, sink_func: Sink) -> DataStreamSink:
+        return self.sink_to(sink_func)
+
+    def print(self, sink_identifier: str | None = None) -> DataStreamSink:
+        return self.sink_to(PrintSink(sink_identifier)).name("Print to Std. Out")
+
+    def execute_and_collect(self, job_execution_name: str | None = None, limit: int | None = None):
+        """Run the job and iterate its results here (a CloseableIterator; a list if ``limit``)."""
+        t = Transformation("sink", [self._t], "Collect", {"sink": CollectSink()})
+        iterator = self._env._execute_collect(t, job_execution_name)
+        if limit is None:
+            return iterator
+        out = []
+        with iterator:
+            for item in iterator:
+                if len(out) >= limit:
+                    break
+                out.append(item)
+        return out
+
+    def _values(self) -> DataStream:
+        return self
+
+
+class DataStreamSink:
+    """Returned by sink_to/print; names the sink."""
+
+    def __init__(self, transformation: Transformation):
+        self._t = transformation
+
+    def name(self, name: str) -> DataStreamSink:
+        self._t.name = name
+        return self
+
+    def uid(self, uid: str) -> DataStreamSink:
+        self._t.uid = uid
+        return self
+
+    def set_parallelism(self, parallelism: int) -> DataStreamSink:
+        return self
+
+    def set_description(self, description: str) -> DataStreamSink:
+        return self
+
+
+class KeyedStream(DataStream):
+    """A stream partitioned by key: keyed state, process functions and rolling aggregates."""
+
+    def __init__(self, env, transformation: Transformation, original: DataStream):
+        super().__init__(env, transformation)
+        self._original = original
+
+    def _values(self) -> DataStream:
+        return self._original
+
+    def _keyed(self, kind: str, name: str, spec: dict, output_type=None) -> DataStream:
+        t = Transformation(kind, [self._t], name, spec, output_type)
+        return DataStream(self._env, t)
+
+    def process(self, func: KeyedProcessFunction, output_type: TypeInformation | None = None) -> DataStream:
+        if not isinstance(func, KeyedProcessFunction):
+            raise TypeError("KeyedProcessFunction is required for KeyedStream.")
+        return self._keyed("process", "KeyedProcess", {"fn": func}, output_type)
+
+    def map(self, func, output_type: TypeInformation | None = None) -> DataStream:
+        f = _check_function(func, MapFunction, "map")
+        return self._keyed("process", "Map", {"fn": kf.KeyedMap(f)}, output_type)
+
+    def flat_map(self, func, output_type: TypeInformation | None = None) -> DataStream:
+        f = _check_function(func, FlatMapFunction, "flat_map")
+        return self._keyed("process", "FlatMap", {"fn": kf.KeyedFlatMap(f)}, output_type)
+
+    def filter(self, func) -> DataStream:
+        f = _check_function(func, FilterFunction, "filter")
+        return self._keyed("process", "Filter", {"fn": kf.KeyedFilter(f)}, self._t.output_type)
+
+    def reduce(self, func) -> DataStream:
+        """Rolling reduce: one output per input, the reduction of the key's records so far."""
+        f = (
+            func.reduce
+            if isinstance(func, ReduceFunction)
+            else _check_function(func, ReduceFunction, "reduce")
+        )
+        return self._keyed("process", "Keyed Reduce", {"fn": kf.RollingReduce(f)}, self._t.output_type)
+
+    def _aggregate(self, op: str, fields, name: str) -> DataStream:
+        fields = list(fields) if isinstance(fields, (list, tuple)) else [fields]
+        if not fields or not all(isinstance(f, (int, str)) and not isinstance(f, bool) for f in fields):
+            raise TypeError(f"{op} takes a field position or name (or a list of them), got {fields!r}")
+        spec = {"op": op, "fields": fields, "fn": kf.RollingAggregate(op, fields)}
+        return self._keyed("aggregate", name, spec, self._t.output_type)
+
+    def sum(self, position_to_sum: int | str | list = 0) -> DataStream:
+        """Rolling sum of a field (or, beyond PyFlink, of several fields at once)."""
+        return self._aggregate("sum", position_to_sum, "Sum")
+
+    def min(self, position_to_min: int | str | list = 0) -> DataStream:
+        return self._aggregate("min", position_to_min, "Min")
+
+    def max(self, position_to_max: int | str | list = 0) -> DataStream:
+        return self._aggregate("max", position_to_max, "Max")
+
+    def min_by(self, position_to_min_by: int | str = 0) -> DataStream:
+        fn = kf.RollingReduce(kf.by_reducer("min_by", position_to_min_by))
+        return self._keyed("process", "MinBy", {"fn": fn}, self._t.output_type)
+
+    def max_by(self, position_to_max_by: int | str = 0) -> DataStream:
+        fn = kf.RollingReduce(kf.by_reducer("max_by", position_to_max_by))
+        return self._keyed("process", "MaxBy", {"fn": fn}, self._t.output_type)
+
+    def key_by(self, key_selector, key_type: TypeInformation | None = None) -> KeyedStream:
+        return self._original.key_by(key_selector, key_type)
+
+    def window(self, window_assigner):
+        raise NotImplementedError("windows are not supported by this version of stretch yet")
+
+    def name(self, name: str):
+        raise Exception("Setting name is not allowed on a KeyedStream; name the operator that follows it")
+
+    def uid(self, uid: str):
+        raise Exception("Setting uid is not allowed on a KeyedStream")
+
+    def set_parallelism(self, parallelism: int):
+        raise Exception("Set parallelism for KeyedStream is not supported")
+
+    def print(self, sink_identifier: str | None = None) -> DataStreamSink:
+        return self._original.print()
+
+    def sink_to(self, sink: Sink) -> DataStreamSink:
+        return self._original.sink_to(sink)
+
+    def execute_and_collect(self, job_execution_name: str | None = None, limit: int | None = None):
+        return self._original.execute_and_collect(job_execution_name, limit)
+
+    def union(self, *streams: DataStream) -> DataStream:
+        return self._original.union(*streams)
+
+
+def _check_max_parallelism(max_parallelism: int) -> None:
+    if not isinstance(max_parallelism, int) or not 0 < max_parallelism <= 32768:
+        raise ValueError(f"max parallelism must be an int in 1..32768, got {max_parallelism!r}")
+
+
+def _check_parallelism(parallelism: int, max_parallelism: int) -> None:
+    if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
+        raise ValueError(f"parallelism must be a positive int, got {parallelism!r}")
+    if parallelism > max_parallelism:
+        raise ValueError(f"parallelism {parallelism} is above the max parallelism {max_parallelism}")

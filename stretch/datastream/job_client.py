@@ -1,0 +1,162 @@
+"""Handles on submitted jobs: JobClient, JobExecutionResult, and the collect iterator."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+
+from stretch.common.job_status import JobStatus
+from stretch.common.records import from_batch
+from stretch.runtime.coordinator import Coordinator
+from stretch.runtime.gate import GateClosed, Kind
+
+
+class CompletableFuture(Future):
+    """PyFlink's future: ``result()``, ``done()``, ``exception()``."""
+
+    @classmethod
+    def completed(cls, value) -> CompletableFuture:
+        f = cls()
+        f.set_result(value)
+        return f
+
+
+class JobExecutionResult:
+    """What ``execute()`` returns once the job finished."""
+
+    def __init__(self, job_id: str, net_runtime_ms: int):
+        self._job_id = job_id
+        self._net_runtime = net_runtime_ms
+
+    def get_job_id(self) -> str:
+        return self._job_id
+
+    def get_net_runtime(self) -> int:
+        return self._net_runtime
+
+    def get_accumulator_result(self, accumulator_name: str):
+        return None
+
+    def get_all_accumulator_results(self) -> dict:
+        return {}
+
+    def __str__(self) -> str:
+        return f"JobExecutionResult{{jobId={self._job_id}, netRuntime={self._net_runtime} ms}}"
+
+
+class JobClient:
+    """A running (or finished) job: its id and status, cancel, wait."""
+
+    def __init__(self, coordinator: Coordinator):
+        self._coordinator = coordinator
+        self._thread = threading.Thread(
+            target=coordinator.run, name=f"stretch-job-{coordinator.job_id[:8]}", daemon=True
+        )
+
+    def _start(self) -> JobClient:
+        self._thread.start()
+        self._coordinator.wait_started()
+        if self._coordinator.done and self._coordinator.error is not None:
+            raise self._coordinator.error
+        return self
+
+    def get_job_id(self) -> str:
+        return self._coordinator.job_id
+
+    def get_job_status(self) -> CompletableFuture:
+        return CompletableFuture.completed(self._coordinator.status)
+
+    def cancel(self) -> CompletableFuture:
+        """Stop the job now; returns once everything it started has ended."""
+        self._coordinator.cancel()
+        self._thread.join()
+        return CompletableFuture.completed(None)
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        """Block until the job ends (or the timeout passes); raises the job's error if it failed."""
+        self._thread.join(timeout)
+        c = self._coordinator
+        if c.done and c.status is JobStatus.FAILED and c.error is not None:
+            raise c.error
+        return c.status
+
+    def get_job_execution_result(self) -> CompletableFuture:
+        f = CompletableFuture()
+
+        def complete() -> None:
+            try:
+                self.wait()
+                c = self._coordinator
+                f.set_result(
+                    JobExecutionResult(c.job_id, int(((c.finished_at or time.time()) - c.started_at) * 1000))
+                )
+            except BaseException as e:
+                f.set_exception(e)
+
+        threading.Thread(target=complete, daemon=True).start()
+        return f
+
+
+class CloseableIterator:
+    """The results of ``execute_and_collect()``; iterate, and close (or use ``with``) when done."""
+
+    def __init__(self, client: JobClient, sink_id: int):
+        self._client = client
+        self._coordinator = client._coordinator
+        self._sink = sink_id
+        self._gate = self._coordinator.sink_gates[sink_id]
+        self._seq = 0
+        self._buffer: list = []
+        self._pos = 0
+        self._finished = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while self._pos >= len(self._buffer):
+            if self._finished:
+                raise StopIteration("No more data.")
+            self._fill()
+        item = self._buffer[self._pos]
+        self._pos += 1
+        return item
+
+    def next(self):
+        return self.__next__()
+
+    def _fill(self) -> None:
+        c = self._coordinator
+        try:
+            while not self._gate.wait(self._seq, timeout=0.2):
+                if c.done:
+                    self._end()
+                    return
+            entry = self._gate.read(self._seq)
+            if entry.kind is Kind.DATA:
+                self._buffer = from_batch(entry.batch)
+                self._pos = 0
+            self._seq += 1
+            self._gate.advance(0, self._seq)
+            if entry.kind is Kind.END_OF_STREAM:
+                c.sink_finished(self._sink)
+                self._end()
+        except GateClosed:
+            self._end()
+
+    def _end(self) -> None:
+        self._finished = True
+        self._buffer, self._pos = [], 0
+        self._client.wait()  # raises the job's error, if any
+
+    def close(self) -> None:
+        if not self._coordinator.done:
+            self._client.cancel()
+        self._finished = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,153 @@
+"""Built-in keyed functions: how map/filter/reduce/sum/min/max on a KeyedStream behave, as in PyFlink.
+
+PyFlink runs these as KeyedProcessFunctions over keyed state, and so does stretch (per record);
+rolling sum/min/max on numeric Arrow fields take a vectorized path instead (see
+``stretch.runtime.operators.AggregateOperator``), with the same results.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from stretch.common.row import Row
+from stretch.common.typeinfo import Types
+from stretch.datastream.functions import Function, KeyedProcessFunction, ProcessFunction
+from stretch.datastream.state import ValueStateDescriptor
+
+
+class _Delegating(KeyedProcessFunction):
+    """Forwards open/close to the wrapped user function (so it may use keyed state)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def open(self, runtime_context) -> None:
+        if isinstance(self.fn, Function):
+            self.fn.open(runtime_context)
+
+    def close(self) -> None:
+        if isinstance(self.fn, Function):
+            self.fn.close()
+
+
+class KeyedMap(_Delegating):
+    def open(self, runtime_context) -> None:
+        super().open(runtime_context)
+        self._call = getattr(self.fn, "map", self.fn)
+
+    def process_element(self, value, ctx):
+        yield self._call(value)
+
+
+class KeyedFlatMap(_Delegating):
+    def open(self, runtime_context) -> None:
+        super().open(runtime_context)
+        self._call = getattr(self.fn, "flat_map", self.fn)
+
+    def process_element(self, value, ctx):
+        result = self._call(value)
+        if result is not None:
+            yield from result
+
+
+class KeyedFilter(_Delegating):
+    def open(self, runtime_context) -> None:
+        super().open(runtime_context)
+        self._call = getattr(self.fn, "filter", self.fn)
+
+    def process_element(self, value, ctx):
+        if self._call(value):
+            yield value
+
+
+class RollingReduce(KeyedProcessFunction):
+    """One output per input: the reduction of the key's records so far (the first as is)."""
+
+    def __init__(self, reduce_fn):
+        self.reduce_fn = reduce_fn
+
+    def open(self, runtime_context) -> None:
+        self.state = runtime_context.get_state(ValueStateDescriptor("_reduce", Types.PICKLED_BYTE_ARRAY()))
+
+    def process_element(self, value, ctx):
+        current = self.state.value()
+        result = value if current is None else self.reduce_fn(current, value)
+        self.state.update(result)
+        yield result
+
+
+def _get(value, field):
+    if isinstance(value, Row) and isinstance(field, str):
+        return value[field]
+    if isinstance(value, (tuple, list, Row)):
+        if isinstance(field, str):
+            raise TypeError(f"field {field!r} given by name, but the records are {type(value).__name__}s")
+        return value[field]
+    if field != 0:
+        raise TypeError(f"records are plain values ({type(value).__name__}); the position must be 0")
+    return value
+
+
+def _set(value, field, new):
+    """A copy of the record with one field replaced (outputs already emitted must not change)."""
+    if isinstance(value, Row):
+        out = copy.copy(value)
+        out._values = list(value._values)
+        out[field] = new
+        return out
+    if isinstance(value, tuple):
+        return (*value[:field], new, *value[field + 1 :])
+    if isinstance(value, list):
+        out = list(value)
+        out[field] = new
+        return out
+    return new
+
+
+_COMBINE = {"sum": lambda a, b: a + b, "min": min, "max": max}
+
+
+class RollingAggregate(RollingReduce):
+    """PyFlink's sum/min/max: the fields aggregate, every other field keeps the first record's value."""
+
+    def __init__(self, op: str, fields: list):
+        combine = _COMBINE[op]
+
+        def reduce_fn(acc, value):
+            for f in fields:
+                acc = _set(acc, f, combine(_get(acc, f), _get(value, f)))
+            return acc
+
+        super().__init__(reduce_fn)
+
+
+def by_reducer(kind: str, field):
+    """min_by/max_by: keep the record with the smallest/largest field (the earlier one on ties)."""
+    if kind == "min_by":
+        return lambda a, b: b if _get(b, field) < _get(a, field) else a
+    return lambda a, b: b if _get(b, field) > _get(a, field) else a
+
+
+class _StatelessContext(ProcessFunction.Context):
+    def timer_service(self):
+        raise Exception("Register timers is only supported on a keyed stream.")
+
+    def timestamp(self):
+        return None
+
+
+class StatelessProcess(Function):
+    """DataStream.process: a ProcessFunction run as a chained flat_map step."""
+
+    def __init__(self, fn: ProcessFunction):
+        self.fn = fn
+        self.ctx = _StatelessContext()
+
+    def open(self, runtime_context) -> None:
+        self.fn.open(runtime_context)
+
+    def close(self) -> None:
+        self.fn.close()
+
+    def flat_map(self, value):
+        return self.fn.process_element(value, self.ctx)

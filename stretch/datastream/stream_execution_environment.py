@@ -1,0 +1,130 @@
+"""StreamExecutionEnvironment: where a job is defined and submitted (PyFlink's names)."""
+
+from __future__ import annotations
+
+import os
+
+from stretch.common.records import to_batch
+from stretch.common.typeinfo import TypeInformation
+from stretch.datastream.connectors.arrow import ArrowSource
+from stretch.datastream.connectors.base import Source
+from stretch.datastream.data_stream import DataStream, _check_max_parallelism, _check_parallelism
+from stretch.datastream.job_client import CloseableIterator, JobClient, JobExecutionResult
+from stretch.plan.graph import Transformation
+from stretch.plan.stages import compile_plan
+from stretch.runtime.coordinator import Coordinator, EngineConfig
+from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
+
+DEFAULT_JOB_NAME = "Flink Streaming Job"
+
+
+class _CollectionSource(Source):
+    """from_collection: the records, converted (and type-checked) to Arrow when the call is made."""
+
+    def __init__(self, batch, chunk_rows: int = 65536):
+        self.batch = batch
+        self.chunk_rows = chunk_rows
+
+    def create_reader(self):
+        for start in range(0, self.batch.num_rows, self.chunk_rows):
+            yield self.batch.slice(start, self.chunk_rows)
+
+
+class StreamExecutionEnvironment:
+    """Collects the transformations of a job; ``execute`` runs them on this machine's cores."""
+
+    def __init__(self):
+        self._parallelism = os.cpu_count() or 1
+        self._max_parallelism = DEFAULT_MAX_PARALLELISM
+        self._sinks: list[Transformation] = []
+        self.engine_config = EngineConfig()
+
+    @staticmethod
+    def get_execution_environment(configuration=None) -> StreamExecutionEnvironment:
+        return StreamExecutionEnvironment()
+
+    # ---- configuration -----------------------------------------------------------------
+    def set_parallelism(self, parallelism: int) -> StreamExecutionEnvironment:
+        _check_parallelism(parallelism, self._max_parallelism)
+        self._parallelism = parallelism
+        return self
+
+    def get_parallelism(self) -> int:
+        return self._parallelism
+
+    def set_max_parallelism(self, max_parallelism: int) -> StreamExecutionEnvironment:
+        _check_max_parallelism(max_parallelism)
+        if self._parallelism > max_parallelism:
+            raise ValueError(
+                f"max parallelism {max_parallelism} is below the parallelism {self._parallelism}"
+            )
+        self._max_parallelism = max_parallelism
+        return self
+
+    def get_max_parallelism(self) -> int:
+        return self._max_parallelism
+
+    def set_runtime_mode(self, execution_mode) -> StreamExecutionEnvironment:
+        return self
+
+    # ---- sources -----------------------------------------------------------------------
+    def _source(self, source: Source, name: str, type_info=None) -> DataStream:
+        t = Transformation("source", [], name, {"source": source}, type_info)
+        t.parallelism = 1
+        return DataStream(self, t)
+
+    def from_collection(self, collection, type_info: TypeInformation | None = None) -> DataStream:
+        """A bounded stream of the given records; they are checked against ``type_info`` here."""
+        batch = to_batch(list(collection), type_info)
+        if type_info is None:
+            batch = batch.replace_schema_metadata(
+                {**(batch.schema.metadata or {}), b"stretch.inferred": b"1"}
+            )
+        return self._source(_CollectionSource(batch), "Collection Source", type_info)
+
+    def from_source(
+        self, source, watermark_strategy=None, source_name: str = "Source", type_info=None
+    ) -> DataStream:
+        if not isinstance(source, Source):
+            raise TypeError(f"from_source expects a stretch Source, got {source!r}")
+        return self._source(source, source_name, type_info or source.type_info)
+
+    def from_arrow(self, data, source_name: str = "Arrow Source") -> DataStream:
+        """Beyond PyFlink: a pyarrow Table or batches as a stream of Rows, without per-record work."""
+        return self._source(ArrowSource(data), source_name)
+
+    # ---- execution -----------------------------------------------------------------------
+    def _add_sink(self, t: Transformation) -> None:
+        self._sinks.append(t)
+
+    def _submit(self, sinks: list[Transformation], job_name: str | None) -> tuple[Coordinator, JobClient]:
+        plan = compile_plan(sinks, self._parallelism, self._max_parallelism)
+        coordinator = Coordinator(plan, job_name or DEFAULT_JOB_NAME, self.engine_config)
+        return coordinator, JobClient(coordinator)
+
+    def execute_async(self, job_name: str = DEFAULT_JOB_NAME) -> JobClient:
+        """Start the job and return at once; the JobClient follows, rescales or cancels it."""
+        sinks, self._sinks = self._sinks, []
+        _, client = self._submit(sinks, job_name)
+        return client._start()
+
+    def execute(self, job_name: str | None = None) -> JobExecutionResult:
+        """Run the job to completion (bounded inputs) and return its result; raises if it fails."""
+        client = self.execute_async(job_name or DEFAULT_JOB_NAME)
+        try:
+            client.wait()
+        except KeyboardInterrupt:
+            client.cancel()
+            raise
+        return client.get_job_execution_result().result()
+
+    def _execute_collect(self, sink: Transformation, job_name: str | None) -> CloseableIterator:
+        sinks, self._sinks = [*self._sinks, sink], []
+        coordinator, client = self._submit(sinks, job_name)
+        sink_id = next(s.id for s in coordinator.plan.sinks if s.sink is sink.spec["sink"])
+        coordinator.register_collect(sink_id)
+        client._start()
+        return CloseableIterator(client, sink_id)
+
+    def close(self) -> None:
+        self._sinks = []
