@@ -81,6 +81,10 @@ class JobClient:
             raise c.error
         return c.status
 
+    def describe(self) -> dict:
+        """Operators, parallelism, epoch, gate depth and per-instance counters (as `stretch status`)."""
+        return self._coordinator.describe()
+
     def get_job_execution_result(self) -> CompletableFuture:
         f = CompletableFuture()
 

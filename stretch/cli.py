@@ -1,0 +1,90 @@
+"""The ``stretch`` command: run the demo, list jobs on this machine, describe one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from stretch.runtime.control_socket import request, runtime_dir
+
+
+def _jobs() -> list[dict]:
+    """Running jobs of this user on this machine, found through their control sockets."""
+    jobs = []
+    for info_path in sorted(runtime_dir().glob("*.json")):
+        try:
+            info = json.loads(info_path.read_text())
+            status = request(info["socket"], {"op": "status"}, timeout=2.0)
+        except (OSError, ValueError, ConnectionError):
+            continue  # a job that ended between listing and asking
+        jobs.append({**info, "status": status.get("status")})
+    return jobs
+
+
+def _find(job: str) -> dict:
+    matches = [j for j in _jobs() if j["job_id"].startswith(job) or j["name"] == job]
+    if not matches:
+        raise SystemExit(f"stretch: no running job {job!r} (see `stretch jobs`)")
+    if len(matches) > 1:
+        ids = ", ".join(j["job_id"][:12] for j in matches)
+        raise SystemExit(f"stretch: {job!r} matches several jobs ({ids}); give more of the id")
+    return matches[0]
+
+
+def cmd_jobs(args) -> int:
+    jobs = _jobs()
+    if not jobs:
+        print("no running stretch jobs")
+        return 0
+    print(f"{'JOB ID':34} {'STATUS':10} {'PID':>8}  NAME")
+    for j in jobs:
+        print(f"{j['job_id']:34} {j['status']:10} {j['pid']:>8}  {j['name']}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    job = _find(args.job)
+    status = request(job["socket"], {"op": "status"})
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"job {status['job_id']}  {status['name']!r}  {status['status']}")
+    for op in status["operators"]:
+        print(f"  operator {op['name']!r}: parallelism {op['parallelism']}, epoch {op['epoch']}, gate depth {op['gate_depth']}")
+        for inst in op["instances"]:
+            print(
+                f"    #{inst['index']}: {inst['records_in']:,} in, {inst['records_out']:,} out, "
+                f"busy {inst['busy_ms']:,} ms"
+            )
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from stretch import demo
+
+    demo.run(seconds=args.seconds, parallelism=args.parallelism, rate=args.rate)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stretch", description="Elastic stateful stream processing.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("demo", help="run the demo job on generated data")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--parallelism", type=int, default=2)
+    p.add_argument("--rate", type=float, default=200_000.0, help="events per second")
+    p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("jobs", help="list running jobs on this machine")
+    p.set_defaults(func=cmd_jobs)
+    p = sub.add_parser("status", help="describe a running job")
+    p.add_argument("job", help="job id (or a unique prefix) or job name")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

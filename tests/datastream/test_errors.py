@@ -1,0 +1,120 @@
+"""Every error path: a clear exception at the call or record that caused it, and nothing leaked."""
+
+from __future__ import annotations
+
+import pytest
+
+from stretch.common import Types
+from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment
+from stretch.datastream.state import ValueStateDescriptor
+from stretch.errors import UserFunctionError
+
+
+def env(p=2):
+    e = StreamExecutionEnvironment.get_execution_environment()
+    e.set_parallelism(p)
+    return e
+
+
+class FailsOnSeven(KeyedProcessFunction):
+    def open(self, runtime_context):
+        self.n = runtime_context.get_state(ValueStateDescriptor("n", Types.LONG()))
+
+    def process_element(self, value, ctx):
+        self.n.update((self.n.value() or 0) + 1)
+        if value[1] == 7:
+            raise ZeroDivisionError("seven is not welcome")
+        yield value
+
+
+def test_user_function_error_names_operator_key_record_and_traceback():
+    records = [(f"k{i % 3}", i) for i in range(20)]
+    ds = env().from_collection(records, Types.TUPLE([Types.STRING(), Types.LONG()]))
+    ds.key_by(lambda r: r[0]).process(FailsOnSeven()).name("picky").print()
+    with pytest.raises(UserFunctionError) as info:
+        env_ = ds.get_execution_environment()
+        env_.execute("failing job")
+    text = str(info.value)
+    assert "'picky'" in text
+    assert "('k1', 7)" in text
+    assert "key 'k1'" in text
+    assert "ZeroDivisionError: seven is not welcome" in text
+    assert 'raise ZeroDivisionError("seven is not welcome")' in text  # the user's own code line
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def test_user_error_while_collecting_is_raised_by_the_iterator():
+    records = [("a", i) for i in range(50)]
+    ds = env().from_collection(records, Types.TUPLE([Types.STRING(), Types.LONG()]))
+    with pytest.raises(UserFunctionError, match="process_element"):
+        with ds.key_by(lambda r: r[0]).process(FailsOnSeven()).execute_and_collect() as it:
+            list(it)
+
+
+def test_map_error_names_the_record():
+    ds = env().from_collection([1, 2, 0, 4], Types.LONG())
+    with pytest.raises(UserFunctionError, match=r"map function of operator .* record 0"):
+        ds.map(lambda x: 10 // x).execute_and_collect(limit=10)
+
+
+def test_key_that_cannot_be_hashed_is_a_type_error_naming_the_record():
+    ds = env().from_collection([("a", 1), ("b", 2)], Types.TUPLE([Types.STRING(), Types.LONG()]))
+    with pytest.raises(TypeError, match=r"record \('b', 2\) has key \['b'\]"):
+        ds.key_by(lambda r: [r[0]] if r[0] == "b" else r[0]).sum(1).execute_and_collect(limit=5)
+
+
+def test_parallelism_above_max_parallelism_fails_at_the_call():
+    e = StreamExecutionEnvironment.get_execution_environment()
+    with pytest.raises(ValueError, match="above the max parallelism 128"):
+        e.set_parallelism(129)
+    e.set_max_parallelism(16)
+    ds = e.from_collection([1, 2, 3], Types.LONG())
+    with pytest.raises(ValueError, match="above the max parallelism 16"):
+        ds.key_by(lambda x: x).sum(0).set_parallelism(17)
+    with pytest.raises(ValueError):
+        e.set_parallelism(0)
+
+
+def test_record_not_matching_declared_type_fails_at_from_collection():
+    e = StreamExecutionEnvironment.get_execution_environment()
+    with pytest.raises(TypeError, match=r"record 2 \('c', 'x'\) .* field 1 expected LONG, got str 'x'"):
+        e.from_collection([("a", 1), ("b", 2), ("c", "x")], Types.TUPLE([Types.STRING(), Types.LONG()]))
+
+
+def test_output_not_matching_declared_output_type_fails_the_job():
+    ds = env().from_collection([1, 2, 3], Types.LONG())
+    with pytest.raises(TypeError, match="expected LONG"):
+        ds.map(lambda x: "x" if x == 2 else x, output_type=Types.LONG()).key_by(lambda x: 0).sum(0).execute_and_collect(limit=5)
+
+
+def test_state_updated_with_wrong_type():
+    class Bad(KeyedProcessFunction):
+        def open(self, ctx):
+            self.s = ctx.get_state(ValueStateDescriptor("s", Types.LONG()))
+
+        def process_element(self, value, ctx):
+            self.s.update("not a number")
+            yield value
+
+    ds = env().from_collection([1, 2], Types.LONG())
+    with pytest.raises(TypeError, match="state 's' is declared"):
+        ds.key_by(lambda x: x).process(Bad()).execute_and_collect(limit=5)
+
+
+def test_keys_of_one_operator_must_share_a_type():
+    ds = env(1).from_collection(list(range(70000)) + [-1], Types.LONG())
+    with pytest.raises(TypeError, match="one operator's keys must share one type"):
+        with ds.key_by(lambda x: "minus one" if x < 0 else x).sum(0).execute_and_collect() as it:
+            list(it)
+
+
+def test_cancel_of_a_running_job_leaves_nothing_behind():
+    from stretch.datastream.connectors import DataGeneratorSource, DiscardingSink
+
+    e = env()
+    source = DataGeneratorSource(lambda i: (i % 5, i), count=None, type_info=Types.TUPLE([Types.LONG(), Types.LONG()]))
+    e.from_source(source, None, "endless").key_by(lambda r: r[0]).sum(1).sink_to(DiscardingSink())
+    client = e.execute_async("endless")
+    assert client.wait(1.0).name == "RUNNING"
+    client.cancel()
+    assert client.get_job_status().result().name == "CANCELED"
