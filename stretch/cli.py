@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from stretch.runtime.control_socket import request, runtime_dir
 
@@ -52,7 +51,9 @@ def cmd_status(args) -> int:
         return 0
     print(f"job {status['job_id']}  {status['name']!r}  {status['status']}")
     for op in status["operators"]:
-        print(f"  operator {op['name']!r}: parallelism {op['parallelism']}, epoch {op['epoch']}, gate depth {op['gate_depth']}")
+        print(
+            f"  operator {op['name']!r}: parallelism {op['parallelism']}, epoch {op['epoch']}, gate depth {op['gate_depth']}"
+        )
         for inst in op["instances"]:
             print(
                 f"    #{inst['index']}: {inst['records_in']:,} in, {inst['records_out']:,} out, "

@@ -55,10 +55,14 @@ def run(seconds: float = 10.0, parallelism: int = 2, rate: float = 200_000.0, ou
         batch_rows=8192,
     )
     clicks = env.from_source(source, None, "clicks")
-    totals = clicks.key_by("user").process(RunningTotal(), Types.TUPLE([Types.LONG(), Types.LONG(), Types.DOUBLE()]))
+    totals = clicks.key_by("user").process(
+        RunningTotal(), Types.TUPLE([Types.LONG(), Types.LONG(), Types.DOUBLE()])
+    )
     totals.name("running-total").sink_to(DiscardingSink())
     client = env.execute_async("stretch demo")
-    out(f"stretch demo: {count:,} click events at {rate:,.0f}/s, keyed by {USERS:,} users, parallelism {parallelism}")
+    out(
+        f"stretch demo: {count:,} click events at {rate:,.0f}/s, keyed by {USERS:,} users, parallelism {parallelism}"
+    )
     last_in, last_t, started = 0, time.monotonic(), time.monotonic()
     while not client.wait(1.0).is_globally_terminal_state():
         now = time.monotonic()
@@ -71,5 +75,7 @@ def run(seconds: float = 10.0, parallelism: int = 2, rate: float = 200_000.0, ou
         )
         last_in, last_t = records, now
     elapsed = time.monotonic() - started
-    out(f"done: {count:,} events in {elapsed:.1f}s ({count / elapsed:,.0f} events/s), status {client.wait().name}")
+    out(
+        f"done: {count:,} events in {elapsed:.1f}s ({count / elapsed:,.0f} events/s), status {client.wait().name}"
+    )
     return {"events": count, "seconds": elapsed}

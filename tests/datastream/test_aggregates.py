@@ -92,7 +92,9 @@ def test_sum_on_plain_values_and_on_pickled_records():
     ds = e2.from_collection([(o["k"], o["v"], [o["v"]]) for o in objects])
     with ds.key_by(lambda r: r[0]).sum(1).execute_and_collect() as it:
         got2 = list(it)
-    want2 = rolling([(o["k"], o["v"], [o["v"]]) for o in objects], lambda r: r[0], lambda a, b: (a[0], a[1] + b[1], a[2]))
+    want2 = rolling(
+        [(o["k"], o["v"], [o["v"]]) for o in objects], lambda r: r[0], lambda a, b: (a[0], a[1] + b[1], a[2])
+    )
     assert per_key(got2, lambda r: r[0]) == per_key(want2, lambda r: r[0])
 
 
@@ -100,8 +102,10 @@ def test_reduce_min_by_max_by():
     records = records3(1500)
     key_of = lambda r: r[0]  # noqa: E731
     cases = {
-        "reduce": (lambda ks: ks.reduce(lambda a, b: (a[0], a[1] + b[1], max(a[2], b[2]))),
-                   lambda a, b: (a[0], a[1] + b[1], max(a[2], b[2]))),
+        "reduce": (
+            lambda ks: ks.reduce(lambda a, b: (a[0], a[1] + b[1], max(a[2], b[2]))),
+            lambda a, b: (a[0], a[1] + b[1], max(a[2], b[2])),
+        ),
         "min_by": (lambda ks: ks.min_by(1), lambda a, b: b if b[1] < a[1] else a),
         "max_by": (lambda ks: ks.max_by(2), lambda a, b: b if b[2] > a[2] else a),
     }

@@ -84,7 +84,9 @@ def test_record_not_matching_declared_type_fails_at_from_collection():
 def test_output_not_matching_declared_output_type_fails_the_job():
     ds = env().from_collection([1, 2, 3], Types.LONG())
     with pytest.raises(TypeError, match="expected LONG"):
-        ds.map(lambda x: "x" if x == 2 else x, output_type=Types.LONG()).key_by(lambda x: 0).sum(0).execute_and_collect(limit=5)
+        ds.map(lambda x: "x" if x == 2 else x, output_type=Types.LONG()).key_by(lambda x: 0).sum(
+            0
+        ).execute_and_collect(limit=5)
 
 
 def test_state_updated_with_wrong_type():
@@ -112,7 +114,9 @@ def test_cancel_of_a_running_job_leaves_nothing_behind():
     from stretch.datastream.connectors import DataGeneratorSource, DiscardingSink
 
     e = env()
-    source = DataGeneratorSource(lambda i: (i % 5, i), count=None, type_info=Types.TUPLE([Types.LONG(), Types.LONG()]))
+    source = DataGeneratorSource(
+        lambda i: (i % 5, i), count=None, type_info=Types.TUPLE([Types.LONG(), Types.LONG()])
+    )
     e.from_source(source, None, "endless").key_by(lambda r: r[0]).sum(1).sink_to(DiscardingSink())
     client = e.execute_async("endless")
     assert client.wait(1.0).name == "RUNNING"

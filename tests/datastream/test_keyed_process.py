@@ -89,7 +89,17 @@ def reference(records, key_of):
         total[k] = total.get(k, 0) + n
         s, m = sums.get(k, (0, 0))
         sums[k] = (s + n, m + 1)
-        out.append((k, c, previous, tuple(recent[k]), tuple(sorted(tags[k].items())), total[k], round((s + n) / (m + 1), 9)))
+        out.append(
+            (
+                k,
+                c,
+                previous,
+                tuple(recent[k]),
+                tuple(sorted(tags[k].items())),
+                total[k],
+                round((s + n) / (m + 1), 9),
+            )
+        )
     return out
 
 
@@ -170,7 +180,9 @@ def test_rekeying_pipeline_through_a_second_gate(parallelism):
     env.set_parallelism(parallelism)
     ds = env.from_collection(records, Types.TUPLE([Types.STRING(), Types.LONG()]))
     per_user = ds.key_by(lambda r: r[0]).process(Count())  # (user, running count)
-    per_bucket = per_user.map(lambda t: (int(t[0][4:]) % 7, t[1])).key_by(lambda t: t[0]).process(RunningSum())
+    per_bucket = (
+        per_user.map(lambda t: (int(t[0][4:]) % 7, t[1])).key_by(lambda t: t[0]).process(RunningSum())
+    )
     with per_bucket.execute_and_collect() as results:
         got = list(results)
     # The second operator's input interleaves records from several first-operator instances, so

@@ -10,7 +10,9 @@ from stretch.datastream.connectors import DataGeneratorSource, RateLimiterStrate
 
 def test_generator_function_records_in_order():
     env = StreamExecutionEnvironment.get_execution_environment()
-    src = DataGeneratorSource(lambda i: (i, str(i)), count=1000, type_info=Types.TUPLE([Types.LONG(), Types.STRING()]))
+    src = DataGeneratorSource(
+        lambda i: (i, str(i)), count=1000, type_info=Types.TUPLE([Types.LONG(), Types.STRING()])
+    )
     with env.from_source(src, None, "gen").execute_and_collect() as it:
         assert list(it) == [(i, str(i)) for i in range(1000)]
 

@@ -6,7 +6,9 @@ from stretch.datastream.connectors import NumberSequenceSource
 def test_number_sequence_is_inclusive_and_keyed_sums_match():
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(2)
-    ds = env.from_source(NumberSequenceSource(1, 100_000, batch_rows=7000), WatermarkStrategy.no_watermarks(), "seq")
+    ds = env.from_source(
+        NumberSequenceSource(1, 100_000, batch_rows=7000), WatermarkStrategy.no_watermarks(), "seq"
+    )
     with ds.key_by(lambda x: x % 10).sum(0).execute_and_collect() as it:
         got = list(it)
     assert len(got) == 100_000
