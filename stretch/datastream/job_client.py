@@ -6,10 +6,15 @@ import threading
 import time
 from concurrent.futures import Future
 
+import pyarrow as pa
+
 from stretch.common.job_status import JobStatus
 from stretch.common.records import from_batch
 from stretch.runtime.coordinator import Coordinator
 from stretch.runtime.gate import GateClosed, Kind
+from stretch.state.key_groups import key_group
+from stretch.state.keyed_table import KeyedTable
+from stretch.state.queryable import read_state
 
 
 class CompletableFuture(Future):
@@ -84,6 +89,23 @@ class JobClient:
     def describe(self) -> dict:
         """Operators, parallelism, epoch, gate depth and per-instance counters (as `stretch status`)."""
         return self._coordinator.describe()
+
+    def query_state(self, operator: str, key=None, key_groups=None) -> pa.Table:
+        """Keyed state of a running operator as a table (key, then one column per state).
+
+        Reads shared memory directly, without stopping or slowing the job. ``key`` narrows the
+        result to one key; ``key_groups`` to some key groups.
+        """
+        c = self._coordinator
+        stage = c.plan.stage(operator)
+        if stage.kind != "keyed" or stage.id not in c.arenas:
+            raise ValueError(f"operator {operator!r} has no keyed state (or the job is not running)")
+        table = KeyedTable(c.arenas[stage.id])
+        if key is not None:
+            kg = key_group(key, stage.max_parallelism)
+            rows = read_state(table, [kg])
+            return rows.filter(pa.array([k == key for k in rows.column("key").to_pylist()], pa.bool_()))
+        return read_state(table, key_groups)
 
     def get_job_execution_result(self) -> CompletableFuture:
         f = CompletableFuture()

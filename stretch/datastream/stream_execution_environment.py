@@ -25,7 +25,7 @@ class _CollectionSource(Source):
         self.batch = batch
         self.chunk_rows = chunk_rows
 
-    def create_reader(self):
+    def create_reader(self, context=None):
         for start in range(0, self.batch.num_rows, self.chunk_rows):
             yield self.batch.slice(start, self.chunk_rows)
 
@@ -122,7 +122,6 @@ class StreamExecutionEnvironment:
         sinks, self._sinks = [*self._sinks, sink], []
         coordinator, client = self._submit(sinks, job_name)
         sink_id = next(s.id for s in coordinator.plan.sinks if s.sink is sink.spec["sink"])
-        coordinator.register_collect(sink_id)
         client._start()
         return CloseableIterator(client, sink_id)
 

@@ -32,7 +32,7 @@ class KeySpec:
 class Step:
     """One chained step: map/flat_map/filter, or a terminal that hands records on."""
 
-    kind: str  # map | flat_map | filter | to_gate | to_sink
+    kind: str  # map | flat_map | filter | to_gate | to_sink | to_chained_sink
     fn: Any = None
     output_type: TypeInformation | None = None
     children: list[Step] = field(default_factory=list)
@@ -74,6 +74,11 @@ class SinkSpec:
     sink: Any
     producers: list[int] = field(default_factory=list)  # stage ids
     upstream_parallelism: int = 1
+
+    @property
+    def runs_in(self) -> str:
+        """job (a thread of the job's process) | instance (chained) | reader (read from outside)."""
+        return getattr(self.sink, "runs_in", "job")
 
 
 @dataclass
@@ -164,7 +169,9 @@ def compile_plan(sinks: list[Transformation], default_parallelism: int, max_para
                         )
                     )
             elif c.kind == "sink":
-                out.append(Step("to_sink", sink=sink_of[c.id], name=c.name))
+                sink_id = sink_of[c.id]
+                kind = "to_chained_sink" if sink_specs[sink_id].runs_in == "instance" else "to_sink"
+                out.append(Step(kind, sink=sink_id, name=c.name))
             else:
                 raise TypeError(f"{c.kind} cannot follow {t.kind}")
         return out
@@ -177,7 +184,7 @@ def compile_plan(sinks: list[Transformation], default_parallelism: int, max_para
             for step in _walk(stage.chain):
                 if step.kind == "to_gate":
                     gate_producers[step.gate].append(stage.id)
-                elif step.kind == "to_sink":
+                elif step.kind in ("to_sink", "to_chained_sink"):
                     sink_specs[step.sink].producers.append(stage.id)
     for s in sink_specs:
         s.upstream_parallelism = max((stages[i].parallelism for i in s.producers), default=1)

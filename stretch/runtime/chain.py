@@ -103,14 +103,19 @@ class Chain:
     def __init__(self, steps: list[Step], stage_name: str, outputs: Outputs):
         self.roots = [_make(s, stage_name, outputs) for s in steps]
         self.functions = [f for r in self.roots for f in r.functions()]
+        self.nodes = [n for r in self.roots for n in r.walk()]
 
     def open(self, runtime_context) -> None:
         for f in self.functions:
             f.open(runtime_context)
+        for n in self.nodes:
+            n.open()
 
     def close(self) -> None:
         for f in self.functions:
             f.close()
+        for n in self.nodes:
+            n.close()
 
     def push(self, records: Records) -> None:
         if len(records):
@@ -119,11 +124,12 @@ class Chain:
 
 
 class Outputs:
-    """Where a stage's terminal steps write: gates and sink gates by id, and this producer's index."""
+    """Where a stage's terminal steps write: gates, sink gates and chained sinks by id."""
 
-    def __init__(self, gates: dict, sink_gates: dict, producer: int, count_out):
+    def __init__(self, gates: dict, sink_gates: dict, sinks: dict, producer: int, count_out):
         self.gates = gates
         self.sink_gates = sink_gates
+        self.sinks = sinks  # sink id -> SinkSpec, for sinks chained into this stage
         self.producer = producer
         self.count_out = count_out
 
@@ -137,6 +143,17 @@ class _Node:
     def functions(self) -> list:
         own = [self.step.fn] if isinstance(self.step.fn, Function) else []
         return own + [f for c in self.children for f in c.functions()]
+
+    def walk(self):
+        yield self
+        for c in self.children:
+            yield from c.walk()
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     def forward(self, records: Records) -> None:
         if len(records):
@@ -207,6 +224,26 @@ class _ToSink(_Node):
         batch = records.data_batch()
         self.outputs.count_out(batch.num_rows)
         self.gate.append_batch(batch, producer=self.outputs.producer)
+
+
+class _ToChainedSink(_Node):
+    """A sink that runs inside the producing instance (e.g. DiscardingSink)."""
+
+    def __init__(self, step, stage_name, outputs):
+        super().__init__(step, stage_name, outputs)
+        self.spec = outputs.sinks[step.sink]
+        self.outputs = outputs
+        self.writer = None
+
+    def open(self) -> None:
+        self.writer = self.spec.sink.create_writer(self.spec.upstream_parallelism)
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def push(self, records: Records) -> None:
+        self.outputs.count_out(len(records))
+        self.writer.write_records(records, self.outputs.producer)
 
 
 class _ToGate(_Node):
@@ -320,7 +357,14 @@ def resolve_field(schema: pa.Schema, field: str | int) -> int:
     return schema.get_field_index(field)
 
 
-_KINDS = {"map": _Map, "flat_map": _FlatMap, "filter": _Filter, "to_sink": _ToSink, "to_gate": _ToGate}
+_KINDS = {
+    "map": _Map,
+    "flat_map": _FlatMap,
+    "filter": _Filter,
+    "to_sink": _ToSink,
+    "to_chained_sink": _ToChainedSink,
+    "to_gate": _ToGate,
+}
 
 
 def _make(step: Step, stage_name: str, outputs: Outputs) -> _Node:

@@ -90,7 +90,10 @@ class Coordinator:
         self.control: ControlBlock | None = None
         self.resources: JobResources | None = None
         self._sink_runners: list[SinkRunner] = []
-        self._collect_sinks: set[int] = set()
+        self.input_channels: dict[str, Gate] = {}
+        self.output_channels: dict[str, int] = {}  # channel name -> sink id
+        self._channel_readers: set[int] = set()
+        self._ended_channels: set[str] = set()
         self._server: ControlServer | None = None
         self._zygote: Zygote | None = None
         self.socket_path = runtime_dir() / f"{self.job_id}.sock"
@@ -112,10 +115,6 @@ class Coordinator:
 
     def sink_finished(self, sink: int, error: BaseException | None = None) -> None:
         self._events.put(("sink_done", sink, error))
-
-    def register_collect(self, sink: int) -> None:
-        """A sink read by the caller (execute_and_collect) rather than by a runner thread."""
-        self._collect_sinks.add(sink)
 
     # ---- the job thread -----------------------------------------------------------------
     def run(self) -> None:
@@ -148,11 +147,24 @@ class Coordinator:
             res.gates[gate_id] = g.name
             self._segments.append(g.segment)
         for sink in plan.sinks:
+            if sink.runs_in == "instance":
+                res.sinks[sink.id] = sink
+                continue
             g = Gate.create(prefix, "sink", cfg.gate_slots, cfg.sink_gate_bytes)
             g.open_reader(0, 0)
             self.sink_gates[sink.id] = g
             res.sink_gates[sink.id] = g.name
             self._segments.append(g.segment)
+            if sink.runs_in == "reader" and hasattr(sink.sink, "name") and isinstance(sink.sink.name, str):
+                self.output_channels[sink.sink.name] = sink.id
+        for stage in plan.stages:
+            name = getattr(stage.source, "channel_name", None)
+            if name is not None:
+                g = Gate.create(prefix, "channel", cfg.gate_slots, cfg.gate_bytes)
+                g.open_reader(0, 0)
+                self.input_channels[name] = g
+                res.channels[name] = g.name
+                self._segments.append(g.segment)
         for op_index, stage in enumerate(keyed):
             arena = Arena.create(prefix, stage.max_parallelism)
             self.arenas[stage.id] = arena
@@ -174,7 +186,7 @@ class Coordinator:
         for _ in range(len(self._pending) + cfg.spare_workers):
             self._spawn_worker()
         for sink in plan.sinks:
-            if sink.id not in self._collect_sinks:
+            if sink.runs_in == "job":
                 runner = SinkRunner(sink, self.sink_gates[sink.id], self)
                 self._sink_runners.append(runner)
                 runner.start()
@@ -260,6 +272,8 @@ class Coordinator:
                 self._assign(w)
         elif op == "status":
             conn.send(self.describe())
+        elif op in ("channel", "channel_end", "channel_done"):
+            conn.send(self._channel_request(op, msg))
         else:
             conn.send({"ok": False, "error": f"unknown request {op!r}"})
 
@@ -292,7 +306,10 @@ class Coordinator:
             key = -1 - sink.id
             if key not in self._finished_gates and set(sink.producers) <= done:
                 self._finished_gates.add(key)
-                self.sink_gates[sink.id].append_control(Kind.END_OF_STREAM)
+                if sink.runs_in == "instance":
+                    self._sinks_done.add(sink.id)
+                else:
+                    self.sink_gates[sink.id].append_control(Kind.END_OF_STREAM)
 
     def _worker_gone(self, conn) -> None:
         w = self._workers.get(conn.worker) if conn.worker is not None else None
@@ -319,6 +336,42 @@ class Coordinator:
                 with contextlib.suppress(OSError):
                     w.conn.send({"op": "stop"})
 
+    # ---- channels ---------------------------------------------------------------------------
+    def _channel_request(self, op: str, msg: dict) -> dict:
+        name = msg.get("name")
+        if op == "channel":
+            if name in self.input_channels and msg.get("role") == "writer":
+                source = next(
+                    s.source for s in self.plan.stages if getattr(s.source, "channel_name", None) == name
+                )
+                t = source.type_info
+                return {
+                    "ok": True,
+                    "segment": self.input_channels[name].name,
+                    "type": t.to_json() if t else None,
+                }
+            if name in self.output_channels and msg.get("role") == "reader":
+                sink_id = self.output_channels[name]
+                if sink_id in self._channel_readers:
+                    return {"ok": False, "error": f"channel {name!r} already has a reader"}
+                self._channel_readers.add(sink_id)
+                return {"ok": True, "segment": self.sink_gates[sink_id].name}
+            inputs, outputs = sorted(self.input_channels), sorted(self.output_channels)
+            return {
+                "ok": False,
+                "error": f"job has no channel {name!r} to {'write' if msg.get('role') == 'writer' else 'read'} "
+                f"(input channels: {inputs}, output channels: {outputs})",
+            }
+        if op == "channel_end" and name in self.input_channels:
+            if name not in self._ended_channels:
+                self._ended_channels.add(name)
+                self.input_channels[name].append_control(Kind.END_OF_STREAM)
+            return {"ok": True}
+        if op == "channel_done" and name in self.output_channels:
+            self._sinks_done.add(self.output_channels[name])
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown channel {name!r}"}
+
     # ---- status -----------------------------------------------------------------------------
     def describe(self) -> dict:
         ops = []
@@ -336,6 +389,7 @@ class Coordinator:
                     "parallelism": p,
                     "epoch": epoch,
                     "gate_depth": self.gates[stage.input_gate].depth(),
+                    "state_bytes": self.arenas[stage.id].resident_bytes(),
                     "instances": [
                         {
                             "index": i,
@@ -351,7 +405,7 @@ class Coordinator:
             "ok": True,
             "job_id": self.job_id,
             "name": self.job_name,
-            "status": self.status.value,
+            "status": self.status.name,
             "operators": ops,
         }
 

@@ -66,8 +66,12 @@ class Task:
 
     def outputs(self, producer: int) -> Outputs:
         gates = {g: self.attached.gate(n) for g, n in self.res.gates.items()}
-        sinks = {s: self.attached.gate(n) for s, n in self.res.sink_gates.items()}
-        return Outputs(gates, sinks, producer, self._count_out)
+        sink_gates = {s: self.attached.gate(n) for s, n in self.res.sink_gates.items()}
+        return Outputs(gates, sink_gates, self.res.sinks, producer, self._count_out)
+
+    def channel_gate(self, name: str) -> Gate:
+        """An input channel's gate (for ChannelSource readers)."""
+        return self.attached.gate(self.res.channels[name])
 
     def _count_out(self, n: int) -> None:
         self._records_out += n
@@ -80,7 +84,7 @@ class SourceTask(Task):
         chain = Chain(self.stage.chain, self.stage.name, self.outputs(producer=1))
         chain.open(InstanceRuntimeContext(self.stage.name, 0, lambda: 1, self.stage.max_parallelism))
         source_type = getattr(self.stage.source, "type_info", None)
-        reader = self.stage.source.create_reader()
+        reader = self.stage.source.create_reader(self)
         try:
             for item in reader:
                 if self.should_stop():

@@ -31,7 +31,7 @@ class ArrowSource(Source):
         self.table = data
         self.max_chunksize = max_chunksize
 
-    def create_reader(self):
+    def create_reader(self, context=None):
         for batch in self.table.to_batches(max_chunksize=self.max_chunksize):
             yield _as_rows(batch)
 
@@ -55,7 +55,7 @@ class ParquetSource(Source):
                 out.append(p)
         return out
 
-    def create_reader(self):
+    def create_reader(self, context=None):
         for f in self._files():
             pf = pq.ParquetFile(f)
             for batch in pf.iter_batches(batch_size=self.batch_size, columns=self.columns):

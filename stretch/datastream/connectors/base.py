@@ -1,8 +1,10 @@
 """The two extension points: a Source yields batches into a job, a Sink writes a job's results.
 
-A source's ``create_reader()`` runs in a worker process and yields ``pyarrow.RecordBatch`` objects
-(or lists of Python records); a sink's ``create_writer()`` runs in the job's own process and gets
-batches in order. Both objects travel to the worker with cloudpickle.
+A source's ``create_reader(context)`` runs in a worker process and yields ``pyarrow.RecordBatch``
+objects (or lists of Python records). A sink's ``create_writer()`` runs where its ``runs_in`` says:
+``"job"`` (a thread of the job's own process, fed in order), ``"instance"`` (chained into each
+producing instance, like Flink's chained sinks), or ``"reader"`` (consumed by a reader outside the
+job, such as the collect iterator or an output channel). Both travel to workers with cloudpickle.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ class Source:
 
     type_info = None
 
-    def create_reader(self) -> Iterator:
+    def create_reader(self, context=None) -> Iterator:
+        """Yield the source's batches; ``context`` reaches the job's channels (see ChannelSource)."""
         raise NotImplementedError
 
 
@@ -26,6 +29,10 @@ class SinkWriter:
 
     def write(self, batch: pa.RecordBatch, producer: int) -> None:
         raise NotImplementedError
+
+    def write_records(self, records, producer: int) -> None:
+        """Chained sinks get records as they are in flight; the default takes them as a batch."""
+        self.write(records.data_batch(), producer)
 
     def close(self) -> None:
         """End of stream: everything was written."""
@@ -36,6 +43,8 @@ class SinkWriter:
 
 class Sink:
     """Base of every sink; subclasses implement ``create_writer``."""
+
+    runs_in = "job"
 
     def create_writer(self, upstream_parallelism: int) -> SinkWriter:
         raise NotImplementedError

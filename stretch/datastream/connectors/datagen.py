@@ -53,7 +53,7 @@ class DataGeneratorSource(Source):
         self.type_info = type_info
         self.batch_rows = batch_rows
 
-    def create_reader(self):
+    def create_reader(self, context=None):
         index = 0
         start = time.monotonic()
         rows = self.batch_rows

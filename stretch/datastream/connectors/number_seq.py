@@ -22,7 +22,7 @@ class NumberSequenceSource(Source):
         self.end = end
         self.batch_rows = batch_rows
 
-    def create_reader(self):
+    def create_reader(self, context=None):
         schema = schema_for(Types.LONG())
         for lo in range(self.start, self.end + 1, self.batch_rows):
             hi = min(lo + self.batch_rows, self.end + 1)

@@ -77,5 +77,7 @@ class PrintSink(Sink):
 class CollectSink(Sink):
     """Marks the sink that ``execute_and_collect()`` reads itself."""
 
+    runs_in = "reader"
+
     def create_writer(self, upstream_parallelism: int) -> SinkWriter:
         raise RuntimeError("collect sinks are read by the caller's iterator")

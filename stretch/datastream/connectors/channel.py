@@ -1,0 +1,57 @@
+"""Named channels: a running job's input or output that other Python code writes or reads.
+
+``ChannelSource(name)`` makes a job read whatever writers append to the channel until one of them
+ends it; ``ChannelSink(name)`` makes the job's results readable by a channel reader. Writers and
+readers reach the job through its control socket (see ``stretch.channels``) and then move data
+through shared memory directly.
+"""
+
+from __future__ import annotations
+
+from stretch.common.typeinfo import TypeInformation
+from stretch.datastream.connectors.base import Sink, SinkWriter, Source
+
+
+def _check_name(name: str) -> str:
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ValueError(f"a channel name must be a non-empty string without '/', got {name!r}")
+    return name
+
+
+class ChannelSource(Source):
+    """The job's input is the channel ``name``; records must match ``type_info`` when given."""
+
+    def __init__(self, name: str, type_info: TypeInformation | None = None):
+        self.channel_name = _check_name(name)
+        self.type_info = type_info
+
+    def create_reader(self, context=None):
+        from stretch.runtime.gate import Kind
+
+        gate = context.channel_gate(self.channel_name)
+        seq = gate.cursor(0)
+        while True:
+            if not gate.wait(seq, timeout=0.1):
+                if context.should_stop():
+                    return
+                continue
+            entry = gate.read(seq)
+            if entry.kind is Kind.END_OF_STREAM:
+                gate.advance(0, seq + 1)
+                return
+            if entry.kind is Kind.DATA:
+                yield entry.batch  # zero-copy: processed before the cursor moves past it
+            seq += 1
+            gate.advance(0, seq)
+
+
+class ChannelSink(Sink):
+    """The job's output goes to the channel ``name``, for a reader to consume (in order)."""
+
+    runs_in = "reader"
+
+    def __init__(self, name: str):
+        self.name = _check_name(name)
+
+    def create_writer(self, upstream_parallelism: int) -> SinkWriter:
+        raise RuntimeError("channel sinks are read through stretch.channels.open_reader")

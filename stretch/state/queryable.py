@@ -1,0 +1,85 @@
+"""Queryable state: any key group's keyed state as a pyarrow Table, read while the job runs.
+
+Reads go straight to the operator's shared-memory tables (from the job's process, or from any
+process of the same user that attaches the arena) under the key group's seqlock, so a reader never
+stops or slows the instances and never sees a half-written batch.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pyarrow as pa
+
+from stretch.common.typeinfo import TypeInformation
+from stretch.state.codecs import ElementStream, value_codec
+from stretch.state.keyed_table import KeyedTable
+
+
+def _arrow_type(entry: dict) -> pa.DataType | None:
+    t = _type_info(entry)
+    return None if t is None else t.to_arrow()
+
+
+def _type_info(entry: dict) -> TypeInformation | None:
+    return TypeInformation.from_json(entry["type"]) if entry.get("type") else None
+
+
+def _column(table: KeyedTable, sid: int, entry: dict, kgs: np.ndarray, rows: np.ndarray) -> pa.Array:
+    storage, kind = entry["storage"], entry["kind"]
+    if storage != "var":
+        dtype = np.dtype(storage)
+        values, valid = table.gather(sid, dtype, kgs, rows)
+        mask = valid == 0
+        if entry.get("type") and _arrow_type(entry) == pa.bool_():
+            return pa.array(values.astype(bool), mask=mask)
+        return pa.array(values, mask=mask)
+    raw = table.read_var(sid, kgs, rows)
+    t = _type_info(entry)
+    if kind == "list":
+        stream = ElementStream(t.get_element_type() if t is not None else None)
+        values = [None if r is None else stream.decode(r) for r in raw]
+        elem = t.get_element_type().to_arrow() if t is not None else None
+        return _array(values, pa.large_list(elem) if elem is not None else None)
+    if kind == "map":
+        values = [None if r is None else list(pickle.loads(r).items()) for r in raw]
+        return _array(values, t.to_arrow() if t is not None else None)
+    codec = value_codec(t)
+    values = [None if r is None else codec.decode(r) for r in raw]
+    return _array(values, t.to_arrow() if t is not None else None)
+
+
+def _array(values: list, arrow_type: pa.DataType | None) -> pa.Array:
+    """Values as their declared Arrow type; pickled where Arrow cannot hold them."""
+    try:
+        return pa.array(values, type=arrow_type)
+    except (pa.ArrowException, TypeError, ValueError):
+        return pa.array(
+            [None if v is None else pickle.dumps(v, protocol=5) for v in values], pa.large_binary()
+        )
+
+
+def read_key_group(table: KeyedTable, kg: int) -> pa.Table:
+    """Every key of key group ``kg`` with one column per declared state (null where unset)."""
+
+    def read() -> pa.Table:
+        keys = table.keys_of(kg)
+        n = len(keys)
+        kgs = np.full(n, kg, dtype=np.uint16)
+        rows = np.arange(n, dtype=np.int64)
+        columns = {"key_group": pa.array(kgs, pa.int32()), "key": _array(keys, None)}
+        for sid, entry in enumerate(table.arena.registry()):
+            columns[entry["name"]] = _column(table, sid, entry, kgs, rows)
+        return pa.table(columns)
+
+    return table.stable_read(kg, read)
+
+
+def read_state(table: KeyedTable, key_groups=None) -> pa.Table:
+    """The state of several key groups (all by default) as one table."""
+    groups = range(table.maxp) if key_groups is None else key_groups
+    parts = [read_key_group(table, int(kg)) for kg in groups if table.n_keys(int(kg))]
+    if not parts:
+        return read_key_group(table, 0)
+    return pa.concat_tables(parts, promote_options="permissive")

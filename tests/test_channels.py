@@ -1,0 +1,97 @@
+"""Channels: Python code feeds a running job and reads its results while it runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections import defaultdict
+
+import pyarrow as pa
+import pytest
+
+from stretch import channels
+from stretch.common import Types
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+
+PAIR = Types.TUPLE([Types.STRING(), Types.LONG()])
+
+
+def start(name="channels job", parallelism=2):
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(parallelism)
+    ds = env.from_source(ChannelSource("clicks", PAIR), None, "clicks")
+    ds.key_by(lambda r: r[0]).sum(1).sink_to(ChannelSink("totals"))
+    return env.execute_async(name)
+
+
+def rolling(records):
+    acc, out = {}, []
+    for k, v in records:
+        acc[k] = acc.get(k, 0) + v
+        out.append((k, acc[k]))
+    return out
+
+
+def by_key(rows):
+    d = defaultdict(list)
+    for k, v in rows:
+        d[k].append(v)
+    return dict(d)
+
+
+def test_write_while_running_then_read_everything_in_key_order():
+    client = start()
+    writer = channels.open_writer(client, "clicks")
+    sent = []
+    for i in range(20):
+        batch = [(f"u{j % 5}", i * 100 + j) for j in range(50)]
+        writer.write(batch)
+        sent += batch
+    writer.write(
+        pa.RecordBatch.from_pylist(
+            [{"f0": "u1", "f1": 7}], schema=pa.schema([("f0", pa.large_string()), ("f1", pa.int64())])
+        )
+    )
+    sent.append(("u1", 7))
+    writer.end()
+    got = list(channels.open_reader(client, "totals"))
+    assert client.wait().name == "FINISHED"
+    assert by_key(got) == by_key(rolling(sent))
+
+
+def test_a_second_process_writes_by_job_name():
+    client = start("job fed from elsewhere")
+    code = textwrap.dedent(
+        """
+        from stretch import channels
+        w = channels.open_writer("job fed from elsewhere", "clicks")
+        w.write([("x", 1), ("y", 2), ("x", 3)])
+        w.end()
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    got = list(channels.open_reader(client, "totals"))
+    assert by_key(got) == {"x": [1, 4], "y": [2]}
+    client.wait()
+
+
+def test_channel_errors_are_clear():
+    client = start()
+    try:
+        with pytest.raises(LookupError, match="no channel 'nope'"):
+            channels.open_writer(client, "nope")
+        writer = channels.open_writer(client, "clicks")
+        with pytest.raises(TypeError, match="expected LONG"):
+            writer.write([("a", "not a number")])
+        bad = pa.record_batch({"f0": ["a"], "f1": [1.5]})
+        with pytest.raises(ValueError, match="does not match channel 'clicks'"):
+            writer.write(bad)
+        with pytest.raises(LookupError, match="no running stretch job"):
+            channels.open_writer("no-such-job", "clicks")
+        writer.write([("a", 1)])
+        writer.end()
+        assert list(channels.open_reader(client, "totals")) == [("a", 1)]
+    finally:
+        client.wait()

@@ -1,0 +1,48 @@
+"""The stretch command: demo, jobs, status, from a second process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from stretch.common import Types
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors import DataGeneratorSource, DiscardingSink, RateLimiterStrategy
+
+
+def stretch(*args, check=True):
+    return subprocess.run(
+        [sys.executable, "-m", "stretch.cli", *args], capture_output=True, text=True, timeout=120, check=check
+    )
+
+
+def test_jobs_and_status_of_a_running_job():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    src = DataGeneratorSource(
+        lambda i: (i % 10, i),
+        count=None,
+        rate_limiter_strategy=RateLimiterStrategy.per_second(5000),
+        type_info=Types.TUPLE([Types.LONG(), Types.LONG()]),
+    )
+    env.from_source(src, None, "gen").key_by(lambda r: r[0]).sum(1).name("totals").sink_to(DiscardingSink())
+    client = env.execute_async("cli test job")
+    try:
+        listing = stretch("jobs").stdout
+        assert client.get_job_id() in listing and "cli test job" in listing
+        status = json.loads(stretch("status", client.get_job_id()[:10], "--json").stdout)
+        assert status["status"] == "RUNNING"
+        (op,) = status["operators"]
+        assert op["name"] == "totals" and op["parallelism"] == 2 and op["epoch"] == 0
+        text = stretch("status", "cli test job").stdout
+        assert "operator 'totals': parallelism 2" in text
+        missing = stretch("status", "no such job", check=False)
+        assert missing.returncode != 0 and "no running job" in missing.stderr
+    finally:
+        client.cancel()
+
+
+def test_demo_runs_and_reports_throughput():
+    out = stretch("demo", "--seconds", "2", "--rate", "50000").stdout
+    assert "events/s" in out and "status FINISHED" in out
