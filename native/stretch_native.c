@@ -15,6 +15,8 @@
 #include <linux/futex.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -195,8 +197,19 @@ static PyObject *Region_wake32(Region *self, PyObject *args) {
 #define WAITERS 0x80000000u
 
 static int pid_alive(uint32_t pid) {
+    /* A process that exited is dead even while it waits to be reaped (a zombie). */
     if (pid == 0) return 0;
-    return !(kill((pid_t)pid, 0) == -1 && errno == ESRCH);
+    if (kill((pid_t)pid, 0) == -1 && errno == ESRCH) return 0;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%u/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *end = strrchr(buf, ')');
+    if (!end || end[1] == 0 || end[2] == 0) return 1;
+    return end[2] != 'Z' && end[2] != 'X';
 }
 
 static PyObject *Region_lock(Region *self, PyObject *args) {
@@ -252,11 +265,12 @@ static PyObject *Region_unlock(Region *self, PyObject *arg) {
     if (off == -1 && PyErr_Occurred()) return NULL;
     if (region_check(self, off, 4) < 0) return NULL;
     uint32_t *addr = WORD32(self, off);
-    uint32_t prev = __atomic_exchange_n(addr, 0u, __ATOMIC_RELEASE);
-    if ((prev & ~WAITERS) != (uint32_t)getpid()) {
+    if ((__atomic_load_n(addr, __ATOMIC_RELAXED) & ~WAITERS) != (uint32_t)getpid()) {
         PyErr_SetString(PyExc_RuntimeError, "mutex is not held by this process");
         return NULL;
     }
+    /* Only the owner gets here, and only the owner changes the pid bits, so the swap is ours. */
+    uint32_t prev = __atomic_exchange_n(addr, 0u, __ATOMIC_RELEASE);
     if (prev & WAITERS) futex_call(addr, FUTEX_WAKE, 1, NULL);
     Py_RETURN_NONE;
 }

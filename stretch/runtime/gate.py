@@ -171,23 +171,29 @@ class Gate:
 
         ``producer`` (1-based instance index, 0 unknown) travels with the entry as ``arg0``.
         """
+        seq = -1
+        for piece, size in self._pieces(batch):
+            seq = self._append(Kind.DATA, size, piece, producer, 0, input_index, timeout)
+        return seq
+
+    def _pieces(self, batch: pa.RecordBatch) -> list[tuple[pa.RecordBatch, int]]:
+        """Slices of the batch that each fit one entry; raises before anything is appended."""
         size = _ipc_size(batch)
-        if size > self.max_entry_bytes and batch.num_rows > 1:
-            half = batch.num_rows // 2
-            self.append_batch(batch.slice(0, half), producer, input_index, timeout)
-            return self.append_batch(batch.slice(half), producer, input_index, timeout)
-        return self._append(Kind.DATA, size, batch, producer, 0, input_index, timeout)
+        if size <= self.max_entry_bytes:
+            return [(batch, size)]
+        if batch.num_rows <= 1:
+            raise ValueError(
+                f"a single record of {size} bytes does not fit a gate of {self.data_capacity} bytes "
+                f"(limit {self.max_entry_bytes}); raise the gate size or split the record"
+            )
+        half = batch.num_rows // 2
+        return self._pieces(batch.slice(0, half)) + self._pieces(batch.slice(half))
 
     def append_control(self, kind: Kind, arg0: int = 0, arg1: int = 0, input_index: int = 0) -> int:
         """Append a control record; it is read in order with the data around it."""
         return self._append(kind, 0, None, arg0, arg1, input_index, None)
 
     def _append(self, kind, size, batch, arg0, arg1, input_index, timeout) -> int:
-        if size > self.max_entry_bytes:
-            raise ValueError(
-                f"a single record of {size} bytes does not fit a gate of {self.data_capacity} bytes "
-                f"(limit {self.max_entry_bytes}); raise the gate size or split the record"
-            )
         r = self.region
         if not r.lock(_H_LOCK, timeout):
             raise TimeoutError("gate producer lock not acquired in time")

@@ -20,7 +20,6 @@ from stretch.plan.stages import OperatorSpec
 from stretch.runtime.chain import KEY_COLUMN, Records, StepError, resolve_field
 from stretch.state import _table_kernels as K
 from stretch.state.backend import KeyedStateBackend
-from stretch.state.codecs import numeric_dtype
 from stretch.state.key_codec import decode_key
 from stretch.state.keyed_table import KeyedTable, KeyMode, key_mode_of
 
@@ -202,84 +201,218 @@ class AggregateOperator(KeyedOperator):
     """Flink's rolling sum/min/max over one or more numeric fields, vectorized.
 
     As in Flink, each input record yields one output record: the aggregated fields hold the running
-    result, every other field the value it had in the key's first record.
+    result, every other field the value it had in the key's first record. A key's numeric fields
+    live together in one record of 8-byte words (one column of the state table), so folding a row
+    costs one random memory access; non-numeric fields keep their first value in columns of their
+    own. Records that are not Arrow numbers (pickled) take PyFlink's per-record path instead.
     """
 
     def __init__(self, spec, name, table):
         super().__init__(spec, name, table)
         self.op = _OPS[spec.op]
-        self._sids: dict[str, int] = {}
+        self._layouts: dict = {}
+        self._fallback: ProcessOperator | None = None
+        self._decided = False
+        self._runtime_context = None
 
-    def _sid(self, label: str, storage: str) -> int:
-        sid = self._sids.get(label)
-        if sid is None:
-            entry = {"name": label, "kind": "value", "storage": storage, "type": None}
-            sid = self._sids[label] = self.table.arena.register_state(entry)
-        return sid
+    def open(self, runtime_context) -> None:
+        self._runtime_context = runtime_context
 
-    def process(self, batch: pa.RecordBatch, kgs: np.ndarray) -> Records:
-        col, mode, rows, uidx, first = self.locate(batch, kgs)
+    def _decide(self, batch: pa.RecordBatch) -> None:
+        self._decided = True
         schema = batch.schema
-        agg_idx = {resolve_field(schema, f) for f in self.spec.fields}
-        key_idx = -1 if self.spec.key.field is None else resolve_field(schema, self.spec.key.field)
-        columns = list(batch.columns)
-        for i, name in enumerate(schema.names):
-            if name.startswith("__") or i == key_idx:
-                continue
-            if i in agg_idx:
-                columns[i] = self._aggregate(name, columns[i], kgs, rows, mode, first, col)
-            else:
-                columns[i] = self._first_value(name, columns[i], kgs, rows, uidx, first)
-        out = pa.RecordBatch.from_arrays(columns, schema=schema)
-        keep = [i for i, n in enumerate(schema.names) if not n.startswith("__")]
-        return Records(batch=out.select(keep))
+        try:
+            numeric = all(_is_numeric(schema.field(resolve_field(schema, f))) for f in self.spec.fields)
+        except (KeyError, IndexError):
+            numeric = False
+        if not numeric:
+            spec = OperatorSpec("process", self.spec.fn, self.spec.output_type, self.spec.key)
+            self._fallback = ProcessOperator(spec, self.name, self.table)
+            self._fallback.open(self._runtime_context)
 
-    def _aggregate(self, name, column, kgs, rows, mode, first, key_col) -> pa.Array:
-        t = column.type
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t)) or pa.types.is_float16(t):
-            raise TypeError(
-                f"{self.spec.op} of operator {self.name!r} needs a numeric field; {name!r} is {t}"
-            )
-        if column.null_count:
-            bad = column.is_null().to_numpy(zero_copy_only=False).nonzero()[0][0]
-            raise ValueError(
-                f"{self.spec.op} of operator {self.name!r}: field {name!r} is null in a record "
-                f"(row {bad} of a batch); rolling aggregates need values"
-            )
-        wide = pa.int64() if pa.types.is_integer(t) else pa.float64()
-        values = column.cast(wide).to_numpy(zero_copy_only=False)
-        sid = self._sid(f"{self.spec.op}({name})", np.dtype(values.dtype).name)
-        result = self.table.aggregate(sid, kgs, rows, values, self.op)
-        return pa.array(result).cast(t, safe=False)
+    def process_owned(
+        self, batch: pa.RecordBatch, kgs: np.ndarray, owners: np.ndarray, me: int
+    ) -> Records | None:
+        """Process the rows of a whole batch that this instance owns."""
+        if not self._decided:
+            self._decide(batch)
+        layout = None if self._fallback is not None else self._layout(batch)
+        if layout is not None and layout.fused:
+            return self._fused(batch, kgs, owners, me, layout)
+        mine = owners[kgs] == me
+        if not mine.any():
+            return None
+        sel = np.flatnonzero(mine)
+        batch, kgs = batch.take(sel), kgs[sel]
+        if self._fallback is not None:
+            return self._fallback.process(batch, kgs)
+        return self._located(batch, kgs, layout)
+
+    def _layout(self, batch: pa.RecordBatch) -> _Layout:
+        layout = self._layouts.get(batch.schema)
+        if layout is None:
+            layout = self._layouts[batch.schema] = _Layout(self, batch)
+        return layout
+
+    def _fused(self, batch, kgs, owners, me, layout) -> Records | None:
+        table, arena = self.table, self.table.arena
+        counts = np.zeros(table.maxp, dtype=np.int64)
+        K.owned_counts(kgs, owners, me, counts)
+        if not counts.any():
+            return None
+        table.ensure_key_room(counts)
+        table.ensure_columns(layout.sid, np.flatnonzero(counts), 8 * layout.width)
+        vals = layout.values(batch)
+        n = batch.num_rows
+        pos = np.empty(n, dtype=np.int64)
+        out = np.empty_like(vals)
+        keys = _numpy(batch.column(layout.key_index), np.int64)
+        m = K.rolling_aggregate_i64(
+            arena.a64,
+            arena.a32,
+            arena.a8,
+            arena.views[np.dtype(np.float64)][0],
+            arena.dir_w,
+            arena.state_base_w(layout.sid),
+            kgs,
+            keys,
+            owners,
+            me,
+            self.op,
+            vals,
+            layout.is_float,
+            layout.is_acc,
+            pos,
+            out,
+        )
+        return layout.output(batch, pos[:m], out[:, :m], {})
+
+    def _located(self, batch, kgs, layout) -> Records:
+        _, _, rows, uidx, first = self.locate(batch, kgs)
+        table, arena = self.table, self.table.arena
+        table.ensure_columns(layout.sid, np.unique(kgs), 8 * layout.width)
+        vals = layout.values(batch)
+        out = np.empty_like(vals)
+        K.rolling_records(
+            arena.a64,
+            arena.a8,
+            arena.views[np.dtype(np.float64)][0],
+            arena.state_base_w(layout.sid),
+            kgs,
+            rows,
+            vals,
+            layout.is_float,
+            layout.is_acc,
+            self.op,
+            out,
+        )
+        others = {
+            i: self._first_value(batch.schema.field(i).name, batch.column(i), kgs, rows, uidx, first)
+            for i in layout.other
+        }
+        return layout.output(batch, None, out, others)
 
     def _first_value(self, name, column, kgs, rows, uidx, first) -> pa.Array:
+        """A non-numeric field's value in the key's first record (kept as a pickled value)."""
+        sid = self.table.arena.register_state(
+            {"name": f"first({name})", "kind": "value", "storage": "var", "type": None}
+        )
         ukgs, urows = kgs[first], rows[first]
-        dtype = numeric_dtype(column.type)
-        if dtype is not None and not column.null_count:
-            sid = self._sid(f"first({name})", dtype.name)
-            stored, valid = self.table.gather(sid, dtype, ukgs, urows)
-            new = valid == 0
-            if new.any():
-                fresh = column.take(first[new]).to_numpy(zero_copy_only=False).astype(dtype)
-                stored[new] = fresh
-                self.table.scatter(
-                    sid, dtype, ukgs[new], urows[new], fresh, np.ones(int(new.sum()), np.uint8)
-                )
-            return pa.array(stored[uidx]).cast(column.type)
-        sid = self._sid(f"first({name})", "var")
         raw = self.table.read_var(sid, ukgs, urows)
-        unique_vals = column.take(first)
-        new = [i for i, r in enumerate(raw) if r is None]
         values = [None if r is None else pickle.loads(r) for r in raw]
+        new = [i for i, r in enumerate(raw) if r is None]
         if new:
-            picked = unique_vals.take(pa.array(new)).to_pylist()
-            payloads = []
+            picked = column.take(pa.array(first[new])).to_pylist()
             for i, v in zip(new, picked):
                 values[i] = v
-                payloads.append(pickle.dumps(v, protocol=5))
             idx = np.array(new, dtype=np.int64)
-            self.table.write_var(sid, ukgs[idx], urows[idx], payloads)
+            self.table.write_var(sid, ukgs[idx], urows[idx], [pickle.dumps(v, protocol=5) for v in picked])
         return pa.array([values[u] for u in uidx.tolist()], type=column.type)
+
+
+class _Layout:
+    """How one batch schema maps onto an aggregate operator's per-key record."""
+
+    def __init__(self, op: AggregateOperator, batch: pa.RecordBatch):
+        schema = batch.schema
+        agg = {resolve_field(schema, f) for f in op.spec.fields}
+        self.key_index = -1 if op.spec.key.field is None else resolve_field(schema, op.spec.key.field)
+        self.data = [i for i, n in enumerate(schema.names) if not n.startswith("__")]
+        self.numeric = [i for i in self.data if i != self.key_index and _is_numeric(schema.field(i))]
+        self.other = [i for i in self.data if i != self.key_index and i not in self.numeric]
+        self.width = len(self.numeric)
+        self.is_acc = np.array([i in agg for i in self.numeric], dtype=np.bool_)
+        self.is_float = np.array(
+            [pa.types.is_floating(schema.field(i).type) for i in self.numeric], dtype=np.bool_
+        )
+        fields = [
+            {"name": schema.field(i).name, "float": bool(f), "acc": bool(a)}
+            for i, f, a in zip(self.numeric, self.is_float, self.is_acc)
+        ]
+        entry = {
+            "name": f"rolling {op.spec.op}",
+            "kind": "record",
+            "storage": "words",
+            "type": None,
+            "fields": fields,
+        }
+        try:
+            self.sid = op.table.arena.register_state(entry)
+        except ValueError:
+            raise TypeError(
+                f"{op.spec.op} of operator {op.name!r}: the records changed shape ({schema}); "
+                "a rolling aggregate needs records with the same fields throughout"
+            ) from None
+        key_col, mode = op.key_column(batch)
+        self.fused = (
+            mode is KeyMode.INT64
+            and pa.types.is_int64(key_col.type)
+            and KEY_COLUMN not in schema.names
+            and not self.other
+        )
+
+    def values(self, batch: pa.RecordBatch) -> np.ndarray:
+        """The numeric fields as a (k, n) int64 array, floats bit-cast."""
+        vals = np.empty((self.width, batch.num_rows), dtype=np.int64)
+        for j, i in enumerate(self.numeric):
+            if self.is_float[j]:
+                vals[j] = _numpy(batch.column(i), np.float64).view(np.int64)
+            else:
+                vals[j] = _numpy(batch.column(i), np.int64)
+        return vals
+
+    def output(self, batch: pa.RecordBatch, pos, out: np.ndarray, others: dict) -> Records:
+        schema = batch.schema
+        columns = []
+        for i in self.data:
+            t = schema.field(i).type
+            if i in others:
+                columns.append(others[i])
+            elif i in self.numeric:
+                j = self.numeric.index(i)
+                values = out[j].view(np.float64) if self.is_float[j] else out[j]
+                columns.append(pa.array(values).cast(t, safe=False))
+            else:
+                col = batch.column(i)
+                columns.append(col if pos is None else col.take(pa.array(pos)))
+        fields = [schema.field(i) for i in self.data]
+        return Records(
+            batch=pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields, metadata=schema.metadata))
+        )
+
+
+def _is_numeric(field: pa.Field) -> bool:
+    t = field.type
+    pickled = (field.metadata or {}).get(b"stretch.pickled") == b"1"
+    return not pickled and (pa.types.is_integer(t) or pa.types.is_floating(t)) and not pa.types.is_float16(t)
+
+
+def _numpy(column: pa.Array, dtype) -> np.ndarray:
+    """A column as a numpy array of dtype (zero-copy when it already is one)."""
+    if column.null_count:
+        raise ValueError("rolling aggregates need values; a field is null in a record")
+    arr = column.to_numpy(zero_copy_only=False)
+    return arr if arr.dtype == dtype else arr.astype(dtype)
 
 
 def make_operator(spec: OperatorSpec, name: str, table: KeyedTable) -> KeyedOperator:

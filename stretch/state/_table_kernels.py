@@ -31,7 +31,7 @@ _S33 = np.uint64(33)
 _INDEX_SEED = np.uint64(0x5354524554434821)
 
 
-@njit(**_OPTS)
+@njit(inline="always", **_OPTS)
 def _mix(k):
     """Murmur3's 64-bit finaliser: spreads int keys over index slots (independent of the kg hash)."""
     k ^= k >> _S33
@@ -60,6 +60,9 @@ def lookup_i64(a64, a32, dir_w, kgs, keys, rows, insert):
     for i in range(kgs.shape[0]):
         h = dir_w + np.int64(kgs[i]) * KG_WORDS
         key = keys[i]
+        if a64[h + H_INDEX_CAP] == 0:  # a key group that never held a key (lookups only)
+            rows[i] = -1
+            continue
         idx = a64[h + H_INDEX_OFF] >> 2
         mask = a64[h + H_INDEX_CAP] - 1
         kw = a64[h + H_KEYS_OFF] >> 3
@@ -113,6 +116,9 @@ def lookup_bytes(a64, a32, a8, dir_w, kgs, offsets, data, rows, insert):
         h = dir_w + np.int64(kgs[i]) * KG_WORDS
         start = np.int64(offsets[i])
         length = np.int64(offsets[i + 1]) - start
+        if a64[h + H_INDEX_CAP] == 0:
+            rows[i] = -1
+            continue
         hv = xxh64_span(data, start, length, _INDEX_SEED)
         idx = a64[h + H_INDEX_OFF] >> 2
         mask = a64[h + H_INDEX_CAP] - 1
@@ -258,6 +264,28 @@ def running_aggregate(view, shift, a64, a8, base_w, kgs, rows, values, out, op):
 
 
 # ---- variable-length state columns -------------------------------------------------------
+# A value's view is two words: its offset in the column's heap, and (length + 1) with the log2 of
+# its allocation in the top byte. Word two is 0 for "unset" (then there is no allocation).
+
+_LEN_MASK = (1 << 56) - 1
+
+
+@njit(inline="always", **_OPTS)
+def _view_len(w):
+    return (w & _LEN_MASK) - 1
+
+
+@njit(inline="always", **_OPTS)
+def _view_cap(w):
+    return 0 if w == 0 else np.int64(1) << (w >> 56)
+
+
+@njit(inline="always", **_OPTS)
+def _view_word(length, cap):
+    e = 0
+    while (np.int64(1) << e) < cap:
+        e += 1
+    return (length + 1) | (np.int64(e) << 56)
 
 
 @njit(**_OPTS)
@@ -266,33 +294,36 @@ def var_views(a64, base_w, kgs, rows, out_off, out_len):
     for i in range(kgs.shape[0]):
         h = base_w + np.int64(kgs[i]) * KG_WORDS
         r = rows[i]
+        out_len[i] = -1
+        out_off[i] = 0
         if r < a64[h + S_DATA_CAP]:
             vw = (a64[h + S_DATA_OFF] >> 3) + 2 * r
-            n1 = a64[vw + 1]
-            out_len[i] = n1 - 1
-            out_off[i] = a64[h + S_HEAP_OFF] + a64[vw] if n1 > 0 else 0
-        else:
-            out_len[i] = -1
-            out_off[i] = 0
+            w = a64[vw + 1]
+            if w != 0:
+                out_len[i] = _view_len(w)
+                out_off[i] = a64[h + S_HEAP_OFF] + a64[vw]
+
+
+@njit(inline="always", **_OPTS)
+def _target(old_len, old_cap, n, append):
+    """(new length, whether it fits the current allocation) for a write of n bytes."""
+    new = old_len + n if append and old_len > 0 else n
+    return new, old_cap > 0 and new <= old_cap
 
 
 @njit(**_OPTS)
 def var_demand(a64, base_w, kgs, rows, lengths, appends, demand):
-    """Heap bytes each write would need at the end of its key group's heap (0 if it fits in place)."""
+    """Heap bytes the writes need at the end of each key group's heap (0 where they fit in place)."""
     for i in range(kgs.shape[0]):
-        h = base_w + np.int64(kgs[i]) * KG_WORDS
-        r = rows[i]
-        old = -1
-        if r < a64[h + S_DATA_CAP]:
-            old = a64[(a64[h + S_DATA_OFF] >> 3) + 2 * r + 1] - 1
-        new = lengths[i]
         if lengths[i] < 0:
             continue
-        if appends[i] and old > 0:
-            new = old + lengths[i]
-        if old >= 0 and var_alloc_size(new) <= var_alloc_size(old):
-            continue
-        demand[np.int64(kgs[i])] += var_alloc_size(new)
+        h = base_w + np.int64(kgs[i]) * KG_WORDS
+        w = 0
+        if rows[i] < a64[h + S_DATA_CAP]:
+            w = a64[(a64[h + S_DATA_OFF] >> 3) + 2 * rows[i] + 1]
+        new, fits = _target(_view_len(w), _view_cap(w), lengths[i], appends[i])
+        if not fits:
+            demand[np.int64(kgs[i])] += var_alloc_size(new)
 
 
 @njit(**_OPTS)
@@ -300,48 +331,35 @@ def var_write(a64, a8, base_w, kgs, rows, lengths, appends, payload, payload_off
     """Write (or append to) each value; length -1 clears. Heap room is ensured by the caller."""
     for i in range(kgs.shape[0]):
         h = base_w + np.int64(kgs[i]) * KG_WORDS
-        r = rows[i]
-        vw = (a64[h + S_DATA_OFF] >> 3) + 2 * r
+        vw = (a64[h + S_DATA_OFF] >> 3) + 2 * rows[i]
         heap = a64[h + S_HEAP_OFF]
-        old = a64[vw + 1] - 1
-        src = payload_off[i]
+        w = a64[vw + 1]
+        old_len, old_cap = _view_len(w), _view_cap(w)
         n = lengths[i]
+        src = payload_off[i]
         if n < 0:
-            if old >= 0:
-                a64[h + S_HEAP_GARBAGE] += var_alloc_size(old)
+            a64[h + S_HEAP_GARBAGE] += old_cap
             a64[vw + 1] = 0
             continue
-        if appends[i] and old > 0:
-            total = old + n
-            if var_alloc_size(total) <= var_alloc_size(old):
-                dst = heap + a64[vw] + old
-                for j in range(n):
-                    a8[dst + j] = payload[src + j]
-            else:
-                used = a64[h + S_HEAP_USED]
-                oldp = heap + a64[vw]
-                dst = heap + used
-                for j in range(old):
-                    a8[dst + j] = a8[oldp + j]
-                for j in range(n):
-                    a8[dst + old + j] = payload[src + j]
-                a64[h + S_HEAP_USED] = used + var_alloc_size(total)
-                a64[h + S_HEAP_GARBAGE] += var_alloc_size(old)
-                a64[vw] = used
-            a64[vw + 1] = total + 1
-            continue
-        if old >= 0 and var_alloc_size(n) <= var_alloc_size(old):
+        new, fits = _target(old_len, old_cap, n, appends[i])
+        keep = old_len if appends[i] and old_len > 0 else 0  # bytes of the old value kept in front
+        if fits:
             dst = heap + a64[vw]
+            cap = old_cap
         else:
-            if old >= 0:
-                a64[h + S_HEAP_GARBAGE] += var_alloc_size(old)
+            cap = var_alloc_size(new)
             used = a64[h + S_HEAP_USED]
-            a64[vw] = used
-            a64[h + S_HEAP_USED] = used + var_alloc_size(n)
             dst = heap + used
+            if keep:
+                src_old = heap + a64[vw]
+                for j in range(keep):
+                    a8[dst + j] = a8[src_old + j]
+            a64[h + S_HEAP_USED] = used + cap
+            a64[h + S_HEAP_GARBAGE] += old_cap
+            a64[vw] = used
         for j in range(n):
-            a8[dst + j] = payload[src + j]
-        a64[vw + 1] = n + 1
+            a8[dst + keep + j] = payload[src + j]
+        a64[vw + 1] = _view_word(new, cap)
 
 
 @njit(**_OPTS)
@@ -351,13 +369,141 @@ def var_compact(a64, a8, h, n_rows, new_heap_off):
     old_heap = a64[h + S_HEAP_OFF]
     used = 0
     for r in range(min(n_rows, a64[h + S_DATA_CAP])):
-        n1 = a64[vw0 + 2 * r + 1]
-        if n1 == 0:
+        w = a64[vw0 + 2 * r + 1]
+        if w == 0:
             continue
-        n = n1 - 1
+        n = _view_len(w)
         src = old_heap + a64[vw0 + 2 * r]
         for j in range(n):
             a8[new_heap_off + used + j] = a8[src + j]
+        cap = var_alloc_size(n)
         a64[vw0 + 2 * r] = used
-        used += var_alloc_size(n)
+        a64[vw0 + 2 * r + 1] = _view_word(n, cap)
+        used += cap
     return used
+
+
+# ---- fused rolling aggregation -------------------------------------------------------------
+
+
+@njit(inline="always", **_OPTS)
+def _probe_i64(a64, a32, h, key):
+    """Row of ``key`` in the table at header word ``h``, inserting it if absent."""
+    idx = a64[h + H_INDEX_OFF] >> 2
+    mask = a64[h + H_INDEX_CAP] - 1
+    kw = a64[h + H_KEYS_OFF] >> 3
+    s = np.int64(_mix(np.uint64(key)) & np.uint64(mask))
+    while True:
+        r = a32[idx + s]
+        if r == 0:
+            row = a64[h + H_NKEYS]
+            a64[kw + row] = key
+            a32[idx + s] = row + 1
+            a64[h + H_NKEYS] = row + 1
+            return row
+        if a64[kw + r - 1] == key:
+            return r - 1
+        s = (s + 1) & mask
+
+
+@njit(inline="always", **_OPTS)
+def _record_step(a64, af64, a8, h, r, vals, fvals, i, is_float, is_acc, op, out, fout, m):
+    """Fold row i into the key's record (row r of the column at header word h); write the result.
+
+    A record is k contiguous 8-byte words, one random access for all of a key's fields:
+    accumulated fields (``is_acc``) fold in the value with ``op`` (0 sum, 1 min, 2 max), the
+    others keep the key's first value. Float fields travel bit-cast in int64 arrays.
+    """
+    k = vals.shape[0]
+    p = (a64[h + S_DATA_OFF] >> 3) + r * k
+    vb = a64[h + S_VALID_OFF] + r
+    if a8[vb] == 0:
+        a8[vb] = 1
+        for j in range(k):
+            a64[p + j] = vals[j, i]
+            out[j, m] = vals[j, i]
+        return
+    for j in range(k):
+        if not is_acc[j]:
+            out[j, m] = a64[p + j]
+        elif is_float[j]:
+            acc = af64[p + j]
+            v = fvals[j, i]
+            if op == 0:
+                acc += v
+            elif op == 1:
+                acc = min(acc, v)
+            else:
+                acc = max(acc, v)
+            af64[p + j] = acc
+            fout[j, m] = acc
+        else:
+            iacc = a64[p + j]
+            iv = vals[j, i]
+            if op == 0:
+                iacc += iv
+            elif op == 1:
+                iacc = min(iacc, iv)
+            else:
+                iacc = max(iacc, iv)
+            a64[p + j] = iacc
+            out[j, m] = iacc
+
+
+@njit(**_OPTS)
+def rolling_aggregate_i64(
+    a64, a32, a8, af64, dir_w, base_w, kgs, keys, owners, me, op, vals, is_float, is_acc, pos, out
+):
+    """Flink's rolling sum/min/max over a whole batch in one pass, for int64 keys.
+
+    For each row whose key group this instance owns: find or insert the key and fold the row into
+    the key's record in state column ``base_w``. ``vals``/``out`` are (k, n) int64 arrays; outputs
+    are compacted to the owned rows, whose batch positions go to ``pos``. Returns how many.
+    """
+    fvals = vals.view(np.float64)
+    fout = out.view(np.float64)
+    m = 0
+    for i in range(kgs.shape[0]):
+        kg = np.int64(kgs[i])
+        if owners[kg] != me:
+            continue
+        r = _probe_i64(a64, a32, dir_w + kg * KG_WORDS, keys[i])
+        _record_step(
+            a64, af64, a8, base_w + kg * KG_WORDS, r, vals, fvals, i, is_float, is_acc, op, out, fout, m
+        )
+        pos[m] = i
+        m += 1
+    return m
+
+
+@njit(**_OPTS)
+def rolling_records(a64, a8, af64, base_w, kgs, rows, vals, is_float, is_acc, op, out):
+    """The same fold for rows already located (any key type); every row is this instance's."""
+    fvals = vals.view(np.float64)
+    fout = out.view(np.float64)
+    for i in range(kgs.shape[0]):
+        _record_step(
+            a64,
+            af64,
+            a8,
+            base_w + np.int64(kgs[i]) * KG_WORDS,
+            rows[i],
+            vals,
+            fvals,
+            i,
+            is_float,
+            is_acc,
+            op,
+            out,
+            fout,
+            i,
+        )
+
+
+@njit(**_OPTS)
+def owned_counts(kgs, owners, me, counts):
+    """Rows per key group among those this instance owns (to size the tables before a pass)."""
+    for i in range(kgs.shape[0]):
+        kg = np.int64(kgs[i])
+        if owners[kg] == me:
+            counts[kg] += 1

@@ -117,7 +117,10 @@ class KeyedTable:
         return rows
 
     def _ensure_keys(self, kgs: np.ndarray, key_lengths: np.ndarray | None) -> None:
-        counts = np.bincount(kgs, minlength=self.maxp)
+        self.ensure_key_room(np.bincount(kgs, minlength=self.maxp), kgs, key_lengths)
+
+    def ensure_key_room(self, counts: np.ndarray, kgs=None, key_lengths=None) -> None:
+        """Grow the key structures of key groups about to receive up to ``counts`` new keys."""
         h = self.headers
         need = h[:, K.H_NKEYS] + counts
         short = (need > h[:, K.H_KEYS_CAP]) | (need > h[:, K.H_INDEX_CAP] * _MAX_LOAD)
@@ -195,10 +198,14 @@ class KeyedTable:
         base = K.STATE_BASE + sid * K.STATE_WORDS
         return self.headers[:, base : base + K.STATE_WORDS]
 
-    def ensure_columns(self, sid: int, kgs: np.ndarray, width: int) -> None:
-        """Make state `sid`'s column cover every key row of these key groups (new rows unset)."""
+    def ensure_columns(self, sid: int, kgs: np.ndarray, width: int, validity: bool = True) -> None:
+        """Make state `sid`'s column as long as the key capacity of these key groups (new rows unset).
+
+        ``width`` is bytes per row; fixed-width columns keep a validity byte per row, variable-length
+        ones (``validity=False``) encode "unset" in their views.
+        """
         cols = self._state_words(sid)
-        short = np.flatnonzero(cols[:, K.S_DATA_CAP] < self.headers[:, K.H_NKEYS])
+        short = np.flatnonzero(cols[:, K.S_DATA_CAP] < self.headers[:, K.H_KEYS_CAP])
         if not short.size:
             return
         wanted = np.zeros(self.maxp, dtype=bool)
@@ -208,7 +215,7 @@ class KeyedTable:
             old_cap = int(c[K.S_DATA_CAP])
             cap = int(self.headers[kg, K.H_KEYS_CAP])
             c[K.S_DATA_OFF] = self._move(int(c[K.S_DATA_OFF]), old_cap * width, old_cap * width, cap * width)
-            if width != 16:  # fixed-width columns keep a validity byte per row; var columns encode it
+            if validity:
                 c[K.S_VALID_OFF] = self._move(int(c[K.S_VALID_OFF]), old_cap, old_cap, cap)
             c[K.S_DATA_CAP] = cap
 
@@ -265,7 +272,7 @@ class KeyedTable:
         n = len(rows)
         if n == 0:
             return
-        self.ensure_columns(sid, kgs, 16)
+        self.ensure_columns(sid, kgs, 16, validity=False)
         lengths = np.fromiter((-1 if p is None else len(p) for p in payloads), dtype=np.int64, count=n)
         starts = np.zeros(n, dtype=np.int64)
         np.cumsum(np.maximum(lengths[:-1], 0), out=starts[1:])

@@ -60,7 +60,7 @@ class FixedValueState(_Column, api.ValueState):
         if not self._dirty:
             return
         try:
-            arr = pa.array(self._vals, type=self._arrow)
+            arr = _strict_array(self._vals, self._arrow)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
             bad = next((v for v in self._vals if not _fits(v, self._arrow)), None)
             raise TypeError(
@@ -73,9 +73,25 @@ class FixedValueState(_Column, api.ValueState):
         self._dirty = False
 
 
+def _strict_array(values: list, arrow_type: pa.DataType) -> pa.Array:
+    """Values as the declared type, refusing what Flink refuses: floats or bools for integers,
+    anything but bools for BOOLEAN (pyarrow alone would truncate 1.5 to 1)."""
+    inferred = pa.array(values)
+    t = inferred.type
+    ok = (
+        pa.types.is_null(t)
+        or (pa.types.is_integer(arrow_type) and pa.types.is_integer(t))
+        or (pa.types.is_floating(arrow_type) and (pa.types.is_integer(t) or pa.types.is_floating(t)))
+        or (pa.types.is_boolean(arrow_type) and pa.types.is_boolean(t))
+    )
+    if not ok:
+        raise TypeError(f"values of type {t} do not fit {arrow_type}")
+    return inferred.cast(arrow_type)  # safe cast: overflows raise
+
+
 def _fits(value, arrow_type) -> bool:
     try:
-        pa.array([value], type=arrow_type)
+        _strict_array([value], arrow_type)
         return True
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
         return False
@@ -135,48 +151,64 @@ class VarValueState(_VarCells, api.ValueState):
         self._set(self._b.current, None)
 
 
-class ReducingStateImpl(_VarCells, api.ReducingState):
+def _value_cell(backend, sid: int, descriptor) -> FixedValueState | VarValueState:
+    """A value per key stored as the descriptor's type says (fixed-width or variable-length)."""
+    if fixed_dtype(descriptor.type_info) is not None:
+        return FixedValueState(backend, sid, descriptor)
+    return VarValueState(backend, sid, descriptor, value_codec(descriptor.type_info))
+
+
+class _OnValueCell:
+    """A state kept as one value per key (reducing, aggregating): load and flush go to the cell."""
+
+    def __init__(self, backend, sid, descriptor):
+        self.descriptor = descriptor
+        self._cell = _value_cell(backend, sid, descriptor)
+
+    def clear(self) -> None:
+        self._cell.clear()
+
+    def _load(self, kgs, rows) -> None:
+        self._cell._load(kgs, rows)
+
+    def _flush(self, kgs, rows) -> None:
+        self._cell._flush(kgs, rows)
+
+
+class ReducingStateImpl(_OnValueCell, api.ReducingState):
     """The running reduction of every value added for the key (first value kept as is)."""
 
     def __init__(self, backend, sid, descriptor):
-        super().__init__(backend, sid, descriptor, value_codec(descriptor.type_info))
+        super().__init__(backend, sid, descriptor)
         self._reduce = descriptor.reduce_function
 
     def get(self):
-        return self._get(self._b.current)
+        return self._cell.value()
 
     def add(self, value) -> None:
-        u = self._b.current
-        current = self._get(u)
-        self._set(u, value if current is None else self._reduce(current, value))
-
-    def clear(self) -> None:
-        self._set(self._b.current, None)
+        current = self._cell.value()
+        self._cell.update(value if current is None else self._reduce(current, value))
 
 
-class AggregatingStateImpl(_VarCells, api.AggregatingState):
-    """An AggregateFunction's accumulator per key; get() returns its result."""
+class AggregatingStateImpl(_OnValueCell, api.AggregatingState):
+    """An AggregateFunction's accumulator per key (of the descriptor's type); get() returns its result."""
 
     def __init__(self, backend, sid, descriptor):
-        super().__init__(backend, sid, descriptor, value_codec(descriptor.type_info))
+        super().__init__(backend, sid, descriptor)
         self._agg = descriptor.agg_function
 
     def get(self):
-        acc = self._get(self._b.current)
+        acc = self._cell.value()
         return None if acc is None else self._agg.get_result(acc)
 
     def add(self, value) -> None:
-        u = self._b.current
         if value is None:
-            self._set(u, None)
+            self._cell.clear()
             return
-        acc = self._get(u)
+        acc = self._cell.value()
         if acc is None:
             acc = self._agg.create_accumulator()
-        self._set(u, self._agg.add(value, acc))
-
-    def clear(self) -> None:
-        self._set(self._b.current, None)
+        self._cell.update(self._agg.add(value, acc))
 
 
 class MapStateImpl(_VarCells, api.MapState):
@@ -284,12 +316,21 @@ class ListStateImpl(_Column, api.ListState):
     def update(self, values) -> None:
         u = self._b.current
         self._lists[u] = list(values) if values is not None else []
+        self._added.pop(u, None)  # appends made earlier in the batch are replaced too
         self._replaced.add(u)
 
     def clear(self) -> None:
         self.update([])
 
     def _flush(self, kgs, rows) -> None:
+        try:
+            self._write_back(kgs, rows)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise TypeError(
+                f"state {self.descriptor.name!r} holds elements of {self.descriptor.elem_type_info!r}: {e}"
+            ) from None
+
+    def _write_back(self, kgs, rows) -> None:
         writes: dict[int, tuple[bytes | None, bool]] = {}
         for u in self._replaced:
             lst = self._lists[u]
@@ -311,9 +352,7 @@ def make_state(backend, sid: int, descriptor):
     """The implementation object for a descriptor."""
     kind = descriptor.kind
     if kind == "value":
-        if fixed_dtype(descriptor.type_info) is not None:
-            return FixedValueState(backend, sid, descriptor)
-        return VarValueState(backend, sid, descriptor, value_codec(descriptor.type_info))
+        return _value_cell(backend, sid, descriptor)
     if kind == "list":
         return ListStateImpl(backend, sid, descriptor)
     if kind == "map":

@@ -51,3 +51,26 @@ def warm_table_kernels() -> None:
     K.var_demand(a64, base, kgs, rows, lens, np.zeros(1, np.bool_), np.zeros(1, np.int64))
     K.var_write(a64, a8, base, kgs[:0], rows[:0], lens[:0], np.zeros(0, np.bool_), a8[:0], lens[:0])
     K.var_compact(a64, a8, base, 0, 0)
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.setflags(write=False)
+    return v
+
+
+def warm_fused_kernels() -> None:
+    """The rolling-aggregate passes, with the argument kinds the operator passes."""
+    words = K.KG_WORDS * 2 + 4096
+    a8 = np.zeros(words * 8, dtype=np.uint8)
+    a64, a32, af64 = a8.view(np.int64), a8.view(np.int32), a8.view(np.float64)
+    kgs = np.zeros(0, dtype=np.uint16)
+    owners = np.zeros(1, dtype=np.int16)
+    K.owned_counts(kgs, owners, 0, np.zeros(1, dtype=np.int64))
+    keys = _readonly(np.zeros(0, dtype=np.int64))
+    vals, flags = np.zeros((1, 0), np.int64), np.zeros(1, np.bool_)
+    pos = np.zeros(0, np.int64)
+    K.rolling_aggregate_i64(
+        a64, a32, a8, af64, 0, 0, kgs, keys, owners, 0, 0, vals, flags, flags, pos, vals.copy()
+    )
+    K.rolling_records(a64, a8, af64, 0, kgs, pos, vals, flags, flags, 0, vals.copy())

@@ -20,7 +20,7 @@ class Remember(KeyedProcessFunction):
         self.by_tag = ctx.get_map_state(MapStateDescriptor("by_tag", Types.STRING(), Types.LONG()))
 
     def process_element(self, value, ctx):
-        key, n, tag = value
+        _key, n, tag = value
         self.count.update((self.count.value() or 0) + 1)
         self.last.update(tag)
         self.values.add(n)

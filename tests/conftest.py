@@ -1,0 +1,141 @@
+"""Suite-wide guards: every test leaves no shared-memory segment of this process and no child process.
+
+A test that forgets to unlink a segment or to join a helper process fails at teardown with a list of
+what it left; the leftovers are then removed (segments unlinked, children killed and reaped) so that
+the next test starts clean and is judged on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+_SHM = Path("/dev/shm")
+_GRACE = 2.0  # seconds a child may take to finish exiting after its test
+
+
+def _own_segments() -> list[str]:
+    """Segments named like an engine prefix created by this (test) process."""
+    return sorted(p.name for p in _SHM.glob(f"stretch-{os.getuid()}-{os.getpid()}-*"))
+
+
+def _children() -> dict[int, str]:
+    """pid -> state letter of every process whose parent is this process (zombies included)."""
+    me = os.getpid()
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 2 and int(fields[1]) == me:
+            found[int(entry.name)] = fields[0]
+    return found
+
+
+def _live_children() -> dict[int, str]:
+    deadline = time.monotonic() + _GRACE
+    children = _children()
+    while children and time.monotonic() < deadline:
+        time.sleep(0.02)
+        children = _children()
+    return children
+
+
+def _kill_and_reap(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_segments_or_children():
+    yield
+    problems = []
+    children = _live_children()
+    if children:
+        listing = ", ".join(
+            f"{pid} ({'zombie: never joined' if st == 'Z' else st})" for pid, st in children.items()
+        )
+        problems.append(f"child processes left running or unjoined: {listing}")
+        _kill_and_reap(children)
+    segments = _own_segments()
+    if segments:
+        problems.append(f"shared-memory segments left in /dev/shm: {segments}")
+        from stretch.runtime import shm
+
+        for name in segments:
+            shm.unlink(name)
+    if problems:
+        pytest.fail("test did not clean up after itself: " + "; ".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def shm_prefix():
+    """A fresh engine prefix whose segments are all unlinked when the test ends."""
+    from stretch.runtime import shm
+
+    prefix = shm.engine_prefix()
+    try:
+        yield prefix
+    finally:
+        shm.unlink_prefix(prefix)
+
+
+class Forked:
+    """Helper processes forked from the test process; whatever is still alive at teardown is killed."""
+
+    def __init__(self):
+        import multiprocessing
+
+        self._ctx = multiprocessing.get_context("fork")
+        self.procs = []
+
+    def start(self, target, *args):
+        p = self._ctx.Process(target=target, args=args, daemon=True)
+        p.start()
+        self.procs.append(p)
+        return p
+
+    def join(self, procs=None, timeout: float = 30.0) -> None:
+        """Join processes (default: all), failing if one hangs past the deadline or exits non-zero."""
+        procs = self.procs if procs is None else procs
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.join(max(deadline - time.monotonic(), 0.01))
+        hung = [p.pid for p in procs if p.is_alive()]
+        assert not hung, f"helper processes {hung} did not finish within {timeout} s"
+        failed = {p.pid: p.exitcode for p in procs if p.exitcode != 0}
+        assert not failed, f"helper processes exited abnormally (pid: exit code): {failed}"
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(5)
+
+
+@pytest.fixture
+def forked():
+    """Start helper processes with ``forked.start(fn, *args)`` (fork start method); killed at teardown."""
+    f = Forked()
+    try:
+        yield f
+    finally:
+        f.cleanup()
