@@ -77,7 +77,10 @@ class ChannelWriter:
         else:
             batch = to_batch(list(data), self.type_info)
         if batch.num_rows:
-            self._gate.append_batch(batch)
+            try:
+                self._gate.append_batch(batch)
+            except GateClosed:
+                raise RuntimeError(f"the job reading channel {self.name!r} has stopped") from None
 
     def end(self) -> None:
         """Mark the end of the channel's stream: the job finishes once it has processed it."""

@@ -62,6 +62,23 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_scale(args) -> int:
+    job = _find(args.job)
+    try:
+        reply = request(
+            job["socket"], {"op": "scale", "operator": args.operator, "parallelism": args.parallelism}
+        )
+    except (ConnectionError, OSError):
+        raise SystemExit(f"stretch: job {args.job!r} ended before answering") from None
+    if not reply.get("ok"):
+        raise SystemExit(f"stretch: {reply.get('error')}")
+    print(
+        f"rescaled {reply['operator']!r} {reply['old_parallelism']} -> {reply['new_parallelism']} "
+        f"in {reply['elapsed_ms']:.2f} ms (epoch {reply['epoch']}, {reply['state_bytes_copied']} state bytes copied)"
+    )
+    return 0
+
+
 def cmd_demo(args) -> int:
     from stretch import demo
 
@@ -77,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--rate", type=float, default=200_000.0, help="events per second")
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("scale", help="change a running operator's parallelism")
+    p.add_argument("job", help="job id (or a unique prefix) or job name")
+    p.add_argument("operator", help="operator name")
+    p.add_argument("parallelism", type=int)
+    p.set_defaults(func=cmd_scale)
     p = sub.add_parser("jobs", help="list running jobs on this machine")
     p.set_defaults(func=cmd_jobs)
     p = sub.add_parser("status", help="describe a running job")

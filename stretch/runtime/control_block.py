@@ -8,6 +8,8 @@ the coordinator, the CLI and other instances can see progress without asking.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from stretch.runtime.shm import Segment
@@ -21,8 +23,8 @@ I_WORDS = 16
 # Instance states.
 FREE, RUNNING, DONE = 0, 1, 2
 
-_OP_HEADER = 64  # epoch, parallelism, switch_seq...
-O_EPOCH, O_PARALLELISM, O_SWITCH_SEQ = 0, 1, 2
+_OP_HEADER = 64  # epoch, parallelism, switch futex...
+O_EPOCH, O_PARALLELISM, O_SWITCH_FUTEX = 0, 1, 2
 
 
 class ControlBlock:
@@ -73,6 +75,28 @@ class ControlBlock:
 
     def instance_word(self, op: int, instance: int, word: int) -> int:
         return self._base(op) + _OP_HEADER * 8 + self._table_bytes + (instance * I_WORDS + word) * 8
+
+    def reach_epoch(self, op: int, instance: int, epoch: int) -> None:
+        """An instance announces it runs under `epoch` (all its earlier work is done and flushed)."""
+        r = self.segment.region
+        r.store64(self.instance_word(op, instance, I_EPOCH), epoch)
+        word = self._base(op) + O_SWITCH_FUTEX * 8
+        r.fetch_add32(word, 1)
+        r.wake32(word)
+
+    def wait_epochs(self, op: int, instances, epoch: int, timeout: float | None = None) -> bool:
+        """Sleep until every listed instance runs under `epoch` or later; False on timeout."""
+        r = self.segment.region
+        word = self._base(op) + O_SWITCH_FUTEX * 8
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            seen = r.load32(word)
+            if all(r.load64(self.instance_word(op, i, I_EPOCH)) >= epoch for i in instances):
+                return True
+            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            r.wait32(word, seen, left)
 
     def publish(self, op: int, epoch: int, owners: np.ndarray) -> None:
         """Write an epoch's table, then make it the operator's current epoch."""

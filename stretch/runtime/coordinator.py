@@ -42,7 +42,7 @@ class EngineConfig:
     gate_slots: int = 64
     gate_bytes: int = 32 << 20
     sink_gate_bytes: int = 32 << 20
-    spare_workers: int = 0
+    spare_workers: int = 4  # warm, idle workers kept for rescales (replenished after each)
     shutdown_timeout: float = 10.0
 
 
@@ -74,13 +74,17 @@ class Coordinator:
         self.error: BaseException | None = None
         self.started_at = time.time()
         self.finished_at: float | None = None
+        self.output_complete_at: float | None = None  # monotonic: every stage and sink has ended
         self._events: queue.Queue = queue.Queue()
         self._done = threading.Event()
         self._started = threading.Event()
         self._token = secrets.token_hex(32)
         self._workers: dict[int, _Worker] = {}
-        self._pending: list[tuple[int, int]] = []
+        self._pending: list[tuple[int, int, int]] = []  # (stage id, instance index, start epoch)
         self._stages = {s.id: _StageState() for s in plan.stages}
+        self._parallelism: dict[int, int] = {}  # stage id -> current parallelism
+        self._rescale_lock = threading.Lock()
+        self._rescaling: dict[int, threading.Event] = {}  # stage id -> set when its rescale ends
         self._sinks_done: set[int] = set()
         self._finished_gates: set[int] = set()
         self._segments: list = []
@@ -142,7 +146,10 @@ class Coordinator:
         self._segments.append(self.control)
         res = JobResources(prefix, self.control.segment.name, len(keyed), plan.max_parallelism)
         for gate_id in plan.gate_producers:
-            g = Gate.create(prefix, "gate", cfg.gate_slots, cfg.gate_bytes)
+            consumer = next(s for s in plan.stages if s.input_gate == gate_id)
+            g = Gate.create(
+                prefix, "gate", cfg.gate_slots, cfg.gate_bytes, max_readers=consumer.max_parallelism
+            )
             self.gates[gate_id] = g
             res.gates[gate_id] = g.name
             self._segments.append(g.segment)
@@ -175,10 +182,12 @@ class Coordinator:
             gate = self.gates[stage.input_gate]
             for i in range(stage.parallelism):
                 gate.open_reader(i, 0)
-            self._pending.extend((stage.id, i) for i in range(stage.parallelism))
+            self._pending.extend((stage.id, i, 0) for i in range(stage.parallelism))
+            self._parallelism[stage.id] = stage.parallelism
         for stage in plan.stages:
             if stage.kind == "source":
-                self._pending.append((stage.id, 0))
+                self._pending.append((stage.id, 0, 0))
+                self._parallelism[stage.id] = 1
         self.resources = res
         self._server = ControlServer(self.socket_path, self._token, self._on_message, self._on_close)
         self._write_info()
@@ -222,6 +231,7 @@ class Coordinator:
     def _loop(self) -> None:
         while True:
             if self._finished():
+                self.output_complete_at = time.monotonic()
                 self.status = JobStatus.FINISHED
                 return
             try:
@@ -237,6 +247,13 @@ class Coordinator:
                 if event[2] is not None:
                     self._fail(event[2])
                 self._sinks_done.add(event[1])
+            elif kind == "rescale":
+                try:
+                    event[3].put(self._prepare_rescale(event[1], event[2]))
+                except BaseException as e:
+                    event[3].put(e)
+                    raise
+                self._replenish()
             elif kind == "cancel" and not self.status.is_globally_terminal_state():
                 self.status = JobStatus.CANCELLING
                 self._stop_everything()
@@ -266,6 +283,8 @@ class Coordinator:
                 w.task = None
             if op == "failed":
                 self._fail(_job_error(msg["error"], self.plan.stages[msg["stage"]].name))
+            elif op == "done" and msg.get("retired"):
+                self._stages[msg["stage"]].running.discard(msg["index"])
             elif op == "done":
                 self._instance_done(msg["stage"], msg["index"])
             if w is not None and self.status is JobStatus.RUNNING:
@@ -274,24 +293,30 @@ class Coordinator:
             conn.send(self.describe())
         elif op in ("channel", "channel_end", "channel_done"):
             conn.send(self._channel_request(op, msg))
+        elif op == "scale":
+            threading.Thread(target=self._scale_request, args=(conn, msg), daemon=True).start()
         else:
             conn.send({"ok": False, "error": f"unknown request {op!r}"})
 
     def _assign(self, w: _Worker) -> None:
         if not self._pending or w.conn is None:
             return
-        stage_id, index = self._pending.pop(0)
+        stage_id, index, epoch = self._pending.pop(0)
         stage = self.plan.stages[stage_id]
         w.task = (stage_id, index)
         self._stages[stage_id].running.add(index)
-        w.conn.send({"op": "run", "assignment": Assignment(self.resources, stage, index, 0)}, fmt=ord("P"))
+        w.conn.send(
+            {"op": "run", "assignment": Assignment(self.resources, stage, index, epoch)}, fmt=ord("P")
+        )
+
+    def _idle_workers(self) -> list[_Worker]:
+        return [w for w in self._workers.values() if w.conn is not None and w.task is None and not w.exited]
 
     def _instance_done(self, stage_id: int, index: int) -> None:
         st = self._stages[stage_id]
         st.running.discard(index)
         st.done.add(index)
-        stage = self.plan.stages[stage_id]
-        if len(st.done) == stage.parallelism and not st.finished:
+        if len(st.done) >= self._parallelism[stage_id] and not st.running and not st.finished:
             st.finished = True
             self._producer_finished(stage_id)
 
@@ -329,12 +354,105 @@ class Coordinator:
             self.status = JobStatus.FAILING
 
     def _stop_everything(self) -> None:
-        for g in (*self.gates.values(), *self.sink_gates.values()):
+        for g in (*self.gates.values(), *self.sink_gates.values(), *self.input_channels.values()):
             g.close()
         for w in self._workers.values():
             if w.conn is not None and not w.exited:
                 with contextlib.suppress(OSError):
                     w.conn.send({"op": "stop"})
+
+    # ---- rescale ----------------------------------------------------------------------------
+    def rescale(self, operator: str, parallelism: int, timeout: float = 60.0) -> dict:
+        """Change an operator's parallelism live; returns once every instance runs the new epoch.
+
+        Thread-safe; rescales of one operator are serialized, of different operators may overlap.
+        """
+        t0 = time.perf_counter()
+        stage = self.plan.stage(operator)
+        if stage.kind != "keyed":
+            raise ValueError(f"operator {operator!r} is not a keyed operator; only keyed operators rescale")
+        if (
+            not isinstance(parallelism, int)
+            or isinstance(parallelism, bool)
+            or not 1 <= parallelism <= stage.max_parallelism
+        ):
+            raise ValueError(
+                f"parallelism must be an int in 1..{stage.max_parallelism} (max parallelism), got {parallelism!r}"
+            )
+        while True:
+            with self._rescale_lock:
+                busy = self._rescaling.get(stage.id)
+                if busy is None:
+                    done = self._rescaling[stage.id] = threading.Event()
+                    break
+            busy.wait()
+        try:
+            if self.status is not JobStatus.RUNNING:
+                raise RuntimeError(f"the job is {self.status.name}; only a running job rescales")
+            ticket: queue.Queue = queue.Queue()
+            self._events.put(("rescale", stage.id, parallelism, ticket))
+            prepared = ticket.get()
+            if isinstance(prepared, BaseException):
+                raise prepared
+            op, epoch, old, instances = prepared
+            deadline = time.monotonic() + timeout
+            while not self.control.wait_epochs(op, instances, epoch, timeout=0.05):
+                if self.done or time.monotonic() > deadline:
+                    raise RuntimeError(f"rescale of {operator!r} did not complete (job {self.status.name})")
+            elapsed = (time.perf_counter() - t0) * 1000
+            return {
+                "operator": operator,
+                "epoch": epoch,
+                "old_parallelism": old,
+                "new_parallelism": parallelism,
+                "elapsed_ms": elapsed,
+                "state_bytes_copied": 0,
+            }
+        finally:
+            with self._rescale_lock:
+                del self._rescaling[stage.id]
+            done.set()
+
+    def _prepare_rescale(self, stage_id: int, parallelism: int):
+        """In the job thread: publish the next epoch, place its marker, start added instances."""
+        stage = self.plan.stages[stage_id]
+        op = self.resources.keyed_index[stage_id]
+        if stage.input_gate in self._finished_gates:
+            return RuntimeError(f"operator {stage.name!r} has consumed all its input; nothing to rescale")
+        old = self._parallelism[stage_id]
+        epoch = self.control.epoch(op) + 1
+        oldest = min(int(self.control.instances(op)[i, cbk.I_EPOCH]) for i in range(old))
+        if epoch - oldest >= cbk.TABLE_RING:
+            return RuntimeError("instances are too many epochs behind; retry the rescale later")
+        self.control.publish(op, epoch, range_assignment(parallelism, stage.max_parallelism))
+        gate = self.gates[stage.input_gate]
+        for i in range(old, parallelism):  # added instances read from (before) the marker
+            gate.open_reader(i)
+        gate.append_control(Kind.EPOCH, epoch)
+        self._parallelism[stage_id] = parallelism
+        added = [(stage_id, i, epoch - 1) for i in range(old, parallelism)]
+        self._pending[:0] = added
+        idle = self._idle_workers()
+        for w in idle[: len(added)]:
+            self._assign(w)
+        for _ in range(len(added) - len(idle)):
+            self._spawn_worker()
+        return op, epoch, old, list(range(max(old, parallelism)))
+
+    def _replenish(self) -> None:
+        """Keep the warm pool at its size (spares are forked from the zygote, ready in milliseconds)."""
+        starting = sum(1 for w in self._workers.values() if w.conn is None and not w.exited)
+        missing = self.config.spare_workers + len(self._pending) - len(self._idle_workers()) - starting
+        for _ in range(max(missing, 0)):
+            self._spawn_worker()
+
+    def _scale_request(self, conn, msg) -> None:
+        """`stretch scale` from another process, answered over the control socket."""
+        try:
+            report = self.rescale(str(msg.get("operator")), msg.get("parallelism"))
+            conn.send({"ok": True, **report})
+        except (KeyError, ValueError, RuntimeError) as e:
+            conn.send({"ok": False, "error": str(e.args[0]) if e.args else str(e)})
 
     # ---- channels ---------------------------------------------------------------------------
     def _channel_request(self, op: str, msg: dict) -> dict:

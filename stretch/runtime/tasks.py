@@ -103,6 +103,8 @@ class SourceTask(Task):
 class KeyedInstanceTask(Task):
     """One instance of a keyed operator: reads every gate entry, processes the rows it owns."""
 
+    retired = False  # set when a rescale removed this instance (it ended at the epoch marker)
+
     def run(self) -> None:
         stage, index = self.stage, self.a.index
         gate = self.attached.gate(self.res.gates[stage.input_gate])
@@ -114,8 +116,8 @@ class KeyedInstanceTask(Task):
         epoch = self.a.epoch
         owners = cb.table(op, epoch).copy()
         stats = cb.instances(op)[index]
-        stats[cbk.I_EPOCH] = epoch
         stats[cbk.I_STATE] = cbk.RUNNING
+        cb.reach_epoch(op, index, epoch)
         ctx = InstanceRuntimeContext(
             stage.name,
             index,
@@ -125,6 +127,7 @@ class KeyedInstanceTask(Task):
         )
         operator.open(ctx)
         chain.open(ctx)
+        fused = hasattr(operator, "process_owned")
         seq = gate.cursor(index)
         while True:
             if not gate.wait(seq, timeout=0.1):
@@ -136,18 +139,30 @@ class KeyedInstanceTask(Task):
                 t0 = time.perf_counter_ns()
                 batch = entry.batch
                 kgs = writable(batch.column(KG_COLUMN).to_numpy())
-                mine = owners[kgs] == index
-                n = int(np.count_nonzero(mine))
-                if n:
-                    if n != batch.num_rows:
-                        sel = np.flatnonzero(mine)
-                        batch = batch.take(sel)
-                        kgs = kgs[sel]
-                    chain.push(operator.process(batch, kgs))
+                if fused:
+                    out = operator.process_owned(batch, kgs, owners, index)
+                    n = len(out) if out is not None else 0
+                    if n:
+                        chain.push(out)
+                else:
+                    mine = owners[kgs] == index
+                    n = int(np.count_nonzero(mine))
+                    if n:
+                        if n != batch.num_rows:
+                            sel = np.flatnonzero(mine)
+                            batch = batch.take(sel)
+                            kgs = kgs[sel]
+                        chain.push(operator.process(batch, kgs))
                 stats[cbk.I_RECORDS_IN] += n
                 stats[cbk.I_RECORDS_OUT] = self._records_out
                 stats[cbk.I_BATCHES] += 1
                 stats[cbk.I_BUSY_NS] += time.perf_counter_ns() - t0
+            elif entry.kind is Kind.EPOCH:
+                owners = self._switch(cb, op, index, owners, entry.arg0)
+                if not (owners == index).any():  # scaled away: everything before the marker is done
+                    gate.close_reader(index)
+                    self.retired = True
+                    break
             elif entry.kind is Kind.END_OF_STREAM:
                 gate.advance(index, seq + 1)
                 break
@@ -157,6 +172,23 @@ class KeyedInstanceTask(Task):
         operator.close()
         chain.close()
         stats[cbk.I_STATE] = cbk.DONE
+
+    def _switch(self, cb: ControlBlock, op: int, index: int, owners: np.ndarray, epoch: int) -> np.ndarray:
+        """Move to the next epoch's ownership at its marker (STRETCH's handoff).
+
+        State is already in shared memory (every batch writes back), so this instance announces the
+        epoch at once; it then waits only for the previous owners of key groups it gains to do the
+        same. An instance that gains nothing never waits.
+        """
+        new = cb.table(op, epoch).copy()
+        cb.reach_epoch(op, index, epoch)
+        gained = (new == index) & (owners != index)
+        if gained.any():
+            previous = sorted({int(p) for p in owners[gained]})
+            while not cb.wait_epochs(op, previous, epoch, timeout=0.1):
+                if self.should_stop():
+                    raise Stopped()
+        return new
 
 
 def make_task(assignment: Assignment, attached: _Attached, should_stop) -> Task:

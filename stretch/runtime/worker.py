@@ -29,10 +29,11 @@ def warm_up() -> None:
     import stretch.datastream.keyed_functions  # noqa: F401
     from stretch.common.records import from_batch, to_batch
     from stretch.state import _hash_kernels
-    from stretch.state.warm import warm_table_kernels
+    from stretch.state.warm import warm_fused_kernels, warm_table_kernels
 
     _hash_kernels.warm_up()
     warm_table_kernels()
+    warm_fused_kernels()
     batch = to_batch([("a", 1, 1.5, True, None)])
     from_batch(batch.filter(pa.array([True])).take(pa.array([0])))
     pa.array([1, None]).fill_null(0).is_valid()
@@ -97,8 +98,9 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
         try:
             if attached is None:
                 attached = _Attached(assignment.resources)
-            make_task(assignment, attached, stop.is_set).run()
-            reply({"op": "done", **tag})
+            task = make_task(assignment, attached, stop.is_set)
+            task.run()
+            reply({"op": "done", "retired": getattr(task, "retired", False), **tag})
         except (Stopped, GateClosed):
             reply({"op": "stopped", **tag})
         except BaseException as e:  # report every failure; the coordinator decides
