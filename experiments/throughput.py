@@ -1,0 +1,211 @@
+"""Throughput on W1 (keyed running count+sum): stretch beside a dict loop and a numba loop.
+
+    python experiments/throughput.py --json
+
+Peers, all on the same in-memory data and all producing the running (count, sum) of every event:
+a plain Python dict loop and a numba hash loop on one core (the per-core floor and ceiling), and
+stretch's KeyedProcessFunction with ValueState and its vectorized built-in ``sum`` at parallelism
+1 and 2. stretch is timed from the first batch written into the job's input channel until its last
+result is out (the job is started and warm before), so start-up is not counted. Medians of
+``--repeats`` runs. Also measures the shared memory used per key with 10 M distinct keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import pyarrow as pa
+from _common import OUT, emit, log, median, w1
+from numba import njit
+
+from stretch import channels
+from stretch.common import Types
+from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment
+from stretch.datastream.connectors import DiscardingSink
+from stretch.datastream.connectors.channel import ChannelSource
+from stretch.datastream.state import ValueStateDescriptor
+
+W1_TYPE = Types.TUPLE([Types.LONG(), Types.LONG(), Types.DOUBLE()])
+
+
+# ---- peers on one core ---------------------------------------------------------------------
+def dict_loop(keys: list, values: list) -> list:
+    counts: dict = {}
+    sums: dict = {}
+    out = []
+    append = out.append
+    for k, v in zip(keys, values):
+        c = counts.get(k, 0) + 1
+        counts[k] = c
+        s = sums.get(k, 0.0) + v
+        sums[k] = s
+        append((k, c, s))
+    return out
+
+
+@njit(cache=True)
+def _numba_loop(keys, values, table_keys, table_count, table_sum, out_count, out_sum):
+    mask = table_keys.shape[0] - 1
+    for i in range(keys.shape[0]):
+        k = keys[i]
+        h = (np.uint64(k) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
+        s = np.int64(h) & mask
+        while table_count[s] != 0 and table_keys[s] != k:
+            s = (s + 1) & mask
+        table_keys[s] = k
+        table_count[s] += 1
+        table_sum[s] += values[i]
+        out_count[i] = table_count[s]
+        out_sum[i] = table_sum[s]
+
+
+def numba_loop(keys: np.ndarray, values: np.ndarray, distinct: int) -> tuple[np.ndarray, np.ndarray]:
+    size = 1 << (2 * distinct - 1).bit_length()
+    out_c = np.empty(keys.shape[0], np.int64)
+    out_s = np.empty(keys.shape[0], np.float64)
+    _numba_loop(
+        keys,
+        values,
+        np.zeros(size, np.int64),
+        np.zeros(size, np.int64),
+        np.zeros(size, np.float64),
+        out_c,
+        out_s,
+    )
+    return out_c, out_s
+
+
+# ---- stretch ---------------------------------------------------------------------------------
+class CountSum(KeyedProcessFunction):
+    def open(self, runtime_context):
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+        self.sum = runtime_context.get_state(ValueStateDescriptor("sum", Types.DOUBLE()))
+
+    def process_element(self, value, ctx):
+        c = (self.count.value() or 0) + 1
+        s = (self.sum.value() or 0.0) + value[2]
+        self.count.update(c)
+        self.sum.update(s)
+        yield value[0], c, s
+
+
+def stretch_job(kind: str, parallelism: int):
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(parallelism)
+    keyed = env.from_source(ChannelSource("w1", W1_TYPE), None, "w1").key_by(0)
+    if kind == "process":
+        out = keyed.process(CountSum(), Types.TUPLE([Types.LONG(), Types.LONG(), Types.DOUBLE()]))
+    else:
+        out = keyed.sum([1, 2])
+    out.name(kind).sink_to(DiscardingSink())
+    client = env.execute_async(f"throughput {kind} p{parallelism}")
+    return client, channels.open_writer(client, "w1")
+
+
+def stretch_run(kind: str, parallelism: int, data: pa.Table) -> float:
+    """Seconds from the first batch written to the last result out."""
+    client, writer = stretch_job(kind, parallelism)
+    batches = data.to_batches(max_chunksize=65536)
+    t0 = time.monotonic()
+    for b in batches:
+        writer.write(b)
+    writer.end()
+    client.wait()
+    return client._coordinator.output_complete_at - t0
+
+
+def state_bytes_per_key(distinct: int) -> float:
+    """Shared memory held by an operator keeping an int64 count for `distinct` keys."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.from_source(ChannelSource("keys", Types.TUPLE([Types.LONG(), Types.LONG()])), None, "keys").key_by(
+        0
+    ).sum(1).name("count").sink_to(DiscardingSink())
+    client = env.execute_async("state bytes per key")
+    writer = channels.open_writer(client, "keys")
+    keys = np.random.default_rng(2).permutation(distinct).astype(np.int64)
+    for start in range(0, distinct, 1 << 16):
+        part = keys[start : start + (1 << 16)]
+        writer.write(pa.record_batch({"f0": part, "f1": np.ones(len(part), np.int64)}))
+    while sum(i["records_in"] for i in client.describe()["operators"][0]["instances"]) < distinct:
+        time.sleep(0.05)
+    state = client.describe()["operators"][0]["state_bytes"]
+    writer.end()
+    client.wait()
+    return state / distinct
+
+
+def plot(result: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [
+        "dict_loop_meps",
+        "process_p1_meps",
+        "process_p2_meps",
+        "numba_loop_meps",
+        "sum_p1_meps",
+        "sum_p2_meps",
+    ]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    colors = ["#999999", "#4c72b0", "#4c72b0", "#999999", "#dd8452", "#dd8452"]
+    ax.bar([n.removesuffix("_meps") for n in names], [result[n] for n in names], color=colors)
+    ax.set_yscale("log")
+    ax.set_ylabel("million events / s (log)")
+    ax.set_title(f"W1 keyed running count+sum, {result['events']:,} events, {result['keys']:,} keys")
+    for i, n in enumerate(names):
+        ax.text(i, result[n], f"{result[n]:.2f}", ha="center", va="bottom")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--events", type=int, default=5_000_000)
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--state-keys", type=int, default=10_000_000)
+    ap.add_argument("--plot", default=str(OUT / "throughput.png"))
+    args = ap.parse_args()
+    data = w1(args.events, args.keys)
+    keys_np = data["f0"].to_numpy()
+    values_np = data["f2"].to_numpy()
+    keys_list, values_list = keys_np.tolist(), values_np.tolist()
+    n = args.events
+    times: dict[str, list[float]] = {}
+    numba_loop(keys_np[:1000], values_np[:1000], args.keys)  # compile outside the timing
+    for r in range(args.repeats):
+        log(f"repeat {r + 1}/{args.repeats}")
+        t0 = time.perf_counter()
+        dict_loop(keys_list, values_list)
+        times.setdefault("dict_loop", []).append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        numba_loop(keys_np, values_np, args.keys)
+        times.setdefault("numba_loop", []).append(time.perf_counter() - t0)
+        for kind in ("process", "sum"):
+            for p in (1, 2):
+                times.setdefault(f"{kind}_p{p}", []).append(stretch_run(kind, p, data))
+    result = {f"{name}_meps": round(n / median(ts) / 1e6, 3) for name, ts in times.items()}
+    result["state_bytes_per_key"] = round(state_bytes_per_key(args.state_keys), 2)
+    result.update(
+        events=n,
+        keys=args.keys,
+        repeats=args.repeats,
+        ratio_sum_p2_vs_numba=round(result["sum_p2_meps"] / result["numba_loop_meps"], 3),
+        ratio_process_p2_vs_dict=round(result["process_p2_meps"] / result["dict_loop_meps"], 3),
+        scaling_process=round(result["process_p2_meps"] / result["process_p1_meps"], 3),
+        scaling_sum=round(result["sum_p2_meps"] / result["sum_p1_meps"], 3),
+    )
+    OUT.mkdir(exist_ok=True)
+    plot(result, args.plot)
+    result["plot"] = args.plot
+    emit(result, args.json)
+
+
+if __name__ == "__main__":
+    main()
