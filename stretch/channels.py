@@ -18,8 +18,11 @@ import pyarrow as pa
 
 from stretch.common.records import from_batch, schema_for, to_batch
 from stretch.common.typeinfo import TypeInformation
+from stretch.runtime.chain import KG_COLUMN, resolve_field
 from stretch.runtime.control_socket import request, runtime_dir
 from stretch.runtime.gate import Gate, GateClosed, Kind
+from stretch.state import _hash_kernels
+from stretch.state.key_groups import key_groups_of
 
 
 def _socket_of(job) -> str:
@@ -58,6 +61,12 @@ class ChannelWriter:
         self._gate = Gate.attach(reply["segment"])
         self.type_info = TypeInformation.from_json(reply["type"]) if reply["type"] else None
         self._schema = schema_for(self.type_info) if self.type_info is not None else None
+        # When the job keys the channel by a field right away, this writer is the keyed operator's
+        # producer: it computes the key groups and appends to the operator's gate directly.
+        self._key_field = reply.get("key_field")
+        self._max_parallelism = reply.get("max_parallelism")
+        if self._key_field is not None:
+            _hash_kernels.warm_up()  # compile (or load) the key-group kernels now, not on the first write
 
     def write(self, data) -> None:
         """Append records (a list), or a pyarrow RecordBatch/Table whose schema fits the channel."""
@@ -77,6 +86,11 @@ class ChannelWriter:
         else:
             batch = to_batch(list(data), self.type_info)
         if batch.num_rows:
+            if self._key_field is not None:
+                column = batch.column(resolve_field(batch.schema, self._key_field))
+                batch = batch.append_column(
+                    KG_COLUMN, pa.array(key_groups_of(column, self._max_parallelism), pa.uint16())
+                )
             try:
                 self._gate.append_batch(batch)
             except GateClosed:

@@ -65,6 +65,7 @@ class StageSpec:
     source: Any = None
     operator: OperatorSpec | None = None
     input_gate: int = -1
+    direct: bool = False  # a channel whose writers append straight into the keyed operator's gate
 
 
 @dataclass
@@ -188,6 +189,14 @@ def compile_plan(sinks: list[Transformation], default_parallelism: int, max_para
                     sink_specs[step.sink].producers.append(stage.id)
     for s in sink_specs:
         s.upstream_parallelism = max((stages[i].parallelism for i in s.producers), default=1)
+    for stage in stages:
+        chain = stage.chain
+        stage.direct = (
+            getattr(stage.source, "channel_name", None) is not None
+            and len(chain) == 1
+            and chain[0].kind == "to_gate"
+            and chain[0].key.field is not None
+        )
     return JobPlan(stages, sink_specs, gate_producers, max_parallelism)
 
 

@@ -95,6 +95,7 @@ class Coordinator:
         self.resources: JobResources | None = None
         self._sink_runners: list[SinkRunner] = []
         self.input_channels: dict[str, Gate] = {}
+        self.direct_channels: dict = {}  # channel name -> source stage whose writers feed a gate
         self.output_channels: dict[str, int] = {}  # channel name -> sink id
         self._channel_readers: set[int] = set()
         self._ended_channels: set[str] = set()
@@ -166,7 +167,9 @@ class Coordinator:
                 self.output_channels[sink.sink.name] = sink.id
         for stage in plan.stages:
             name = getattr(stage.source, "channel_name", None)
-            if name is not None:
+            if name is not None and stage.direct:
+                self.direct_channels[name] = stage
+            elif name is not None:
                 g = Gate.create(prefix, "channel", cfg.gate_slots, cfg.gate_bytes)
                 g.open_reader(0, 0)
                 self.input_channels[name] = g
@@ -186,8 +189,9 @@ class Coordinator:
             self._parallelism[stage.id] = stage.parallelism
         for stage in plan.stages:
             if stage.kind == "source":
-                self._pending.append((stage.id, 0, 0))
                 self._parallelism[stage.id] = 1
+                if not stage.direct:
+                    self._pending.append((stage.id, 0, 0))
         self.resources = res
         self._server = ControlServer(self.socket_path, self._token, self._on_message, self._on_close)
         self._write_info()
@@ -458,6 +462,17 @@ class Coordinator:
     def _channel_request(self, op: str, msg: dict) -> dict:
         name = msg.get("name")
         if op == "channel":
+            if name in self.direct_channels and msg.get("role") == "writer":
+                stage = self.direct_channels[name]
+                step = stage.chain[0]
+                t = stage.source.type_info
+                return {
+                    "ok": True,
+                    "segment": self.gates[step.gate].name,
+                    "type": t.to_json() if t else None,
+                    "key_field": step.key.field,
+                    "max_parallelism": step.key.max_parallelism,
+                }
             if name in self.input_channels and msg.get("role") == "writer":
                 source = next(
                     s.source for s in self.plan.stages if getattr(s.source, "channel_name", None) == name
@@ -474,12 +489,20 @@ class Coordinator:
                     return {"ok": False, "error": f"channel {name!r} already has a reader"}
                 self._channel_readers.add(sink_id)
                 return {"ok": True, "segment": self.sink_gates[sink_id].name}
-            inputs, outputs = sorted(self.input_channels), sorted(self.output_channels)
+            inputs, outputs = (
+                sorted([*self.input_channels, *self.direct_channels]),
+                sorted(self.output_channels),
+            )
             return {
                 "ok": False,
                 "error": f"job has no channel {name!r} to {'write' if msg.get('role') == 'writer' else 'read'} "
                 f"(input channels: {inputs}, output channels: {outputs})",
             }
+        if op == "channel_end" and name in self.direct_channels:
+            stage = self.direct_channels[name]
+            if 0 not in self._stages[stage.id].done:
+                self._instance_done(stage.id, 0)
+            return {"ok": True}
         if op == "channel_end" and name in self.input_channels:
             if name not in self._ended_channels:
                 self._ended_channels.add(name)

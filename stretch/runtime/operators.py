@@ -21,7 +21,7 @@ from stretch.runtime.chain import KEY_COLUMN, Records, StepError, resolve_field
 from stretch.state import _table_kernels as K
 from stretch.state.backend import KeyedStateBackend
 from stretch.state.key_codec import decode_key
-from stretch.state.keyed_table import KeyedTable, KeyMode, key_mode_of
+from stretch.state.keyed_table import MAX_LOAD, KeyedTable, KeyMode, key_mode_of
 
 _OPS = {"sum": 0, "min": 1, "max": 2}
 
@@ -256,36 +256,43 @@ class AggregateOperator(KeyedOperator):
 
     def _fused(self, batch, kgs, owners, me, layout) -> Records | None:
         table, arena = self.table, self.table.arena
-        counts = np.zeros(table.maxp, dtype=np.int64)
-        K.owned_counts(kgs, owners, me, counts)
-        if not counts.any():
-            return None
-        table.ensure_key_room(counts)
-        table.ensure_columns(layout.sid, np.flatnonzero(counts), 8 * layout.width)
         vals = layout.values(batch)
         n = batch.num_rows
         pos = np.empty(n, dtype=np.int64)
         out = np.empty_like(vals)
         keys = _numpy(batch.column(layout.key_index), np.int64)
-        m = K.rolling_aggregate_i64(
-            arena.a64,
-            arena.a32,
-            arena.a8,
-            arena.views[np.dtype(np.float64)][0],
-            arena.dir_w,
-            arena.state_base_w(layout.sid),
-            kgs,
-            keys,
-            owners,
-            me,
-            self.op,
-            vals,
-            layout.is_float,
-            layout.is_acc,
-            pos,
-            out,
-        )
-        return layout.output(batch, pos[:m], out[:, :m], {})
+        progress = np.zeros(3, dtype=np.int64)
+        af64 = arena.views[np.dtype(np.float64)][0]
+        base_w = arena.state_base_w(layout.sid)
+        while True:
+            K.rolling_aggregate_i64(
+                arena.a64,
+                arena.a32,
+                arena.a8,
+                af64,
+                arena.dir_w,
+                base_w,
+                kgs,
+                keys,
+                owners,
+                me,
+                self.op,
+                vals,
+                layout.is_float,
+                layout.is_acc,
+                pos,
+                out,
+                progress,
+                MAX_LOAD,
+            )
+            full = int(progress[2])
+            if full < 0:
+                break
+            table.grow_for(full, layout.sid, 8 * layout.width)
+        m = int(progress[1])
+        if not m:
+            return None
+        return layout.output(batch, pos[:m], out[:, :m], {}, keys[pos[:m]])
 
     def _located(self, batch, kgs, layout) -> Records:
         _, _, rows, uidx, first = self.locate(batch, kgs)
@@ -381,7 +388,7 @@ class _Layout:
                 vals[j] = _numpy(batch.column(i), np.int64)
         return vals
 
-    def output(self, batch: pa.RecordBatch, pos, out: np.ndarray, others: dict) -> Records:
+    def output(self, batch: pa.RecordBatch, pos, out: np.ndarray, others: dict, keys=None) -> Records:
         schema = batch.schema
         columns = []
         for i in self.data:
@@ -392,6 +399,8 @@ class _Layout:
                 j = self.numeric.index(i)
                 values = out[j].view(np.float64) if self.is_float[j] else out[j]
                 columns.append(pa.array(values).cast(t, safe=False))
+            elif keys is not None:  # the int64 key column, already picked in numpy
+                columns.append(pa.array(keys).cast(t, safe=False))
             else:
                 col = batch.column(i)
                 columns.append(col if pos is None else col.take(pa.array(pos)))

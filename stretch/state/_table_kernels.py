@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from stretch.state._hash_kernels import xxh64_span
+from stretch.state._prefetch import prefetch
 
 # Key-group header layout (int64 words).
 KG_WORDS = 512
@@ -387,16 +388,21 @@ def var_compact(a64, a8, h, n_rows, new_heap_off):
 
 
 @njit(inline="always", **_OPTS)
-def _probe_i64(a64, a32, h, key):
-    """Row of ``key`` in the table at header word ``h``, inserting it if absent."""
-    idx = a64[h + H_INDEX_OFF] >> 2
+def _probe_i64(a64, a32, h, key, room):
+    """Row of ``key`` in the table at header word ``h``; inserted if absent and the table has fewer
+    than ``room`` rows, else -1 (the caller grows the table and retries)."""
     mask = a64[h + H_INDEX_CAP] - 1
+    if mask < 0:
+        return -1
+    idx = a64[h + H_INDEX_OFF] >> 2
     kw = a64[h + H_KEYS_OFF] >> 3
     s = np.int64(_mix(np.uint64(key)) & np.uint64(mask))
     while True:
         r = a32[idx + s]
         if r == 0:
             row = a64[h + H_NKEYS]
+            if row >= room:
+                return -1
             a64[kw + row] = key
             a32[idx + s] = row + 1
             a64[h + H_NKEYS] = row + 1
@@ -406,104 +412,151 @@ def _probe_i64(a64, a32, h, key):
         s = (s + 1) & mask
 
 
-@njit(inline="always", **_OPTS)
-def _record_step(a64, af64, a8, h, r, vals, fvals, i, is_float, is_acc, op, out, fout, m):
-    """Fold row i into the key's record (row r of the column at header word h); write the result.
+_CHUNK = 256
 
-    A record is k contiguous 8-byte words, one random access for all of a key's fields:
-    accumulated fields (``is_acc``) fold in the value with ``op`` (0 sum, 1 min, 2 max), the
-    others keep the key's first value. Float fields travel bit-cast in int64 arrays.
+
+@njit(inline="always", **_OPTS)
+def _fold_chunk(a64, af64, ptr, fresh, src, c, m, vals, fvals, is_float, is_acc, op, out, fout):
+    """Fold the chunk's rows into their keys' records, field by field.
+
+    A key's numeric fields are one record of k contiguous 8-byte words (``ptr[q]`` is the record
+    of chunk row q, ``fresh[q]`` says the key was new). Accumulated fields (``is_acc``) fold in
+    the value with ``op`` (0 sum, 1 min, 2 max); the others keep the key's first value. Looping
+    field by field over a chunk keeps the per-field decisions out of the per-row loop while the
+    chunk's records are still in cache. Float fields travel bit-cast in the int64 arrays.
     """
-    k = vals.shape[0]
-    p = (a64[h + S_DATA_OFF] >> 3) + r * k
-    vb = a64[h + S_VALID_OFF] + r
-    if a8[vb] == 0:
-        a8[vb] = 1
-        for j in range(k):
-            a64[p + j] = vals[j, i]
-            out[j, m] = vals[j, i]
-        return
-    for j in range(k):
-        if not is_acc[j]:
-            out[j, m] = a64[p + j]
-        elif is_float[j]:
-            acc = af64[p + j]
-            v = fvals[j, i]
-            if op == 0:
-                acc += v
-            elif op == 1:
-                acc = min(acc, v)
-            else:
-                acc = max(acc, v)
-            af64[p + j] = acc
-            fout[j, m] = acc
+    for j in range(vals.shape[0]):
+        acc = is_acc[j]
+        if is_float[j]:
+            for q in range(c):
+                p = ptr[q] + j
+                v = fvals[j, src[q]]
+                if fresh[q]:
+                    af64[p] = v
+                elif acc:
+                    if op == 0:
+                        af64[p] += v
+                    elif op == 1:
+                        af64[p] = min(af64[p], v)
+                    else:
+                        af64[p] = max(af64[p], v)
+                fout[j, m + q] = af64[p]
         else:
-            iacc = a64[p + j]
-            iv = vals[j, i]
-            if op == 0:
-                iacc += iv
-            elif op == 1:
-                iacc = min(iacc, iv)
-            else:
-                iacc = max(iacc, iv)
-            a64[p + j] = iacc
-            out[j, m] = iacc
+            for q in range(c):
+                p = ptr[q] + j
+                v = vals[j, src[q]]
+                if fresh[q]:
+                    a64[p] = v
+                elif acc:
+                    if op == 0:
+                        a64[p] += v
+                    elif op == 1:
+                        a64[p] = min(a64[p], v)
+                    else:
+                        a64[p] = max(a64[p], v)
+                out[j, m + q] = a64[p]
+
+
+@njit(inline="always", **_OPTS)
+def _record_of(a64, a8, h, r, k, ptr, fresh, c):
+    """Locate row r's record in the column at header word h; mark it valid."""
+    ptr[c] = (a64[h + S_DATA_OFF] >> 3) + r * k
+    vb = a64[h + S_VALID_OFF] + r
+    fresh[c] = a8[vb] == 0
+    a8[vb] = 1
 
 
 @njit(**_OPTS)
 def rolling_aggregate_i64(
-    a64, a32, a8, af64, dir_w, base_w, kgs, keys, owners, me, op, vals, is_float, is_acc, pos, out
+    a64,
+    a32,
+    a8,
+    af64,
+    dir_w,
+    base_w,
+    kgs,
+    keys,
+    owners,
+    me,
+    op,
+    vals,
+    is_float,
+    is_acc,
+    pos,
+    out,
+    progress,
+    max_load,
 ):
     """Flink's rolling sum/min/max over a whole batch in one pass, for int64 keys.
 
     For each row whose key group this instance owns: find or insert the key and fold the row into
     the key's record in state column ``base_w``. ``vals``/``out`` are (k, n) int64 arrays; outputs
-    are compacted to the owned rows, whose batch positions go to ``pos``. Returns how many.
+    are compacted to the owned rows, whose batch positions go to ``pos``.
+
+    Resumable: ``progress`` holds (next row, outputs so far, key group that needs room or -1). When
+    a key group's table is full the pass stops there; the caller grows it and calls again.
     """
-    fvals = vals.view(np.float64)
-    fout = out.view(np.float64)
-    m = 0
-    for i in range(kgs.shape[0]):
-        kg = np.int64(kgs[i])
-        if owners[kg] != me:
-            continue
-        r = _probe_i64(a64, a32, dir_w + kg * KG_WORDS, keys[i])
-        _record_step(
-            a64, af64, a8, base_w + kg * KG_WORDS, r, vals, fvals, i, is_float, is_acc, op, out, fout, m
+    k = vals.shape[0]
+    fvals, fout = vals.view(np.float64), out.view(np.float64)
+    ptr = np.empty(_CHUNK, np.int64)
+    fresh = np.empty(_CHUNK, np.bool_)
+    rows = np.empty(_CHUNK, np.int64)
+    n = kgs.shape[0]
+    i, m = progress[0], progress[1]
+    progress[2] = -1
+    while i < n and progress[2] < 0:
+        # 1. pick the chunk's owned rows and prefetch their index slots
+        c = 0
+        while i < n and c < _CHUNK:
+            kg = np.int64(kgs[i])
+            if owners[kg] == me:
+                h = dir_w + kg * KG_WORDS
+                mask = a64[h + H_INDEX_CAP] - 1
+                if mask >= 0:
+                    slot = np.int64(_mix(np.uint64(keys[i])) & np.uint64(mask))
+                    prefetch(a32, (a64[h + H_INDEX_OFF] >> 2) + slot)
+                pos[m + c] = i
+                c += 1
+            i += 1
+        # 2. find or insert each key, prefetch its record
+        done = 0
+        for q in range(c):
+            row = pos[m + q]
+            kg = np.int64(kgs[row])
+            h = dir_w + kg * KG_WORDS
+            hs = base_w + kg * KG_WORDS
+            room = min(a64[h + H_KEYS_CAP], a64[hs + S_DATA_CAP], np.int64(a64[h + H_INDEX_CAP] * max_load))
+            r = _probe_i64(a64, a32, h, keys[row], room)
+            if r < 0:  # table full: stop before this row, the caller grows it and resumes
+                progress[2] = kg
+                i = row
+                break
+            rows[q] = r
+            prefetch(a64, (a64[hs + S_DATA_OFF] >> 3) + r * k)
+            done += 1
+        # 3. fold the rows into their records
+        for q in range(done):
+            kg = np.int64(kgs[pos[m + q]])
+            _record_of(a64, a8, base_w + kg * KG_WORDS, rows[q], k, ptr, fresh, q)
+        _fold_chunk(
+            a64, af64, ptr, fresh, pos[m : m + done], done, m, vals, fvals, is_float, is_acc, op, out, fout
         )
-        pos[m] = i
-        m += 1
-    return m
+        m += done
+    progress[0], progress[1] = i, m
 
 
 @njit(**_OPTS)
 def rolling_records(a64, a8, af64, base_w, kgs, rows, vals, is_float, is_acc, op, out):
     """The same fold for rows already located (any key type); every row is this instance's."""
-    fvals = vals.view(np.float64)
-    fout = out.view(np.float64)
-    for i in range(kgs.shape[0]):
-        _record_step(
-            a64,
-            af64,
-            a8,
-            base_w + np.int64(kgs[i]) * KG_WORDS,
-            rows[i],
-            vals,
-            fvals,
-            i,
-            is_float,
-            is_acc,
-            op,
-            out,
-            fout,
-            i,
-        )
-
-
-@njit(**_OPTS)
-def owned_counts(kgs, owners, me, counts):
-    """Rows per key group among those this instance owns (to size the tables before a pass)."""
-    for i in range(kgs.shape[0]):
-        kg = np.int64(kgs[i])
-        if owners[kg] == me:
-            counts[kg] += 1
+    k = vals.shape[0]
+    fvals, fout = vals.view(np.float64), out.view(np.float64)
+    ptr = np.empty(_CHUNK, np.int64)
+    fresh = np.empty(_CHUNK, np.bool_)
+    n = kgs.shape[0]
+    for start in range(0, n, _CHUNK):
+        c = min(_CHUNK, n - start)
+        for q in range(c):
+            i = start + q
+            _record_of(a64, a8, base_w + np.int64(kgs[i]) * KG_WORDS, rows[i], k, ptr, fresh, q)
+        src = np.arange(start, start + c)
+        _fold_chunk(a64, af64, ptr, fresh, src, c, start, vals, fvals, is_float, is_acc, op, out, fout)

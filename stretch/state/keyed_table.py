@@ -18,7 +18,7 @@ from stretch.state import _table_kernels as K
 from stretch.state.arena import Arena
 from stretch.state.key_codec import decode_key
 
-_MAX_LOAD = 0.7
+MAX_LOAD = 0.7
 _MIN_ROWS = 64
 
 
@@ -123,7 +123,7 @@ class KeyedTable:
         """Grow the key structures of key groups about to receive up to ``counts`` new keys."""
         h = self.headers
         need = h[:, K.H_NKEYS] + counts
-        short = (need > h[:, K.H_KEYS_CAP]) | (need > h[:, K.H_INDEX_CAP] * _MAX_LOAD)
+        short = (need > h[:, K.H_KEYS_CAP]) | (need > h[:, K.H_INDEX_CAP] * MAX_LOAD)
         heap_need = None
         if key_lengths is not None:
             heap_need = h[:, K.H_KHEAP_USED] + np.bincount(
@@ -132,6 +132,12 @@ class KeyedTable:
             short |= heap_need > h[:, K.H_KHEAP_CAP]
         for kg in np.flatnonzero(short):
             self._grow_keys(int(kg), int(need[kg]), None if heap_need is None else int(heap_need[kg]))
+
+    def grow_for(self, kg: int, sid: int, width: int) -> None:
+        """Double key group `kg`'s key room and state `sid`'s column (a fused pass found it full)."""
+        n = int(self.headers[kg, K.H_NKEYS])
+        self._grow_keys(kg, max(2 * n, 64), None)
+        self.ensure_columns(sid, np.array([kg]), width)
 
     def _grow_keys(self, kg: int, need_rows: int, need_heap: int | None) -> None:
         a = self.arena
@@ -147,8 +153,8 @@ class KeyedTable:
             if byte_keys:
                 h[K.H_KHASH_OFF] = self._move(int(h[K.H_KHASH_OFF]), int(h[K.H_KEYS_CAP]) * 8, n * 8, cap * 8)
             h[K.H_KEYS_CAP] = cap
-        if need_rows > h[K.H_INDEX_CAP] * _MAX_LOAD:
-            cap = _pow2(max(int(need_rows / _MAX_LOAD) + 1, _MIN_ROWS))
+        if need_rows > h[K.H_INDEX_CAP] * MAX_LOAD:
+            cap = _pow2(max(int(need_rows / MAX_LOAD) + 1, _MIN_ROWS))
             off = a.alloc(cap * 4)
             w = a.dir_w + kg * K.KG_WORDS
             (K.rehash_bytes if byte_keys else K.rehash_i64)(a.a64, a.a32, w, off, cap)

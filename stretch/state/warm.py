@@ -66,11 +66,11 @@ def warm_fused_kernels() -> None:
     a64, a32, af64 = a8.view(np.int64), a8.view(np.int32), a8.view(np.float64)
     kgs = np.zeros(0, dtype=np.uint16)
     owners = np.zeros(1, dtype=np.int16)
-    K.owned_counts(kgs, owners, 0, np.zeros(1, dtype=np.int64))
     keys = _readonly(np.zeros(0, dtype=np.int64))
     vals, flags = np.zeros((1, 0), np.int64), np.zeros(1, np.bool_)
     pos = np.zeros(0, np.int64)
+    progress = np.zeros(3, np.int64)
     K.rolling_aggregate_i64(
-        a64, a32, a8, af64, 0, 0, kgs, keys, owners, 0, 0, vals, flags, flags, pos, vals.copy()
+        a64, a32, a8, af64, 0, 0, kgs, keys, owners, 0, 0, vals, flags, flags, pos, vals.copy(), progress, 0.7
     )
     K.rolling_records(a64, a8, af64, 0, kgs, pos, vals, flags, flags, 0, vals.copy())
