@@ -67,6 +67,42 @@ class StreamExecutionEnvironment:
     def set_runtime_mode(self, execution_mode) -> StreamExecutionEnvironment:
         return self
 
+    def enable_elasticity(
+        self,
+        policy=None,
+        min_parallelism: int = 1,
+        max_parallelism: int | None = None,
+        interval_ms: int = 1000,
+        cooldown_ms: int = 3000,
+        operators: list[str] | None = None,
+    ) -> StreamExecutionEnvironment:
+        """Let the job rescale its keyed operators by itself (beyond PyFlink).
+
+        Every ``interval_ms`` the controller measures each operator (or those named in
+        ``operators``) and applies ``policy`` (default ``stretch.elasticity.ThresholdPolicy()``),
+        keeping parallelism within [min_parallelism, max_parallelism] and waiting ``cooldown_ms``
+        after each rescale before judging the operator again.
+        """
+        from stretch.elasticity import ThresholdPolicy
+        from stretch.runtime.elastic_controller import ElasticityConfig
+
+        hi = (
+            max_parallelism
+            if max_parallelism is not None
+            else min(4 * (os.cpu_count() or 1), self._max_parallelism)
+        )
+        if not 1 <= min_parallelism <= hi <= self._max_parallelism:
+            raise ValueError(
+                f"need 1 <= min_parallelism ({min_parallelism}) <= max_parallelism ({hi}) <= "
+                f"the job's max parallelism ({self._max_parallelism})"
+            )
+        if policy is not None and not callable(getattr(policy, "decide", None)):
+            raise TypeError("policy must have a decide(load) -> int method (see stretch.elasticity)")
+        self.engine_config.elasticity = ElasticityConfig(
+            policy or ThresholdPolicy(), min_parallelism, hi, interval_ms, cooldown_ms, operators
+        )
+        return self
+
     # ---- sources -----------------------------------------------------------------------
     def _source(self, source: Source, name: str, type_info=None) -> DataStream:
         t = Transformation("source", [], name, {"source": source}, type_info)

@@ -19,6 +19,7 @@ MAX_INSTANCES = 256
 
 # Per-instance words (int64).
 I_EPOCH, I_RECORDS_IN, I_RECORDS_OUT, I_BUSY_NS, I_BATCHES, I_HEARTBEAT_NS, I_STATE, I_GATE_SEQ = range(8)
+I_STALL_NS, I_MAX_STALL_NS = 8, 9  # time spent waiting for previous owners at epoch markers
 I_WORDS = 16
 # Instance states.
 FREE, RUNNING, DONE = 0, 1, 2

@@ -26,6 +26,7 @@ from stretch.runtime import control_block as cbk
 from stretch.runtime import shm
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.control_socket import ControlServer, runtime_dir
+from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
@@ -43,6 +44,7 @@ class EngineConfig:
     gate_bytes: int = 32 << 20
     sink_gate_bytes: int = 32 << 20
     spare_workers: int = 4  # warm, idle workers kept for rescales (replenished after each)
+    elasticity: ElasticityConfig | None = None
     shutdown_timeout: float = 10.0
 
 
@@ -94,6 +96,8 @@ class Coordinator:
         self.control: ControlBlock | None = None
         self.resources: JobResources | None = None
         self._sink_runners: list[SinkRunner] = []
+        self.controller: ElasticController | None = None
+        self.rescales: list[dict] = []  # every completed rescale's report, in order
         self.input_channels: dict[str, Gate] = {}
         self.direct_channels: dict = {}  # channel name -> source stage whose writers feed a gate
         self.output_channels: dict[str, int] = {}  # channel name -> sink id
@@ -204,6 +208,9 @@ class Coordinator:
                 self._sink_runners.append(runner)
                 runner.start()
         self.status = JobStatus.RUNNING
+        if cfg.elasticity is not None:
+            self.controller = ElasticController(self, cfg.elasticity)
+            self.controller.start()
         self._started.set()
 
     def _spawn_worker(self) -> _Worker:
@@ -404,6 +411,16 @@ class Coordinator:
                 if self.done or time.monotonic() > deadline:
                     raise RuntimeError(f"rescale of {operator!r} did not complete (job {self.status.name})")
             elapsed = (time.perf_counter() - t0) * 1000
+            self.rescales.append(
+                {
+                    "operator": operator,
+                    "epoch": epoch,
+                    "old_parallelism": old,
+                    "new_parallelism": parallelism,
+                    "elapsed_ms": elapsed,
+                    "at": time.time(),
+                }
+            )
             return {
                 "operator": operator,
                 "epoch": epoch,
@@ -537,6 +554,10 @@ class Coordinator:
                             "records_in": int(inst[i, cbk.I_RECORDS_IN]),
                             "records_out": int(inst[i, cbk.I_RECORDS_OUT]),
                             "busy_ms": int(inst[i, cbk.I_BUSY_NS]) // 1_000_000,
+                            "busy_ns": int(inst[i, cbk.I_BUSY_NS]),
+                            "epoch": int(inst[i, cbk.I_EPOCH]),
+                            "position": int(inst[i, cbk.I_GATE_SEQ]),
+                            "max_stall_ns": int(inst[i, cbk.I_MAX_STALL_NS]),
                         }
                         for i in range(p)
                     ],
@@ -552,6 +573,8 @@ class Coordinator:
 
     # ---- shutdown ------------------------------------------------------------------------------
     def _shutdown(self) -> None:
+        if self.controller is not None:
+            self.controller.stop.set()
         if self.status is not JobStatus.FINISHED:
             self._stop_everything()
         for w in self._workers.values():

@@ -183,11 +183,16 @@ class KeyedInstanceTask(Task):
         new = cb.table(op, epoch).copy()
         cb.reach_epoch(op, index, epoch)
         gained = (new == index) & (owners != index)
+        t0 = time.perf_counter_ns()
         if gained.any():
             previous = sorted({int(p) for p in owners[gained]})
             while not cb.wait_epochs(op, previous, epoch, timeout=0.1):
                 if self.should_stop():
                     raise Stopped()
+        stall = time.perf_counter_ns() - t0
+        stats = cb.instances(op)[index]
+        stats[cbk.I_STALL_NS] += stall
+        stats[cbk.I_MAX_STALL_NS] = max(int(stats[cbk.I_MAX_STALL_NS]), stall)
         return new
 
 

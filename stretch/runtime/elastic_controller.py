@@ -1,0 +1,89 @@
+"""The elasticity controller: measures keyed operators each interval and rescales them live."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from dataclasses import dataclass, field
+
+from stretch.elasticity import ElasticityPolicy, OperatorLoad, ThresholdPolicy
+from stretch.runtime import control_block as cbk
+
+
+@dataclass
+class ElasticityConfig:
+    """What ``env.enable_elasticity`` asked for."""
+
+    policy: ElasticityPolicy = field(default_factory=ThresholdPolicy)
+    min_parallelism: int = 1
+    max_parallelism: int = 8
+    interval_ms: int = 1000
+    cooldown_ms: int = 3000
+    operators: list[str] | None = None  # None: every keyed operator
+
+
+class ElasticController(threading.Thread):
+    """One thread in the job's process; each operator gets its own copy of the policy."""
+
+    def __init__(self, coordinator, config: ElasticityConfig):
+        super().__init__(name="stretch-elasticity", daemon=True)
+        self.coordinator = coordinator
+        self.config = config
+        self.stop = threading.Event()
+        stages = [s for s in coordinator.plan.stages if s.kind == "keyed"]
+        if config.operators is not None:
+            stages = [s for s in stages if s.name in config.operators]
+        self.stages = stages
+        self.policies = {s.id: copy.deepcopy(config.policy) for s in stages}
+        self.decisions: list[dict] = []
+
+    def _snapshot(self, stage) -> tuple[float, int, list[int], int]:
+        c = self.coordinator
+        op = c.resources.keyed_index[stage.id]
+        p = c._parallelism[stage.id]
+        inst = c.control.instances(op)[:p]
+        return (
+            time.monotonic(),
+            p,
+            [int(x) for x in inst[:, cbk.I_BUSY_NS]] + [int(inst[:, cbk.I_RECORDS_IN].sum())],
+            c.gates[stage.input_gate].depth(),
+        )
+
+    def run(self) -> None:
+        interval = self.config.interval_ms / 1000
+        last = {s.id: self._snapshot(s) for s in self.stages}
+        quiet_until = {s.id: 0.0 for s in self.stages}
+        while not self.stop.wait(interval):
+            if self.coordinator.done:
+                return
+            for stage in self.stages:
+                now = self._snapshot(stage)
+                before = last[stage.id]
+                last[stage.id] = now
+                if now[0] < quiet_until[stage.id] or now[1] != before[1]:
+                    continue  # cooling down, or a rescale happened inside the interval
+                dt = now[0] - before[0]
+                busy = tuple(
+                    min(max((a - b) / (dt * 1e9), 0.0), 1.0) for a, b in zip(now[2][:-1], before[2][:-1])
+                )
+                load = OperatorLoad(
+                    operator=stage.name,
+                    parallelism=now[1],
+                    busy=busy,
+                    throughput=(now[2][-1] - before[2][-1]) / dt,
+                    backlog=now[3],
+                    backlog_growth=now[3] - before[3],
+                    min_parallelism=self.config.min_parallelism,
+                    max_parallelism=min(self.config.max_parallelism, stage.max_parallelism),
+                )
+                target = load.clamp(int(self.policies[stage.id].decide(load)))
+                if target == load.parallelism:
+                    continue
+                try:
+                    report = self.coordinator.rescale(stage.name, target)
+                except (RuntimeError, ValueError):
+                    return  # the job is ending
+                self.decisions.append({"load": load, "report": report})
+                quiet_until[stage.id] = time.monotonic() + self.config.cooldown_ms / 1000
+                last[stage.id] = self._snapshot(stage)
