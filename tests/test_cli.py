@@ -46,3 +46,33 @@ def test_jobs_and_status_of_a_running_job():
 def test_demo_runs_and_reports_throughput():
     out = stretch("demo", "--seconds", "2", "--rate", "50000").stdout
     assert "events/s" in out and "status FINISHED" in out
+
+
+def test_scale_from_a_second_process_and_its_errors():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    src = DataGeneratorSource(
+        lambda i: (i % 10, i),
+        count=None,
+        rate_limiter_strategy=RateLimiterStrategy.per_second(5000),
+        type_info=Types.TUPLE([Types.LONG(), Types.LONG()]),
+    )
+    env.from_source(src, None, "gen").key_by(lambda r: r[0]).sum(1).name("totals").sink_to(DiscardingSink())
+    client = env.execute_async("cli scale job")
+    job = client.get_job_id()
+    try:
+        out = stretch("scale", job, "totals", "4").stdout
+        assert "rescaled 'totals' 2 -> 4" in out and "0 state bytes copied" in out
+        assert client.describe()["operators"][0]["parallelism"] == 4
+        for args, message in [
+            (("no-such-job", "totals", "2"), "no running job"),
+            ((job, "nope", "2"), "no operator named 'nope'"),
+            ((job, "totals", "0"), "parallelism must be an int in 1..128"),
+            ((job, "totals", "129"), "parallelism must be an int in 1..128"),
+        ]:
+            result = stretch("scale", *args, check=False)
+            assert result.returncode != 0 and message in result.stderr, (args, result.stderr)
+    finally:
+        client.cancel()
+    ended = stretch("scale", job, "totals", "2", check=False)
+    assert ended.returncode != 0 and "no running job" in ended.stderr

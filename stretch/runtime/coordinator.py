@@ -86,6 +86,7 @@ class Coordinator:
         self._stages = {s.id: _StageState() for s in plan.stages}
         self._parallelism: dict[int, int] = {}  # stage id -> current parallelism
         self._rescale_lock = threading.Lock()
+        self._stopping = False  # set before segments close: waiters must stop touching them
         self._rescaling: dict[int, threading.Event] = {}  # stage id -> set when its rescale ends
         self._sinks_done: set[int] = set()
         self._finished_gates: set[int] = set()
@@ -407,9 +408,13 @@ class Coordinator:
                 raise prepared
             op, epoch, old, instances = prepared
             deadline = time.monotonic() + timeout
-            while not self.control.wait_epochs(op, instances, epoch, timeout=0.05):
-                if self.done or time.monotonic() > deadline:
-                    raise RuntimeError(f"rescale of {operator!r} did not complete (job {self.status.name})")
+            while True:
+                if self._stopping or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"rescale of {operator!r} did not complete (job {self.status.name})"
+                    ) from self.error
+                if self.control.wait_epochs(op, instances, epoch, timeout=0.05):
+                    break
             elapsed = (time.perf_counter() - t0) * 1000
             self.rescales.append(
                 {
@@ -573,6 +578,7 @@ class Coordinator:
 
     # ---- shutdown ------------------------------------------------------------------------------
     def _shutdown(self) -> None:
+        self._stopping = True
         if self.controller is not None:
             self.controller.stop.set()
         if self.status is not JobStatus.FINISHED:
@@ -588,6 +594,11 @@ class Coordinator:
             self._server.close()
         for r in self._sink_runners:
             r.join(self.config.shutdown_timeout)
+        if self.controller is not None:
+            self.controller.join(self.config.shutdown_timeout)
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        while self._rescaling and time.monotonic() < deadline:  # rescale waiters read the control block
+            time.sleep(0.01)
         for seg in self._segments:
             with contextlib.suppress(Exception):
                 seg.close()

@@ -10,6 +10,7 @@ so they are ordered with the data.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from enum import IntEnum
@@ -62,6 +63,10 @@ _INACTIVE = -1
 _POLL = 0.05  # futex waits re-check at this period; wakes are normally immediate
 
 
+_local_locks: dict[str, threading.Lock] = {}
+_local_locks_guard = threading.Lock()
+
+
 def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
@@ -88,6 +93,8 @@ class Gate:
         self._data = segment.bytes[self._data_off : self._data_off + self.data_capacity]
         self._data_buffer = pa.py_buffer(self._data)
         self.max_entry_bytes = self.data_capacity // 4
+        with _local_locks_guard:
+            self._local_lock = _local_locks.setdefault(segment.name, threading.Lock())
 
     @property
     def name(self) -> str:
@@ -195,7 +202,11 @@ class Gate:
 
     def _append(self, kind, size, batch, arg0, arg1, input_index, timeout) -> int:
         r = self.region
+        local = self._local_lock  # threads of one process: the shared mutex is per process
+        if not local.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError("gate producer lock not acquired in time")
         if not r.lock(_H_LOCK, timeout):
+            local.release()
             raise TimeoutError("gate producer lock not acquired in time")
         try:
             seq = r.load64(_H_TAIL)
@@ -217,6 +228,7 @@ class Gate:
             r.store64(_H_TAIL, seq + 1)  # publish (seq_cst store after the slot and data writes)
         finally:
             r.unlock(_H_LOCK)
+            local.release()
         r.fetch_add32(_H_PUB_FUTEX, 1)
         if r.load32(_H_READERS_SLEEPING):
             r.wake32(_H_PUB_FUTEX)

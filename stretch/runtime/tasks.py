@@ -158,10 +158,8 @@ class KeyedInstanceTask(Task):
                 stats[cbk.I_BATCHES] += 1
                 stats[cbk.I_BUSY_NS] += time.perf_counter_ns() - t0
             elif entry.kind is Kind.EPOCH:
-                owners = self._switch(cb, op, index, owners, entry.arg0)
-                if not (owners == index).any():  # scaled away: everything before the marker is done
-                    gate.close_reader(index)
-                    self.retired = True
+                owners = self._switch(cb, op, index, owners, entry.arg0, gate)
+                if self.retired:
                     break
             elif entry.kind is Kind.END_OF_STREAM:
                 gate.advance(index, seq + 1)
@@ -173,14 +171,20 @@ class KeyedInstanceTask(Task):
         chain.close()
         stats[cbk.I_STATE] = cbk.DONE
 
-    def _switch(self, cb: ControlBlock, op: int, index: int, owners: np.ndarray, epoch: int) -> np.ndarray:
+    def _switch(
+        self, cb: ControlBlock, op: int, index: int, owners: np.ndarray, epoch: int, gate: Gate
+    ) -> np.ndarray:
         """Move to the next epoch's ownership at its marker (STRETCH's handoff).
 
         State is already in shared memory (every batch writes back), so this instance announces the
         epoch at once; it then waits only for the previous owners of key groups it gains to do the
-        same. An instance that gains nothing never waits.
+        same. An instance that gains nothing never waits. An instance scaled away gives up its
+        reader slot first, so the slot is free for reuse once the rescale is announced complete.
         """
         new = cb.table(op, epoch).copy()
+        if not (new == index).any():
+            gate.close_reader(index)
+            self.retired = True
         cb.reach_epoch(op, index, epoch)
         gained = (new == index) & (owners != index)
         t0 = time.perf_counter_ns()

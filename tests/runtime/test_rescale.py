@@ -1,0 +1,300 @@
+"""Live rescale: random schedules under load and backpressure give exactly the sequential results."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from stretch import channels
+from stretch.common import Types
+from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment
+from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from stretch.state.key_groups import key_group
+
+# the every-state function and its reference from the keyed-process tests
+from tests.datastream.test_keyed_process import EveryState, by_key, reference
+
+RECORD = Types.TUPLE([Types.STRING(), Types.LONG(), Types.STRING()])
+
+
+class Job:
+    """A job fed through channel "in", with its output read into ``self.out`` by a thread."""
+
+    def __init__(
+        self,
+        build,
+        name: str,
+        parallelism: int = 2,
+        gate_slots: int | None = None,
+        gate_bytes: int | None = None,
+    ):
+        env = StreamExecutionEnvironment.get_execution_environment()
+        env.set_parallelism(parallelism)
+        if gate_slots:
+            env.engine_config.gate_slots = gate_slots
+        if gate_bytes:
+            env.engine_config.gate_bytes = gate_bytes
+        build(env).sink_to(ChannelSink("out"))
+        self.client = env.execute_async(name)
+        self.writer = channels.open_writer(self.client, "in")
+        self.out: list = []
+        reader = channels.open_reader(self.client, "out")
+        self._reader = threading.Thread(target=lambda: self.out.extend(reader), daemon=True)
+        self._reader.start()
+
+    def finish(self) -> list:
+        self.writer.end()
+        self._reader.join(120)
+        assert not self._reader.is_alive(), "output never ended"
+        assert self.client.wait().name == "FINISHED"
+        return self.out
+
+
+def feed(job: Job, records: list, rng: random.Random, chunks: int) -> threading.Thread:
+    """Write the records in random-sized chunks with random pauses, from a thread."""
+
+    def run():
+        i = 0
+        while i < len(records):
+            n = rng.randint(1, max(2, 2 * len(records) // chunks))
+            job.writer.write(records[i : i + n])
+            i += n
+            if rng.random() < 0.3:
+                time.sleep(rng.random() * 0.01)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def rescale_randomly(
+    job: Job, operator: str, rng: random.Random, count: int, while_alive: threading.Thread | None = None
+):
+    reports = []
+    for _ in range(count):
+        reports.append(job.client.rescale(operator, rng.randint(1, 8)))
+        time.sleep(rng.random() * 0.02)
+    for r in reports:
+        assert r.state_bytes_copied == 0 and r.epoch > 0
+    return reports
+
+
+def every_state_records(n: int, seed: int) -> list:
+    rng = random.Random(seed)
+    users = [f"u{i}" for i in range(60)]
+    return [(rng.choice(users), rng.randrange(1000), rng.choice("abcde")) for _ in range(n)]
+
+
+def test_every_state_kind_under_random_rescales():
+    rng = random.Random(11)
+    records = every_state_records(6000, 11)
+    job = Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", RECORD), None, "in")
+            .key_by(lambda r: r[0])
+            .process(EveryState())
+            .name("every")
+        ),
+        "every state under rescales",
+    )
+    writer = feed(job, records, rng, chunks=80)
+    reports = rescale_randomly(job, "every", rng, 70)
+    writer.join()
+    assert by_key(job.finish()) == by_key(reference(records, lambda r: r[0]))
+    assert len(reports) == 70
+
+
+def test_vectorized_sum_under_random_rescales():
+    rng = random.Random(12)
+    n = 400_000
+    keys = np.random.default_rng(12).integers(0, 5000, n)
+    values = np.random.default_rng(13).integers(-100, 100, n)
+    t = Types.TUPLE([Types.LONG(), Types.LONG()])
+    job = Job(
+        lambda env: env.from_source(ChannelSource("in", t), None, "in").key_by(0).sum(1).name("sum"),
+        "sum under rescales",
+    )
+
+    def write():
+        for start in range(0, n, 8000):
+            job.writer.write(
+                pa.record_batch({"f0": keys[start : start + 8000], "f1": values[start : start + 8000]})
+            )
+            time.sleep(0.003)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    rescale_randomly(job, "sum", rng, 60)
+    writer.join()
+    got = job.finish()
+    acc, want = defaultdict(int), defaultdict(list)
+    for k, v in zip(keys.tolist(), values.tolist()):
+        acc[k] += v
+        want[k].append(acc[k])
+    have = defaultdict(list)
+    for k, v in got:
+        have[k].append(v)
+    assert have == want
+
+
+class SlowSum(KeyedProcessFunction):
+    """Slow enough that a tiny gate stays full."""
+
+    def open(self, ctx):
+        from stretch.datastream.state import ValueStateDescriptor
+
+        self.total = ctx.get_state(ValueStateDescriptor("total", Types.LONG()))
+
+    def process_element(self, value, ctx):
+        time.sleep(0.0002)
+        t = (self.total.value() or 0) + value[1]
+        self.total.update(t)
+        yield value[0], t
+
+
+def test_rescales_while_the_gate_is_full():
+    rng = random.Random(13)
+    records = [(f"k{rng.randrange(300)}", rng.randrange(50)) for _ in range(6000)]
+    t = Types.TUPLE([Types.STRING(), Types.LONG()])
+    job = Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", t), None, "in")
+            .key_by(lambda r: r[0])
+            .process(SlowSum())
+            .name("slow")
+        ),
+        "rescale under backpressure",
+        gate_slots=4,
+    )
+    writer = feed(job, records, rng, chunks=300)
+    time.sleep(0.3)
+    c = job.client._coordinator
+    gate = c.gates[c.plan.stage("slow").input_gate]
+    full_seen = 0
+    for _ in range(40):
+        full_seen += gate.depth() >= 3
+        job.client.rescale("slow", rng.randint(1, 8))
+    writer.join()
+    got = job.finish()
+    assert full_seen >= 10, "the gate was never full during the rescales"
+    acc, want = defaultdict(int), defaultdict(list)
+    for k, v in records:
+        acc[k] += v
+        want[k].append((k, acc[k]))
+    assert by_key(got) == {k: v for k, v in want.items()}
+
+
+def test_overlapping_rescales_of_two_operators_in_a_rekeying_pipeline():
+    rng = random.Random(14)
+    records = [(f"user{rng.randrange(200)}", rng.randrange(10)) for _ in range(8000)]
+    t = Types.TUPLE([Types.STRING(), Types.LONG()])
+
+    def build(env):
+        ds = env.from_source(ChannelSource("in", t), None, "in")
+        per_user = ds.key_by(lambda r: r[0]).sum(1).name("per-user")
+        return (
+            per_user.map(lambda r: (int(r[0][4:]) % 13, r[1]))
+            .key_by(lambda r: r[0])
+            .sum(1)
+            .name("per-bucket")
+        )
+
+    job = Job(build, "two operators under rescales")
+    writer = feed(job, records, rng, chunks=100)
+    threads = [
+        threading.Thread(target=rescale_randomly, args=(job, name, random.Random(seed), 20), daemon=True)
+        for name, seed in (("per-user", 1), ("per-bucket", 2))
+    ]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    writer.join()
+    got = job.finish()
+    # the second operator sums the first one's running sums; only order-free facts compare
+    per_user, expected = defaultdict(int), defaultdict(int)
+    for u, v in records:
+        per_user[u] += v
+        expected[int(u[4:]) % 13] += per_user[u]
+    final = {}
+    for bucket, total in got:  # values are >= 0, so each bucket's running sum only grows
+        final[bucket] = max(final.get(bucket, 0), total)
+    assert len(got) == len(records)
+    assert final == dict(expected)
+
+
+class SlowForSome(KeyedProcessFunction):
+    def __init__(self, slow_keys):
+        self.slow_keys = set(slow_keys)
+
+    def process_element(self, value, ctx):
+        if ctx.get_current_key() in self.slow_keys:
+            time.sleep(0.02)
+        yield value
+
+
+def test_an_instance_that_gains_nothing_never_waits():
+    # p=2 -> 3 with max parallelism 128: instance 0 keeps key groups 0..42 and gains none;
+    # instance 2 gains 86..127 from instance 1, which we keep busy with slow keys.
+    maxp = 128
+    slow = [k for k in range(100_000) if key_group(k, maxp) >= 86][:60]
+    fast = [k for k in range(100_000) if key_group(k, maxp) < 43][:20]
+    job = Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", Types.LONG()), None, "in")
+            .key_by(lambda k: k)
+            .process(SlowForSome(slow))
+            .name("op")
+        ),
+        "non-gaining instance",
+    )
+    job.writer.write(slow)  # ~1.2 s of work for instance 1
+    time.sleep(0.1)
+    done = threading.Event()
+    report = {}
+    threading.Thread(
+        target=lambda: (report.update(r=job.client.rescale("op", 3)), done.set()), daemon=True
+    ).start()
+    progressed_while_waiting = False
+    fast_writes = 0
+    while not done.is_set():
+        job.writer.write(fast)
+        fast_writes += 1
+        time.sleep(0.05)
+        insts = job.client.describe()["operators"][0]["instances"]
+        epochs = {i["index"]: i["epoch"] for i in insts}
+        if epochs.get(0) == 1 and epochs.get(1) == 0 and insts[0]["records_in"] > 20:
+            progressed_while_waiting = True
+    assert progressed_while_waiting, "instance 0 stopped while instance 1 was still before the marker"
+    assert report["r"].elapsed_ms > 500  # the rescale itself waited for the slow instance
+    insts = job.client.describe()["operators"][0]["instances"]
+    assert insts[0]["max_stall_ns"] < 50_000_000
+    assert insts[2]["max_stall_ns"] > 300_000_000  # the gaining instance did wait
+    got = job.finish()
+    assert sorted(got) == sorted(slow + fast * fast_writes)
+
+
+@pytest.mark.parametrize("bad", [0, 129, "x"])
+def test_rescale_errors(bad):
+    job = Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", Types.LONG()), None, "in")
+            .key_by(lambda k: k)
+            .sum(0)
+            .name("op")
+        ),
+        "errors",
+    )
+    try:
+        with pytest.raises(ValueError, match="parallelism must be an int in 1..128"):
+            job.client.rescale("op", bad)
+        with pytest.raises(KeyError, match="no operator named 'nope'"):
+            job.client.rescale("nope", 2)
+    finally:
+        job.finish()
