@@ -292,7 +292,7 @@ def test_rescale_errors(bad):
         "errors",
     )
     try:
-        with pytest.raises(ValueError, match="parallelism must be an int in 1..128"):
+        with pytest.raises(ValueError, match=r"parallelism must be an int in 1\.\.128"):
             job.client.rescale("op", bad)
         with pytest.raises(KeyError, match="no operator named 'nope'"):
             job.client.rescale("nope", 2)
