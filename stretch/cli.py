@@ -82,7 +82,14 @@ def cmd_scale(args) -> int:
 def cmd_demo(args) -> int:
     from stretch import demo
 
-    demo.run(seconds=args.seconds, parallelism=args.parallelism, rate=args.rate)
+    schedule = tuple(int(p) for p in args.schedule.split(",") if p.strip()) if args.schedule else ()
+    demo.run(
+        seconds=args.seconds,
+        parallelism=args.parallelism,
+        rate=args.rate,
+        schedule=schedule,
+        elastic=args.elastic,
+    )
     return 0
 
 
@@ -91,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="run the demo job on generated data")
     p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--parallelism", type=int, default=2)
+    p.add_argument("--parallelism", type=int, default=1, help="parallelism at the start")
     p.add_argument("--rate", type=float, default=200_000.0, help="events per second")
+    p.add_argument("--schedule", default="2,4,1", help="parallelism to rescale to, live, during the run")
+    p.add_argument("--elastic", action="store_true", help="let the elasticity controller rescale instead")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("scale", help="change a running operator's parallelism")
     p.add_argument("job", help="job id (or a unique prefix) or job name")

@@ -43,10 +43,25 @@ class RunningTotal(KeyedProcessFunction):
         yield ctx.get_current_key(), c, t
 
 
-def run(seconds: float = 10.0, parallelism: int = 2, rate: float = 200_000.0, out=print) -> dict:
-    """Run the demo job; prints one line per second; returns the final counters."""
+def run(
+    seconds: float = 10.0,
+    parallelism: int = 1,
+    rate: float = 200_000.0,
+    schedule: tuple[int, ...] = (2, 4, 1),
+    elastic: bool = False,
+    out=print,
+) -> dict:
+    """Run the demo job; prints a line per second and each rescale's report; returns a summary.
+
+    The operator starts at ``parallelism`` and is rescaled live to each value of ``schedule`` at
+    evenly spaced moments of the run, or, with ``elastic``, by the elasticity controller.
+    """
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(parallelism)
+    if elastic:
+        from stretch.elasticity import ThresholdPolicy
+
+        env.enable_elasticity(ThresholdPolicy(), 1, 4, interval_ms=1000, cooldown_ms=2000)
     count = int(rate * seconds)
     source = DataGeneratorSource(
         batch_function=click_batch,
@@ -60,22 +75,39 @@ def run(seconds: float = 10.0, parallelism: int = 2, rate: float = 200_000.0, ou
     )
     totals.name("running-total").sink_to(DiscardingSink())
     client = env.execute_async("stretch demo")
+    plan = "" if elastic or not schedule else ", rescaling live to " + " -> ".join(map(str, schedule))
     out(
-        f"stretch demo: {count:,} click events at {rate:,.0f}/s, keyed by {USERS:,} users, parallelism {parallelism}"
+        f"stretch demo: {count:,} click events at {rate:,.0f}/s, keyed by {USERS:,} users, "
+        f"parallelism {parallelism}{plan}{' (elastic)' if elastic else ''}"
     )
+    moments = [] if elastic else [seconds * (i + 1) / (len(schedule) + 1) for i in range(len(schedule))]
+    steps = list(zip(moments, schedule))
+    seen_rescales = 0
     last_in, last_t, started = 0, time.monotonic(), time.monotonic()
-    while not client.wait(1.0).is_globally_terminal_state():
+    while not client.wait(0.25).is_globally_terminal_state():
         now = time.monotonic()
+        if steps and now - started >= steps[0][0]:
+            _, p = steps.pop(0)
+            try:
+                client.rescale("running-total", p)
+            except RuntimeError:
+                break  # the input ended first
+        for r in client._coordinator.rescales[seen_rescales:]:
+            out(
+                f"  {now - started:5.1f}s  rescaled {r['old_parallelism']} -> {r['new_parallelism']} in "
+                f"{r['elapsed_ms']:.2f} ms (epoch {r['epoch']}, 0 state bytes copied)"
+            )
+        seen_rescales = len(client._coordinator.rescales)
+        if now - last_t < 1.0:
+            continue
         op = client.describe()["operators"][0]
         records = sum(i["records_in"] for i in op["instances"])
-        per_instance = " ".join(f"#{i['index']}:{i['records_in']:,}" for i in op["instances"])
         out(
             f"  {now - started:5.1f}s  {(records - last_in) / (now - last_t):>12,.0f} events/s"
-            f"  total {records:>12,}  gate depth {op['gate_depth']:>3}  instances {per_instance}"
+            f"  total {records:>12,}  parallelism {op['parallelism']}  gate depth {op['gate_depth']:>3}"
         )
         last_in, last_t = records, now
     elapsed = time.monotonic() - started
-    out(
-        f"done: {count:,} events in {elapsed:.1f}s ({count / elapsed:,.0f} events/s), status {client.wait().name}"
-    )
-    return {"events": count, "seconds": elapsed}
+    status = client.wait()
+    out(f"done: {count:,} events in {elapsed:.1f}s ({count / elapsed:,.0f} events/s), status {status.name}")
+    return {"events": count, "seconds": elapsed, "rescales": list(client._coordinator.rescales)}

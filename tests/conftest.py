@@ -139,3 +139,25 @@ def forked():
         yield f
     finally:
         f.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _ship_test_code_by_value():
+    """Functions defined in test modules travel to workers by value, as a user's script's do.
+
+    cloudpickle would otherwise ship them by reference, making every worker import the test
+    module, and with it pytest: a second or more per worker that tests would measure as a stall.
+    """
+    import sys
+
+    import cloudpickle
+
+    for name, module in list(sys.modules.items()):
+        ours = name == "tests" or name.startswith(("tests.", "test_"))
+        if ours and getattr(module, "__file__", None) and name not in _by_value:
+            cloudpickle.register_pickle_by_value(module)
+            _by_value.add(name)
+    yield
+
+
+_by_value: set[str] = set()

@@ -20,6 +20,9 @@ MAX_INSTANCES = 256
 # Per-instance words (int64).
 I_EPOCH, I_RECORDS_IN, I_RECORDS_OUT, I_BUSY_NS, I_BATCHES, I_HEARTBEAT_NS, I_STATE, I_GATE_SEQ = range(8)
 I_STALL_NS, I_MAX_STALL_NS = 8, 9  # time spent waiting for previous owners at epoch markers
+I_LAST_STALL_NS, I_LAST_GAINED = 10, 11  # the latest marker: how long it waited, whether it gained
+I_ACTIVE = 12  # the epoch whose ownership the instance processes under (after its handoff waits)
+I_ACTIVE_AT_NS = 13  # CLOCK_MONOTONIC time it became active under that epoch
 I_WORDS = 16
 # Instance states.
 FREE, RUNNING, DONE = 0, 1, 2
@@ -77,27 +80,32 @@ class ControlBlock:
     def instance_word(self, op: int, instance: int, word: int) -> int:
         return self._base(op) + _OP_HEADER * 8 + self._table_bytes + (instance * I_WORDS + word) * 8
 
-    def reach_epoch(self, op: int, instance: int, epoch: int) -> None:
-        """An instance announces it runs under `epoch` (all its earlier work is done and flushed)."""
+    def announce(self, op: int, instance: int, word: int, epoch: int) -> None:
+        """Publish an instance's progress (I_EPOCH: passed the marker with everything before it
+        done and flushed; I_ACTIVE: processing under the epoch) and wake whoever waits on it."""
         r = self.segment.region
-        r.store64(self.instance_word(op, instance, I_EPOCH), epoch)
-        word = self._base(op) + O_SWITCH_FUTEX * 8
-        r.fetch_add32(word, 1)
-        r.wake32(word)
+        if word == I_ACTIVE:
+            r.store64(self.instance_word(op, instance, I_ACTIVE_AT_NS), time.monotonic_ns())
+        r.store64(self.instance_word(op, instance, word), epoch)
+        futex = self._base(op) + O_SWITCH_FUTEX * 8
+        r.fetch_add32(futex, 1)
+        r.wake32(futex)
 
-    def wait_epochs(self, op: int, instances, epoch: int, timeout: float | None = None) -> bool:
-        """Sleep until every listed instance runs under `epoch` or later; False on timeout."""
+    def wait_epochs(
+        self, op: int, instances, epoch: int, timeout: float | None = None, word: int = I_EPOCH
+    ) -> bool:
+        """Sleep until every listed instance's ``word`` reaches `epoch`; False on timeout."""
         r = self.segment.region
-        word = self._base(op) + O_SWITCH_FUTEX * 8
+        futex = self._base(op) + O_SWITCH_FUTEX * 8
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            seen = r.load32(word)
-            if all(r.load64(self.instance_word(op, i, I_EPOCH)) >= epoch for i in instances):
+            seen = r.load32(futex)
+            if all(r.load64(self.instance_word(op, i, word)) >= epoch for i in instances):
                 return True
             left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
             if left <= 0:
                 return False
-            r.wait32(word, seen, left)
+            r.wait32(futex, seen, left)
 
     def publish(self, op: int, epoch: int, owners: np.ndarray) -> None:
         """Write an epoch's table, then make it the operator's current epoch."""

@@ -30,7 +30,6 @@ from stretch.runtime.elastic_controller import ElasticController, ElasticityConf
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
-from stretch.runtime.tasks import Assignment
 from stretch.runtime.zygote import Zygote
 from stretch.state.arena import Arena
 from stretch.state.key_groups import assignment as range_assignment
@@ -198,6 +197,7 @@ class Coordinator:
                 if not stage.direct:
                     self._pending.append((stage.id, 0, 0))
         self.resources = res
+        self._stage_blobs = {s.id: cloudpickle.dumps(s) for s in plan.stages}
         self._server = ControlServer(self.socket_path, self._token, self._on_message, self._on_close)
         self._write_info()
         self._zygote = Zygote(str(self.socket_path), self._token)
@@ -265,6 +265,7 @@ class Coordinator:
                 except BaseException as e:
                     event[3].put(e)
                     raise
+            elif kind == "replenish" and self.status is JobStatus.RUNNING:
                 self._replenish()
             elif kind == "cancel" and not self.status.is_globally_terminal_state():
                 self.status = JobStatus.CANCELLING
@@ -288,6 +289,11 @@ class Coordinator:
             if w is None:
                 return
             w.conn = conn
+            # every worker gets the job once: segments to attach and the stages, so that starting a
+            # task (also in a rescale) is a small message to an already warm, attached process
+            conn.send(
+                {"op": "prepare", "resources": self.resources, "stages": self._stage_blobs}, fmt=ord("P")
+            )
             self._assign(w)
         elif op in ("done", "stopped", "failed"):
             w = self._workers.get(conn.worker)
@@ -297,6 +303,9 @@ class Coordinator:
                 self._fail(_job_error(msg["error"], self.plan.stages[msg["stage"]].name))
             elif op == "done" and msg.get("retired"):
                 self._stages[msg["stage"]].running.discard(msg["index"])
+                if w is not None and len(self._idle_workers()) > self.config.spare_workers:
+                    w.conn.send({"op": "exit"})  # the warm pool is full: let this one go
+                    w.exited = True
             elif op == "done":
                 self._instance_done(msg["stage"], msg["index"])
             if w is not None and self.status is JobStatus.RUNNING:
@@ -314,12 +323,9 @@ class Coordinator:
         if not self._pending or w.conn is None:
             return
         stage_id, index, epoch = self._pending.pop(0)
-        stage = self.plan.stages[stage_id]
         w.task = (stage_id, index)
         self._stages[stage_id].running.add(index)
-        w.conn.send(
-            {"op": "run", "assignment": Assignment(self.resources, stage, index, epoch)}, fmt=ord("P")
-        )
+        w.conn.send({"op": "run", "stage": stage_id, "index": index, "epoch": epoch})
 
     def _idle_workers(self) -> list[_Worker]:
         return [w for w in self._workers.values() if w.conn is not None and w.task is None and not w.exited]
@@ -379,7 +385,7 @@ class Coordinator:
 
         Thread-safe; rescales of one operator are serialized, of different operators may overlap.
         """
-        t0 = time.perf_counter()
+        t0 = time.monotonic_ns()
         stage = self.plan.stage(operator)
         if stage.kind != "keyed":
             raise ValueError(f"operator {operator!r} is not a keyed operator; only keyed operators rescale")
@@ -413,9 +419,13 @@ class Coordinator:
                     raise RuntimeError(
                         f"rescale of {operator!r} did not complete (job {self.status.name})"
                     ) from self.error
-                if self.control.wait_epochs(op, instances, epoch, timeout=0.05):
+                if self.control.wait_epochs(op, instances, epoch, timeout=0.05, word=cbk.I_ACTIVE):
                     break
-            elapsed = (time.perf_counter() - t0) * 1000
+            # completed when the last instance became active (its own clock reading), not when this
+            # thread got to run again: the report times the rescale, not the caller's scheduling
+            done_at = max(int(self.control.instances(op)[i, cbk.I_ACTIVE_AT_NS]) for i in instances)
+            elapsed = (done_at - t0) / 1e6
+            self._events.put(("replenish",))  # refill the warm pool now that the rescale is done
             self.rescales.append(
                 {
                     "operator": operator,
@@ -452,9 +462,7 @@ class Coordinator:
             return RuntimeError("instances are too many epochs behind; retry the rescale later")
         self.control.publish(op, epoch, range_assignment(parallelism, stage.max_parallelism))
         gate = self.gates[stage.input_gate]
-        for i in range(old, parallelism):  # added instances read from (before) the marker
-            gate.open_reader(i)
-        gate.append_control(Kind.EPOCH, epoch)
+        gate.append_control(Kind.EPOCH, epoch, open_readers=tuple(range(old, parallelism)))
         self._parallelism[stage_id] = parallelism
         added = [(stage_id, i, epoch - 1) for i in range(old, parallelism)]
         self._pending[:0] = added

@@ -196,11 +196,22 @@ class Gate:
         half = batch.num_rows // 2
         return self._pieces(batch.slice(0, half)) + self._pieces(batch.slice(half))
 
-    def append_control(self, kind: Kind, arg0: int = 0, arg1: int = 0, input_index: int = 0) -> int:
-        """Append a control record; it is read in order with the data around it."""
-        return self._append(kind, 0, None, arg0, arg1, input_index, None)
+    def append_control(
+        self,
+        kind: Kind,
+        arg0: int = 0,
+        arg1: int = 0,
+        input_index: int = 0,
+        open_readers: tuple[int, ...] = (),
+    ) -> int:
+        """Append a control record; it is read in order with the data around it.
 
-    def _append(self, kind, size, batch, arg0, arg1, input_index, timeout) -> int:
+        ``open_readers`` get cursors placed exactly at this record, atomically with appending it:
+        added instances read from the marker on, and hold back no space before it.
+        """
+        return self._append(kind, 0, None, arg0, arg1, input_index, None, open_readers)
+
+    def _append(self, kind, size, batch, arg0, arg1, input_index, timeout, open_readers=()) -> int:
         r = self.region
         local = self._local_lock  # threads of one process: the shared mutex is per process
         if not local.acquire(timeout=-1 if timeout is None else timeout):
@@ -224,6 +235,8 @@ class Gate:
             else:
                 rows = 0
             slot[:] = (seq, int(kind), pos, size, arg0, arg1, input_index, rows)
+            for reader in open_readers:
+                self.open_reader(reader, seq)
             r.store64(_H_DATA_TAIL, _align(pos + size))
             r.store64(_H_TAIL, seq + 1)  # publish (seq_cst store after the slot and data writes)
         finally:

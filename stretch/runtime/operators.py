@@ -377,6 +377,8 @@ class _Layout:
             and KEY_COLUMN not in schema.names
             and not self.other
         )
+        if self.fused:
+            op.table.claim_mode(KeyMode.INT64)  # the fused pass stores int64 keys without rows()
 
     def values(self, batch: pa.RecordBatch) -> np.ndarray:
         """The numeric fields as a (k, n) int64 array, floats bit-cast."""

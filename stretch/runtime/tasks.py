@@ -40,6 +40,24 @@ class _Attached:
         self._gates: dict[str, Gate] = {}
         self.control = ControlBlock.attach(resources.control, resources.n_keyed, resources.max_parallelism)
         self._arenas: dict[str, Arena] = {}
+        self._tables: dict[str, KeyedTable] = {}
+
+    def attach_all(self) -> None:
+        """Map every segment of the job now (spare workers do it before they are needed)."""
+        for name in (
+            *self.resources.gates.values(),
+            *self.resources.sink_gates.values(),
+            *self.resources.channels.values(),
+        ):
+            self.gate(name)
+        self.populate()
+
+    def populate(self) -> None:
+        """Keep an idle worker's page tables covering the live state (it grows while we idle)."""
+        for name in self.resources.arenas.values():
+            if name not in self._tables:
+                self._tables[name] = KeyedTable(self.arena(name))
+            self._tables[name].populate()
 
     def gate(self, name: str) -> Gate:
         g = self._gates.get(name)
@@ -104,20 +122,39 @@ class KeyedInstanceTask(Task):
     """One instance of a keyed operator: reads every gate entry, processes the rows it owns."""
 
     retired = False  # set when a rescale removed this instance (it ended at the epoch marker)
+    _parts = None
+
+    def build(self) -> KeyedInstanceTask:
+        """Construct everything that does not depend on the instance index.
+
+        Spare workers build a task for each keyed operator ahead of time ("parked"), so an instance
+        added by a rescale only has to learn its index and start reading.
+        """
+        stage = self.stage
+        table = KeyedTable(self.attached.arena(self.res.arenas[stage.id]))
+        outputs = self.outputs(producer=0)
+        self._parts = (
+            self.attached.gate(self.res.gates[stage.input_gate]),
+            make_operator(stage.operator, stage.name, table),
+            outputs,
+            Chain(stage.chain, stage.name, outputs),
+        )
+        return self
 
     def run(self) -> None:
         stage, index = self.stage, self.a.index
-        gate = self.attached.gate(self.res.gates[stage.input_gate])
+        if self._parts is None:
+            self.build()
+        gate, operator, outputs, chain = self._parts
+        outputs.producer = index + 1
         cb = self.attached.control
         op = self.op_index
-        table = KeyedTable(self.attached.arena(self.res.arenas[stage.id]))
-        operator = make_operator(stage.operator, stage.name, table)
-        chain = Chain(stage.chain, stage.name, self.outputs(producer=index + 1))
         epoch = self.a.epoch
         owners = cb.table(op, epoch).copy()
         stats = cb.instances(op)[index]
         stats[cbk.I_STATE] = cbk.RUNNING
-        cb.reach_epoch(op, index, epoch)
+        cb.announce(op, index, cbk.I_EPOCH, epoch)
+        cb.announce(op, index, cbk.I_ACTIVE, epoch)
         ctx = InstanceRuntimeContext(
             stage.name,
             index,
@@ -185,7 +222,7 @@ class KeyedInstanceTask(Task):
         if not (new == index).any():
             gate.close_reader(index)
             self.retired = True
-        cb.reach_epoch(op, index, epoch)
+        cb.announce(op, index, cbk.I_EPOCH, epoch)
         gained = (new == index) & (owners != index)
         t0 = time.perf_counter_ns()
         if gained.any():
@@ -197,6 +234,9 @@ class KeyedInstanceTask(Task):
         stats = cb.instances(op)[index]
         stats[cbk.I_STALL_NS] += stall
         stats[cbk.I_MAX_STALL_NS] = max(int(stats[cbk.I_MAX_STALL_NS]), stall)
+        stats[cbk.I_LAST_STALL_NS] = stall
+        stats[cbk.I_LAST_GAINED] = int(gained.any())
+        cb.announce(op, index, cbk.I_ACTIVE, epoch)
         return new
 
 

@@ -13,7 +13,7 @@ import cloudpickle
 from stretch.runtime import control_socket as cs
 from stretch.runtime.chain import StepError
 from stretch.runtime.gate import GateClosed
-from stretch.runtime.tasks import Stopped, _Attached, make_task
+from stretch.runtime.tasks import Assignment, Stopped, _Attached, make_task
 
 
 def warm_up() -> None:
@@ -60,6 +60,12 @@ def failure_report(e: BaseException) -> dict:
     return report
 
 
+def _park(attached, stages: dict, stage_id: int, should_stop):
+    """A keyed operator's task, built ahead of time with its own copy of the user functions."""
+    stage = cloudpickle.loads(stages[stage_id])
+    return make_task(Assignment(attached.resources, stage), attached, should_stop).build()
+
+
 def main(sock_path: str, token: str, worker_id: int) -> int:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(sock_path)
@@ -85,22 +91,40 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
 
     threading.Thread(target=receive, name="stretch-inbox", daemon=True).start()
     attached = None
+    stages: dict = {}
+    parked: dict = {}
     while True:
-        msg = inbox.get()
+        try:
+            msg = inbox.get(timeout=1.0)
+        except queue.Empty:
+            if attached is not None:
+                attached.populate()  # idle spare: stay warm as the state grows
+            continue
         op = msg.get("op")
         if op == "exit":
             break
+        if op == "prepare":
+            attached = _Attached(msg["resources"])
+            attached.attach_all()
+            stages = msg["stages"]  # pickled per stage: each task unpickles its own functions
+            parked = {
+                sid: _park(attached, stages, sid, stop.is_set) for sid in attached.resources.keyed_index
+            }
+            continue
         if op != "run":
             continue
         stop.clear()
-        assignment = msg["assignment"]
-        tag = {"worker": worker_id, "stage": assignment.stage.id, "index": assignment.index}
+        tag = {"worker": worker_id, "stage": msg["stage"], "index": msg["index"]}
         try:
-            if attached is None:
-                attached = _Attached(assignment.resources)
-            task = make_task(assignment, attached, stop.is_set)
+            task = parked.pop(msg["stage"], None)
+            if task is None:
+                stage = cloudpickle.loads(stages[msg["stage"]])
+                task = make_task(Assignment(attached.resources, stage), attached, stop.is_set)
+            task.a.index, task.a.epoch = msg["index"], msg["epoch"]
             task.run()
             reply({"op": "done", "retired": getattr(task, "retired", False), **tag})
+            if msg["stage"] in attached.resources.keyed_index:  # park a fresh one for the next rescale
+                parked[msg["stage"]] = _park(attached, stages, msg["stage"], stop.is_set)
         except (Stopped, GateClosed):
             reply({"op": "stopped", **tag})
         except BaseException as e:  # report every failure; the coordinator decides

@@ -26,6 +26,7 @@ _A_LOCK = 64
 _REGISTRY_OFF, _REGISTRY_SIZE = 4096, 61440
 DIR_OFF = 65536
 PAGE = mmap.PAGESIZE
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 DEFAULT_RESERVE = int(os.environ.get("STRETCH_ARENA_RESERVE", str(1 << 40)))
 
 
@@ -96,6 +97,24 @@ class Arena:
         """Give the pages of an abandoned structure back to the OS."""
         if off and nbytes:
             self.segment.release_pages(off, _page_round(nbytes))
+
+    def populate(self, ranges) -> bool:
+        """Map the pages of these (offset, length) ranges into this process's page tables now.
+
+        A fresh worker otherwise takes a page fault on its first touch of each state page; spare
+        workers do this while idle, so an instance added by a rescale starts at full speed. Only
+        live structures are given: populating a hole of the sparse segment would allocate it.
+        Returns False where the kernel lacks MADV_POPULATE_READ (before Linux 5.14).
+        """
+        mm = self.segment.mmap
+        try:
+            for off, length in ranges:
+                start = off // PAGE * PAGE
+                if length > 0:
+                    mm.madvise(_MADV_POPULATE_READ, start, _page_round(off + length) - start)
+        except OSError:
+            return False
+        return True
 
     def resident_bytes(self) -> int:
         return self.segment.resident_bytes()

@@ -309,6 +309,33 @@ class KeyedTable:
         c[K.S_HEAP_USED] = new_used
         c[K.S_HEAP_GARBAGE] = 0
 
+    def live_ranges(self):
+        """(offset, length) of every structure in use: key indexes, keys, state columns, heaps."""
+        h = self.headers
+        byte_keys = self.mode() not in (None, KeyMode.INT64)
+        for kg in np.flatnonzero(h[:, K.H_NKEYS]):
+            w = h[kg]
+            n = int(w[K.H_NKEYS])
+            yield int(w[K.H_INDEX_OFF]), int(w[K.H_INDEX_CAP]) * 4
+            yield int(w[K.H_KEYS_OFF]), n * (16 if byte_keys else 8)
+            if byte_keys:
+                yield int(w[K.H_KHASH_OFF]), n * 8
+                yield int(w[K.H_KHEAP_OFF]), int(w[K.H_KHEAP_USED])
+            for sid, entry in enumerate(self.arena.registry()):
+                c = w[K.STATE_BASE + sid * K.STATE_WORDS :][: K.STATE_WORDS]
+                rows = min(n, int(c[K.S_DATA_CAP]))
+                if rows:
+                    yield int(c[K.S_DATA_OFF]), rows * row_width(entry)
+                    yield int(c[K.S_VALID_OFF]), rows if c[K.S_VALID_OFF] else 0
+                    yield int(c[K.S_HEAP_OFF]), int(c[K.S_HEAP_USED])
+
+    def populate(self) -> None:
+        """Pre-fault the live state into this process (see Arena.populate); no-op if unchanged."""
+        size = int(self.headers[:, K.H_NKEYS].sum())
+        if size != getattr(self, "_populated_keys", -1):
+            self.arena.populate(self.live_ranges())
+            self._populated_keys = size
+
     # ---- consistency for concurrent readers ---------------------------------------------
     def begin_write(self, kgs_unique: np.ndarray) -> None:
         """Mark key groups as being written (odd version), for readers outside the owner."""
@@ -329,6 +356,16 @@ class KeyedTable:
                     return result
             time.sleep(0.0005)
         raise TimeoutError(f"key group {kg} kept changing while being read")
+
+
+def row_width(entry: dict) -> int:
+    """Bytes per row of a declared state's column (see the registry entries in ``codecs``)."""
+    storage = entry["storage"]
+    if storage == "var":
+        return 16
+    if storage == "words":
+        return 8 * len(entry["fields"])
+    return np.dtype(storage).itemsize
 
 
 def _int64_keys(column) -> np.ndarray:

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from stretch.common.typeinfo import TypeInformation
+from stretch.state import _table_kernels as _K
 from stretch.state.codecs import ElementStream, value_codec
 from stretch.state.keyed_table import KeyedTable
 
@@ -24,6 +25,25 @@ def _arrow_type(entry: dict) -> pa.DataType | None:
 
 def _type_info(entry: dict) -> TypeInformation | None:
     return TypeInformation.from_json(entry["type"]) if entry.get("type") else None
+
+
+def _record_columns(table: KeyedTable, sid: int, entry: dict, kg: int, n: int) -> dict[str, pa.Array]:
+    """A rolling aggregate's per-key record (k 8-byte words) as one column per field."""
+    fields = entry["fields"]
+    k = len(fields)
+    words = table.headers[kg, _K.STATE_BASE + sid * _K.STATE_WORDS :][: _K.STATE_WORDS]
+    cap = int(words[_K.S_DATA_CAP])
+    a = table.arena
+    m = min(n, cap)
+    data = a.a64[int(words[_K.S_DATA_OFF]) // 8 :][: m * k].reshape(m, k) if m else np.zeros((0, k), np.int64)
+    valid = a.a8[int(words[_K.S_VALID_OFF]) :][:m] if m else np.zeros(0, np.uint8)
+    mask = np.concatenate([valid == 0, np.ones(n - m, dtype=bool)])
+    out = {}
+    for j, f in enumerate(fields):
+        values = np.concatenate([data[:, j], np.zeros(n - m, np.int64)])
+        label = f"{entry['name'].split()[-1]}({f['name']})" if f["acc"] else f"first({f['name']})"
+        out[label] = pa.array(values.view(np.float64) if f["float"] else values, mask=mask)
+    return out
 
 
 def _column(table: KeyedTable, sid: int, entry: dict, kgs: np.ndarray, rows: np.ndarray) -> pa.Array:
@@ -70,7 +90,10 @@ def read_key_group(table: KeyedTable, kg: int) -> pa.Table:
         rows = np.arange(n, dtype=np.int64)
         columns = {"key_group": pa.array(kgs, pa.int32()), "key": _array(keys, None)}
         for sid, entry in enumerate(table.arena.registry()):
-            columns[entry["name"]] = _column(table, sid, entry, kgs, rows)
+            if entry["kind"] == "record":
+                columns.update(_record_columns(table, sid, entry, kg, n))
+            else:
+                columns[entry["name"]] = _column(table, sid, entry, kgs, rows)
         return pa.table(columns)
 
     return table.stable_read(kg, read)

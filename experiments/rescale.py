@@ -1,0 +1,301 @@
+"""Live rescale under steady W1 load, beside a stop-snapshot-restart baseline.
+
+    python experiments/rescale.py --json
+
+A rolling count+sum over W1 events (vectorized ``sum``) runs under a steady input rate while the
+schedule 1->2->4->8->4->2->1 repeats ``--rounds`` times, once with about 1 MB of keyed state and
+once with about 1 GB. Each rescale is timed by ``JobClient.rescale`` (request until every instance
+processes under the new epoch). A sampler records throughput and the queueing latency of the
+input over time for the PNG timeline. In the same run, the baseline rescales the way Flink and
+Spark do: snapshot the state to a file, stop the job, start it at the new parallelism and load the
+state back, timed end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+from _common import OUT, emit, log
+
+from stretch import channels
+from stretch.common import Types
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors import DiscardingSink
+from stretch.datastream.connectors.channel import ChannelSource
+from stretch.runtime import control_block as cbk
+from stretch.state import _table_kernels as K
+from stretch.state.key_groups import key_groups_of
+from stretch.state.keyed_table import KeyedTable, KeyMode
+
+W1 = Types.TUPLE([Types.LONG(), Types.LONG(), Types.DOUBLE()])
+SCHEDULE = [2, 4, 8, 4, 2, 1]
+RECORD_ENTRY = {
+    "name": "rolling sum",
+    "kind": "record",
+    "storage": "words",
+    "type": None,
+    "fields": [{"name": "f1", "float": False, "acc": True}, {"name": "f2", "float": True, "acc": True}],
+}
+
+
+def start_job(parallelism: int):
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(parallelism)
+    env.engine_config.spare_workers = 8  # the warm pool covers the largest step of the schedule
+    env.from_source(ChannelSource("w1", W1), None, "w1").key_by(0).sum([1, 2]).name("sum").sink_to(
+        DiscardingSink()
+    )
+    client = env.execute_async(f"rescale p{parallelism}")
+    return client, channels.open_writer(client, "w1")
+
+
+def w1_batch(keys: np.ndarray) -> pa.RecordBatch:
+    n = len(keys)
+    return pa.record_batch({"f0": keys, "f1": np.ones(n, np.int64), "f2": np.full(n, 0.5)})
+
+
+def populate(client, writer, distinct: int) -> None:
+    """Give every key its state once, as fast as the job takes it."""
+    for start in range(0, distinct, 1 << 16):
+        writer.write(w1_batch(np.arange(start, min(start + (1 << 16), distinct), dtype=np.int64)))
+    wait_processed(client, distinct)
+
+
+def processed(client) -> int:
+    return sum(i["records_in"] for i in client.describe()["operators"][0]["instances"])
+
+
+def wait_processed(client, n: int) -> None:
+    while processed(client) < n:
+        time.sleep(0.01)
+
+
+class Load(threading.Thread):
+    """Writes W1 batches at a steady rate; remembers when each gate position was written."""
+
+    def __init__(self, writer, distinct: int, rate: float, batch_rows: int = 8192):
+        super().__init__(daemon=True)
+        self.writer, self.distinct, self.rate, self.rows = writer, distinct, rate, batch_rows
+        self.stop = threading.Event()
+        self.written: list[tuple[float, int]] = []  # (time, gate tail after the write)
+        self.rng = np.random.default_rng(3)
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        sent = 0
+        gate = self.writer._gate
+        while not self.stop.is_set():
+            self.writer.write(w1_batch(self.rng.integers(0, self.distinct, self.rows)))
+            sent += self.rows
+            self.written.append((time.monotonic(), gate.tail))
+            ahead = sent / self.rate - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+
+
+class Sampler(threading.Thread):
+    """Samples the operator's progress every millisecond (throughput and queueing latency)."""
+
+    def __init__(self, client):
+        super().__init__(daemon=True)
+        c = client._coordinator
+        self.stage = c.plan.stage("sum")
+        self.c = c
+        self.op = c.resources.keyed_index[self.stage.id]
+        self.stop = threading.Event()
+        self.samples: list[tuple[float, int, int]] = []  # (time, records processed, min gate position)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            p = self.c._parallelism[self.stage.id]
+            inst = self.c.control.instances(self.op)  # every instance slot ever used keeps its count
+            done = int(inst[:, cbk.I_RECORDS_IN].sum())
+            self.samples.append((time.monotonic(), done, int(inst[:p, cbk.I_GATE_SEQ].min())))
+            time.sleep(0.001)
+
+
+def latencies(written, samples) -> list[tuple[float, float]]:
+    """(write time, ms until every instance had read past that write) for each write."""
+    out, j = [], 0
+    for t, seq in written:
+        while j < len(samples) and (samples[j][0] < t or samples[j][2] < seq):
+            j += 1
+        if j == len(samples):
+            break
+        out.append((t, (samples[j][0] - t) * 1000))
+    return out
+
+
+def live_case(distinct: int, rounds: int, rate: float) -> dict:
+    client, writer = start_job(1)
+    populate(client, writer, distinct)
+    state = client.describe()["operators"][0]["state_bytes"]
+    load, sampler = Load(writer, distinct, rate), Sampler(client)
+    sampler.start()
+    load.start()
+    time.sleep(0.5)
+    reports, non_gaining_stalls, marks = [], [], []
+    c = client._coordinator
+    op = c.resources.keyed_index[c.plan.stage("sum").id]
+    for _ in range(rounds):
+        for p in SCHEDULE:
+            t = time.monotonic()
+            report = client.rescale("sum", p)
+            time.sleep(0.005)
+            inst = c.control.instances(op)[: max(report.old_parallelism, p)]
+            non_gaining_stalls += [
+                int(s) / 1e6
+                for s, g in zip(inst[:, cbk.I_LAST_STALL_NS], inst[:, cbk.I_LAST_GAINED])
+                if not g
+            ]
+            reports.append(report)
+            marks.append((t, p))
+            time.sleep(0.1)
+    time.sleep(0.3)
+    load.stop.set()
+    load.join()
+    sampler.stop.set()
+    sampler.join()
+    writer.end()
+    client.wait()
+    elapsed = sorted(r.elapsed_ms for r in reports)
+    return {
+        "state_bytes": state,
+        "elapsed_ms": elapsed,
+        "copied": sum(r.state_bytes_copied for r in reports),
+        "max_stall_ms_non_gaining": max(non_gaining_stalls, default=0.0),
+        "timeline": (sampler.samples, latencies(load.written, sampler.samples), marks),
+    }
+
+
+def baseline_case(distinct: int, old: int, new: int, workdir: str) -> float:
+    """Snapshot to a file, stop, restart at the new parallelism, load the state: milliseconds."""
+    client, writer = start_job(old)
+    populate(client, writer, distinct)
+    t0 = time.monotonic()
+    snapshot = client.query_state("sum")  # stop-with-savepoint: the whole state ...
+    path = os.path.join(workdir, "savepoint.arrow")
+    with open(path, "wb") as f, ipc.new_file(f, snapshot.schema) as out:  # ... written durably
+        out.write_table(snapshot)
+        f.flush()
+        os.fsync(f.fileno())
+    writer.end()
+    client.wait()  # stopped
+    client2, writer2 = start_job(new)  # restarted at the new parallelism
+    restored = ipc.open_file(path).read_all()
+    c = client2._coordinator
+    table = KeyedTable(c.arenas[c.plan.stage("sum").id])
+    sid = table.arena.register_state(RECORD_ENTRY)
+    keys = restored.column("key").to_numpy()
+    kgs = key_groups_of(keys, table.maxp)
+    rows = table.rows(kgs, keys, KeyMode.INT64)
+    table.ensure_columns(sid, np.unique(kgs), 16)
+    vals = np.stack(
+        [restored.column("sum(f1)").to_numpy(), restored.column("sum(f2)").to_numpy().view(np.int64)]
+    )
+    K.rolling_records(
+        table.arena.a64,
+        table.arena.a8,
+        table.arena.views[np.dtype(np.float64)][0],
+        table.arena.state_base_w(sid),
+        kgs,
+        rows,
+        vals,
+        np.array([False, True]),
+        np.array([True, True]),
+        0,
+        np.empty_like(vals),
+    )
+    ms = (time.monotonic() - t0) * 1000
+    writer2.end()
+    client2.wait()
+    return ms
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def plot(small: dict, large: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 6), sharex="col")
+    for col, (label, case) in enumerate((("~1 MB state", small), ("~1 GB state", large))):
+        samples, lat, marks = case["timeline"]
+        t0 = samples[0][0]
+        ts = np.array([s[0] - t0 for s in samples])
+        done = np.array([s[1] for s in samples], dtype=float)
+        window = 50
+        rate = (done[window:] - done[:-window]) / (ts[window:] - ts[:-window]) / 1e6
+        axes[0, col].plot(ts[window:], rate, lw=0.8)
+        axes[0, col].set_ylabel("throughput (M events/s)")
+        axes[0, col].set_title(
+            f"{label}: {len(case['elapsed_ms'])} live rescales, p99 {pct(case['elapsed_ms'], 99):.1f} ms"
+        )
+        axes[1, col].plot([t - t0 for t, _ in lat], [ms for _, ms in lat], lw=0.6)
+        axes[1, col].set_ylabel("queueing latency (ms)")
+        axes[1, col].set_yscale("log")
+        axes[1, col].set_xlabel("time (s)")
+        for t, p in marks:
+            for ax in axes[:, col]:
+                ax.axvline(t - t0, color="red", lw=0.4, alpha=0.5)
+            axes[0, col].text(t - t0, axes[0, col].get_ylim()[1], str(p), fontsize=6, color="red", va="top")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--rounds", type=int, default=10, help="repeats of 1->2->4->8->4->2->1")
+    ap.add_argument("--rate", type=float, default=1_000_000, help="steady input, events per second")
+    ap.add_argument("--small-keys", type=int, default=30_000, help="keys for ~1 MB of state")
+    ap.add_argument("--large-keys", type=int, default=30_000_000, help="keys for ~1 GB of state")
+    ap.add_argument("--plot", default=str(OUT / "rescale.png"))
+    args = ap.parse_args()
+    log("live rescale, small state")
+    small = live_case(args.small_keys, args.rounds, args.rate)
+    log("live rescale, large state")
+    large = live_case(args.large_keys, args.rounds, args.rate)
+    with tempfile.TemporaryDirectory() as workdir:
+        log("baseline, small state")
+        base_small = [baseline_case(args.small_keys, 1, 2, workdir) for _ in range(3)]
+        log("baseline, large state")
+        base_large = [baseline_case(args.large_keys, 1, 2, workdir)]
+    result = {
+        "rescale_p50_ms": round(pct(small["elapsed_ms"], 50), 2),
+        "rescale_p99_ms": round(pct(small["elapsed_ms"], 99), 2),
+        "rescale_p50_ms_large_state": round(pct(large["elapsed_ms"], 50), 2),
+        "rescale_p99_ms_large_state": round(pct(large["elapsed_ms"], 99), 2),
+        "rescales": len(small["elapsed_ms"]) + len(large["elapsed_ms"]),
+        "state_bytes_copied_total": small["copied"] + large["copied"],
+        "max_stall_ms_non_gaining": round(
+            max(small["max_stall_ms_non_gaining"], large["max_stall_ms_non_gaining"]), 3
+        ),
+        "baseline_p50_ms": round(float(np.median(base_small)), 1),
+        "baseline_p50_ms_large_state": round(float(np.median(base_large)), 1),
+        "state_bytes_small": small["state_bytes"],
+        "state_bytes_large": large["state_bytes"],
+        "input_rate": args.rate,
+    }
+    result["baseline_vs_live_large_state"] = round(
+        result["baseline_p50_ms_large_state"] / result["rescale_p50_ms_large_state"], 1
+    )
+    OUT.mkdir(exist_ok=True)
+    plot(small, large, args.plot)
+    result["plot"] = args.plot
+    emit(result, args.json)
+
+
+if __name__ == "__main__":
+    main()
