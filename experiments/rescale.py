@@ -133,10 +133,32 @@ def latencies(written, samples) -> list[tuple[float, float]]:
     return out
 
 
+def capacity(client, writer, distinct: int, events: int = 2_000_000) -> float:
+    """Events per second the job takes at its current parallelism (W1 keys over its state)."""
+    rng = np.random.default_rng(5)
+    before = processed(client)
+    t0 = time.monotonic()
+    for _ in range(0, events, 1 << 16):
+        writer.write(w1_batch(rng.integers(0, distinct, 1 << 16)))
+    wait_processed(client, before + events)
+    return events / (time.monotonic() - t0)
+
+
+def calibrate(distinct: int) -> float:
+    """The parallelism-1 capacity with this much state (a fresh job, then stopped)."""
+    client, writer = start_job(1)
+    populate(client, writer, distinct)
+    cap = capacity(client, writer, distinct)
+    writer.end()
+    client.wait()
+    return cap
+
+
 def live_case(distinct: int, rounds: int, rate: float) -> dict:
     client, writer = start_job(1)
     populate(client, writer, distinct)
     state = client.describe()["operators"][0]["state_bytes"]
+    time.sleep(3.0)  # let the idle spare workers map the new state into their page tables (warm pool)
     load, sampler = Load(writer, distinct, rate), Sampler(client)
     sampler.start()
     load.start()
@@ -258,15 +280,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--rounds", type=int, default=10, help="repeats of 1->2->4->8->4->2->1")
-    ap.add_argument("--rate", type=float, default=1_000_000, help="steady input, events per second")
+    ap.add_argument(
+        "--load", type=float, default=0.35, help="steady input as a fraction of the p=1 capacity with large state"
+    )
     ap.add_argument("--small-keys", type=int, default=30_000, help="keys for ~1 MB of state")
     ap.add_argument("--large-keys", type=int, default=30_000_000, help="keys for ~1 GB of state")
     ap.add_argument("--plot", default=str(OUT / "rescale.png"))
     args = ap.parse_args()
-    log("live rescale, small state")
-    small = live_case(args.small_keys, args.rounds, args.rate)
+    # One steady rate for both cases, one the job sustains at parallelism 1 even with the large
+    # state: otherwise a backlog builds at p=1 and every marker waits behind it.
+    log("capacity at parallelism 1, large state")
+    cap_large = calibrate(args.large_keys)
+    rate = args.load * cap_large
+    log(f"live rescale, small state, {rate:,.0f} events/s")
+    small = live_case(args.small_keys, args.rounds, rate)
     log("live rescale, large state")
-    large = live_case(args.large_keys, args.rounds, args.rate)
+    large = live_case(args.large_keys, args.rounds, rate)
     with tempfile.TemporaryDirectory() as workdir:
         log("baseline, small state")
         base_small = [baseline_case(args.small_keys, 1, 2, workdir) for _ in range(3)]
@@ -286,7 +315,8 @@ def main() -> None:
         "baseline_p50_ms_large_state": round(float(np.median(base_large)), 1),
         "state_bytes_small": small["state_bytes"],
         "state_bytes_large": large["state_bytes"],
-        "input_rate": args.rate,
+        "input_rate": round(rate),
+        "capacity_p1_large_state": round(cap_large),
     }
     result["baseline_vs_live_large_state"] = round(
         result["baseline_p50_ms_large_state"] / result["rescale_p50_ms_large_state"], 1

@@ -302,10 +302,7 @@ class Coordinator:
             if op == "failed":
                 self._fail(_job_error(msg["error"], self.plan.stages[msg["stage"]].name))
             elif op == "done" and msg.get("retired"):
-                self._stages[msg["stage"]].running.discard(msg["index"])
-                if w is not None and len(self._idle_workers()) > self.config.spare_workers:
-                    w.conn.send({"op": "exit"})  # the warm pool is full: let this one go
-                    w.exited = True
+                self._stages[msg["stage"]].running.discard(msg["index"])  # its worker rejoins the pool
             elif op == "done":
                 self._instance_done(msg["stage"], msg["index"])
             if w is not None and self.status is JobStatus.RUNNING:
