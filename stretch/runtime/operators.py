@@ -264,6 +264,8 @@ class AggregateOperator(KeyedOperator):
         progress = np.zeros(3, dtype=np.int64)
         af64 = arena.views[np.dtype(np.float64)][0]
         base_w = arena.state_base_w(layout.sid)
+        owned = np.flatnonzero(owners == me)
+        table.begin_write(owned)  # queryable readers retry rather than see half a batch
         while True:
             K.rolling_aggregate_i64(
                 arena.a64,
@@ -289,6 +291,7 @@ class AggregateOperator(KeyedOperator):
             if full < 0:
                 break
             table.grow_for(full, layout.sid, 8 * layout.width)
+        table.end_write(owned)
         m = int(progress[1])
         if not m:
             return None

@@ -466,6 +466,12 @@ def _record_of(a64, a8, h, r, k, ptr, fresh, c):
     a8[vb] = 1
 
 
+# Per-key-group fields the fused pass keeps in a small local table (word offsets, counts), so a row
+# never reads the key group's 4 KiB header page: index, index mask, keys, keys in use, room left,
+# records, validity bytes.
+_L_INDEX, _L_MASK, _L_KEYS, _L_N, _L_ROOM, _L_REC, _L_VALID = 0, 1, 2, 3, 4, 5, 6
+
+
 @njit(**_OPTS)
 def rolling_aggregate_i64(
     a64,
@@ -491,30 +497,47 @@ def rolling_aggregate_i64(
 
     For each row whose key group this instance owns: find or insert the key and fold the row into
     the key's record in state column ``base_w``. ``vals``/``out`` are (k, n) int64 arrays; outputs
-    are compacted to the owned rows, whose batch positions go to ``pos``.
+    are compacted to the owned rows, whose batch positions go to ``pos``. A key is new exactly when
+    this pass inserts it (the record state exists before the operator's first key), so existing
+    keys never read their validity byte.
 
     Resumable: ``progress`` holds (next row, outputs so far, key group that needs room or -1). When
     a key group's table is full the pass stops there; the caller grows it and calls again.
     """
     k = vals.shape[0]
     fvals, fout = vals.view(np.float64), out.view(np.float64)
+    maxp = owners.shape[0]
+    local = np.zeros((maxp, 8), np.int64)
+    for kg in range(maxp):
+        if owners[kg] == me:
+            h = dir_w + kg * KG_WORDS
+            hs = base_w + kg * KG_WORDS
+            local[kg, _L_INDEX] = a64[h + H_INDEX_OFF] >> 2
+            local[kg, _L_MASK] = a64[h + H_INDEX_CAP] - 1
+            local[kg, _L_KEYS] = a64[h + H_KEYS_OFF] >> 3
+            local[kg, _L_N] = a64[h + H_NKEYS]
+            local[kg, _L_ROOM] = min(
+                a64[h + H_KEYS_CAP], a64[hs + S_DATA_CAP], np.int64(a64[h + H_INDEX_CAP] * max_load)
+            )
+            local[kg, _L_REC] = a64[hs + S_DATA_OFF] >> 3
+            local[kg, _L_VALID] = a64[hs + S_VALID_OFF]
     ptr = np.empty(_CHUNK, np.int64)
     fresh = np.empty(_CHUNK, np.bool_)
-    rows = np.empty(_CHUNK, np.int64)
+    slots = np.empty(_CHUNK, np.int64)
     n = kgs.shape[0]
     i, m = progress[0], progress[1]
     progress[2] = -1
     while i < n and progress[2] < 0:
-        # 1. pick the chunk's owned rows and prefetch their index slots
+        # 1. pick the chunk's owned rows, hash them and prefetch their index slots
         c = 0
         while i < n and c < _CHUNK:
             kg = np.int64(kgs[i])
             if owners[kg] == me:
-                h = dir_w + kg * KG_WORDS
-                mask = a64[h + H_INDEX_CAP] - 1
+                mask = local[kg, _L_MASK]
                 if mask >= 0:
                     slot = np.int64(_mix(np.uint64(keys[i])) & np.uint64(mask))
-                    prefetch(a32, (a64[h + H_INDEX_OFF] >> 2) + slot)
+                    slots[c] = slot
+                    prefetch(a32, local[kg, _L_INDEX] + slot)
                 pos[m + c] = i
                 c += 1
             i += 1
@@ -523,25 +546,48 @@ def rolling_aggregate_i64(
         for q in range(c):
             row = pos[m + q]
             kg = np.int64(kgs[row])
-            h = dir_w + kg * KG_WORDS
-            hs = base_w + kg * KG_WORDS
-            room = min(a64[h + H_KEYS_CAP], a64[hs + S_DATA_CAP], np.int64(a64[h + H_INDEX_CAP] * max_load))
-            r = _probe_i64(a64, a32, h, keys[row], room)
+            key = keys[row]
+            mask = local[kg, _L_MASK]
+            r = -1
+            new = False
+            if mask >= 0:
+                idx, kw = local[kg, _L_INDEX], local[kg, _L_KEYS]
+                s = slots[q]
+                while True:
+                    e = a32[idx + s]
+                    if e == 0:
+                        nk = local[kg, _L_N]
+                        if nk < local[kg, _L_ROOM]:
+                            a64[kw + nk] = key
+                            a32[idx + s] = nk + 1
+                            local[kg, _L_N] = nk + 1
+                            r = nk
+                            new = True
+                        break
+                    if a64[kw + e - 1] == key:
+                        r = e - 1
+                        break
+                    s = (s + 1) & mask
             if r < 0:  # table full: stop before this row, the caller grows it and resumes
                 progress[2] = kg
                 i = row
                 break
-            rows[q] = r
-            prefetch(a64, (a64[hs + S_DATA_OFF] >> 3) + r * k)
+            p = local[kg, _L_REC] + r * k
+            ptr[q] = p
+            fresh[q] = new
+            if new:
+                a8[local[kg, _L_VALID] + r] = 1
+            else:
+                prefetch(a64, p)
             done += 1
         # 3. fold the rows into their records
-        for q in range(done):
-            kg = np.int64(kgs[pos[m + q]])
-            _record_of(a64, a8, base_w + kg * KG_WORDS, rows[q], k, ptr, fresh, q)
         _fold_chunk(
             a64, af64, ptr, fresh, pos[m : m + done], done, m, vals, fvals, is_float, is_acc, op, out, fout
         )
         m += done
+    for kg in range(maxp):  # publish the key counts
+        if owners[kg] == me:
+            a64[dir_w + kg * KG_WORDS + H_NKEYS] = local[kg, _L_N]
     progress[0], progress[1] = i, m
 
 
