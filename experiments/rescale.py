@@ -281,7 +281,10 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--rounds", type=int, default=10, help="repeats of 1->2->4->8->4->2->1")
     ap.add_argument(
-        "--load", type=float, default=0.35, help="steady input as a fraction of the p=1 capacity with large state"
+        "--load",
+        type=float,
+        default=0.35,
+        help="steady input as a fraction of the p=1 capacity with large state",
     )
     ap.add_argument("--small-keys", type=int, default=30_000, help="keys for ~1 MB of state")
     ap.add_argument("--large-keys", type=int, default=30_000_000, help="keys for ~1 GB of state")
