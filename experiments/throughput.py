@@ -129,7 +129,7 @@ def state_bytes_per_key(distinct: int) -> float:
     for start in range(0, distinct, 1 << 16):
         part = keys[start : start + (1 << 16)]
         writer.write(pa.record_batch({"f0": part, "f1": np.ones(len(part), np.int64)}))
-    while sum(i["records_in"] for i in client.describe()["operators"][0]["instances"]) < distinct:
+    while client.describe()["operators"][0]["records_in"] < distinct:
         time.sleep(0.05)
     state = client.describe()["operators"][0]["state_bytes"]
     writer.end()

@@ -101,7 +101,7 @@ def run(
         if now - last_t < 1.0:
             continue
         op = client.describe()["operators"][0]
-        records = sum(i["records_in"] for i in op["instances"])
+        records = op["records_in"]
         out(
             f"  {now - started:5.1f}s  {(records - last_in) / (now - last_t):>12,.0f} events/s"
             f"  total {records:>12,}  parallelism {op['parallelism']}  gate depth {op['gate_depth']:>3}"

@@ -557,6 +557,9 @@ class Coordinator:
                     "parallelism": p,
                     "epoch": epoch,
                     "gate_depth": self.gates[stage.input_gate].depth(),
+                    # totals over every instance slot ever used: they never go down on a rescale
+                    "records_in": int(self.control.instances(op)[:, cbk.I_RECORDS_IN].sum()),
+                    "records_out": int(self.control.instances(op)[:, cbk.I_RECORDS_OUT].sum()),
                     "state_bytes": self.arenas[stage.id].resident_bytes(),
                     "instances": [
                         {
