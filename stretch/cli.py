@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from stretch.runtime.control_socket import request, runtime_dir
 
@@ -45,21 +46,46 @@ def cmd_jobs(args) -> int:
 
 def cmd_status(args) -> int:
     job = _find(args.job)
+    before = request(job["socket"], {"op": "status"})
+    t0 = time.monotonic()
+    time.sleep(args.interval)
     status = request(job["socket"], {"op": "status"})
+    dt = time.monotonic() - t0
+    rates = _rates(before, status, dt)
     if args.json:
+        for op in status["operators"]:
+            for inst in op["instances"]:
+                inst.update(rates.get((op["name"], inst["index"]), {}))
         print(json.dumps(status, indent=2))
         return 0
     print(f"job {status['job_id']}  {status['name']!r}  {status['status']}")
     for op in status["operators"]:
         print(
-            f"  operator {op['name']!r}: parallelism {op['parallelism']}, epoch {op['epoch']}, gate depth {op['gate_depth']}"
+            f"  operator {op['name']!r}: parallelism {op['parallelism']}, epoch {op['epoch']}, "
+            f"gate depth {op['gate_depth']}, state {op['state_bytes'] / 1e6:,.1f} MB"
         )
         for inst in op["instances"]:
+            r = rates.get((op["name"], inst["index"]), {})
             print(
-                f"    #{inst['index']}: {inst['records_in']:,} in, {inst['records_out']:,} out, "
-                f"busy {inst['busy_ms']:,} ms"
+                f"    #{inst['index']}: {r.get('rate', 0.0):>12,.0f} records/s  busy {r.get('busy', 0.0):5.1%}  "
+                f"({inst['records_in']:,} in, {inst['records_out']:,} out)"
             )
     return 0
+
+
+def _rates(before: dict, after: dict, dt: float) -> dict:
+    """Per instance: records per second and busy fraction over the interval between two samples."""
+    old = {(op["name"], i["index"]): i for op in before["operators"] for i in op["instances"]}
+    out = {}
+    for op in after["operators"]:
+        for i in op["instances"]:
+            prev = old.get((op["name"], i["index"]))
+            if prev is not None and dt > 0:
+                out[(op["name"], i["index"])] = {
+                    "rate": (i["records_in"] - prev["records_in"]) / dt,
+                    "busy": min(max((i["busy_ns"] - prev["busy_ns"]) / (dt * 1e9), 0.0), 1.0),
+                }
+    return out
 
 
 def cmd_scale(args) -> int:
@@ -113,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("status", help="describe a running job")
     p.add_argument("job", help="job id (or a unique prefix) or job name")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--interval", type=float, default=0.5, help="seconds over which rates are measured")
     p.set_defaults(func=cmd_status)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -35,6 +35,9 @@ def test_jobs_and_status_of_a_running_job():
         assert status["status"] == "RUNNING"
         (op,) = status["operators"]
         assert op["name"] == "totals" and op["parallelism"] == 2 and op["epoch"] == 0
+        rates = [i["rate"] for i in op["instances"]]
+        assert 1000 < sum(rates) < 20000  # the source emits 5000 records/s
+        assert all(0.0 <= i["busy"] <= 1.0 for i in op["instances"])
         text = stretch("status", "cli test job").stdout
         assert "operator 'totals': parallelism 2" in text
         missing = stretch("status", "no such job", check=False)

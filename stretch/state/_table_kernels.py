@@ -167,16 +167,6 @@ def rehash_bytes(a64, a32, h, new_idx_off, new_cap):
         a32[idx + s] = row + 1
 
 
-@njit(**_OPTS)
-def key_bytes_total(a64, dir_w, kgs, rows, out_off, out_len):
-    """Absolute byte offset and length of each stored byte-string key."""
-    for i in range(kgs.shape[0]):
-        h = dir_w + np.int64(kgs[i]) * KG_WORDS
-        kw = a64[h + H_KEYS_OFF] >> 3
-        out_off[i] = a64[h + H_KHEAP_OFF] + a64[kw + 2 * rows[i]]
-        out_len[i] = a64[kw + 2 * rows[i] + 1]
-
-
 # ---- batch-local dedup -------------------------------------------------------------------
 
 
@@ -235,33 +225,6 @@ def scatter_fixed(view, shift, a64, a8, base_w, kgs, rows, values, valid):
         a8[a64[h + S_VALID_OFF] + r] = valid[i]
         if valid[i]:
             view[(a64[h + S_DATA_OFF] >> shift) + r] = values[i]
-
-
-@njit(**_OPTS)
-def running_aggregate(view, shift, a64, a8, base_w, kgs, rows, values, out, op):
-    """Fold each row's value into its key's accumulator and emit the running result.
-
-    op: 0 sum, 1 min, 2 max. The first value of a key initialises its accumulator.
-    """
-    for i in range(kgs.shape[0]):
-        h = base_w + np.int64(kgs[i]) * KG_WORDS
-        r = rows[i]
-        p = (a64[h + S_DATA_OFF] >> shift) + r
-        vb = a64[h + S_VALID_OFF] + r
-        v = values[i]
-        if a8[vb] == 0:
-            a8[vb] = 1
-            acc = v
-        else:
-            acc = view[p]
-            if op == 0:
-                acc = acc + v
-            elif op == 1:
-                acc = min(acc, v)
-            elif v > acc:
-                acc = v
-        view[p] = acc
-        out[i] = acc
 
 
 # ---- variable-length state columns -------------------------------------------------------
@@ -385,31 +348,6 @@ def var_compact(a64, a8, h, n_rows, new_heap_off):
 
 
 # ---- fused rolling aggregation -------------------------------------------------------------
-
-
-@njit(inline="always", **_OPTS)
-def _probe_i64(a64, a32, h, key, room):
-    """Row of ``key`` in the table at header word ``h``; inserted if absent and the table has fewer
-    than ``room`` rows, else -1 (the caller grows the table and retries)."""
-    mask = a64[h + H_INDEX_CAP] - 1
-    if mask < 0:
-        return -1
-    idx = a64[h + H_INDEX_OFF] >> 2
-    kw = a64[h + H_KEYS_OFF] >> 3
-    s = np.int64(_mix(np.uint64(key)) & np.uint64(mask))
-    while True:
-        r = a32[idx + s]
-        if r == 0:
-            row = a64[h + H_NKEYS]
-            if row >= room:
-                return -1
-            a64[kw + row] = key
-            a32[idx + s] = row + 1
-            a64[h + H_NKEYS] = row + 1
-            return row
-        if a64[kw + r - 1] == key:
-            return r - 1
-        s = (s + 1) & mask
 
 
 _CHUNK = 256

@@ -244,26 +244,6 @@ class KeyedTable:
             view, shift, self.arena.a64, self.arena.a8, self.arena.state_base_w(sid), kgs, rows, values, valid
         )
 
-    def aggregate(self, sid: int, kgs, rows, values: np.ndarray, op: int) -> np.ndarray:
-        """Running sum/min/max (op 0/1/2) of `values` per key; returns the running results."""
-        self.ensure_columns(sid, kgs, values.dtype.itemsize)
-        values = writable(values)
-        view, shift = self.arena.views[values.dtype]
-        out = np.empty_like(values)
-        K.running_aggregate(
-            view,
-            shift,
-            self.arena.a64,
-            self.arena.a8,
-            self.arena.state_base_w(sid),
-            kgs,
-            rows,
-            values,
-            out,
-            op,
-        )
-        return out
-
     def read_var(self, sid: int, kgs, rows) -> list:
         """The stored bytes of each (kg, row), or None where unset."""
         n = len(rows)

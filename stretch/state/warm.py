@@ -44,8 +44,6 @@ def warm_table_kernels() -> None:
         valid = np.zeros(1, dtype=np.uint8)
         K.gather_fixed(view, shift, a64, a8, base, kgs, rows, out, valid)
         K.scatter_fixed(view, shift, a64, a8, base, kgs, rows[:0], out[:0], valid[:0])
-        if dtype in (np.int64, np.float64):
-            K.running_aggregate(view, shift, a64, a8, base, kgs[:0], rows[:0], out[:0], out[:0], 0)
     lens = np.full(1, -1, dtype=np.int64)
     K.var_views(a64, base, kgs, rows, np.zeros(1, np.int64), np.zeros(1, np.int64))
     K.var_demand(a64, base, kgs, rows, lens, np.zeros(1, np.bool_), np.zeros(1, np.int64))

@@ -329,11 +329,18 @@ def test_gather_scatter_with_validity(table, dtype):
 @pytest.mark.parametrize(
     ("op", "fold"), [(0, lambda a, v: a + v), (1, min), (2, max)], ids=["sum", "min", "max"]
 )
-def test_running_aggregate_matches_a_python_fold(table, dtype, op, fold):
+def test_rolling_records_match_a_python_fold(table, dtype, op, fold):
+    """The record fold used by rolling sum/min/max (one accumulated field per key here)."""
     rng = np.random.default_rng(12 + op)
-    sid = table.arena.register_state(
-        {"name": "agg", "kind": "value", "storage": np.dtype(dtype).name, "type": None}
-    )
+    is_float = dtype is np.float64
+    entry = {
+        "name": "rolling",
+        "kind": "record",
+        "storage": "words",
+        "type": None,
+        "fields": [{"name": "v", "float": is_float, "acc": True}],
+    }
+    sid = table.arena.register_state(entry)
     acc: dict[int, object] = {}
     universe = rng.choice(10**9, size=6000, replace=False)
     for b in range(10):
@@ -343,7 +350,24 @@ def test_running_aggregate_matches_a_python_fold(table, dtype, op, fold):
             values = rng.integers(-(10**9), 10**9, size=4000, dtype=np.int64)
         else:
             values = rng.normal(0, 1e3, size=4000)
-        out = table.aggregate(sid, kgs, rows, values, op)
+        table.ensure_columns(sid, np.unique(kgs), 8)
+        vals = values.view(np.int64).reshape(1, -1).copy()
+        res = np.empty_like(vals)
+        a = table.arena
+        K.rolling_records(
+            a.a64,
+            a.a8,
+            a.views[np.dtype(np.float64)][0],
+            a.state_base_w(sid),
+            kgs,
+            rows,
+            vals,
+            np.array([is_float]),
+            np.array([True]),
+            op,
+            res,
+        )
+        out = res[0].view(dtype)
         expected = []
         for k, v in zip(keys.tolist(), values.tolist()):
             acc[k] = v if k not in acc else fold(acc[k], v)
@@ -351,9 +375,9 @@ def test_running_aggregate_matches_a_python_fold(table, dtype, op, fold):
         np.testing.assert_array_equal(out, np.array(expected, dtype=dtype), err_msg=f"batch {b}")
     keys = np.array(sorted(acc), dtype=np.int64)
     kgs, rows = _int_keys(table, keys, insert=False)
-    final, valid = table.gather(sid, dtype, kgs, rows)
+    final, valid = table.gather(sid, np.dtype(np.int64), kgs, rows)  # a one-word record
     assert valid.all()
-    np.testing.assert_array_equal(final, np.array([acc[k] for k in keys.tolist()], dtype=dtype))
+    np.testing.assert_array_equal(final.view(dtype), np.array([acc[k] for k in keys.tolist()], dtype=dtype))
 
 
 # ---- variable-length values ---------------------------------------------------------------
