@@ -73,8 +73,11 @@ class WatermarkStrategy:
 
     def with_timestamp_assigner(self, timestamp_assigner: TimestampAssigner) -> WatermarkStrategy:
         """Read event timestamps with ``timestamp_assigner`` (anything with
-        ``extract_timestamp(value, record_timestamp)``). Sets it on this strategy and returns it."""
-        if not callable(getattr(timestamp_assigner, "extract_timestamp", None)):
+        ``extract_timestamp(value, record_timestamp)``, or, beyond PyFlink, the name of a field that
+        holds them). Sets it on this strategy and returns it."""
+        if not isinstance(timestamp_assigner, str) and not callable(
+            getattr(timestamp_assigner, "extract_timestamp", None)
+        ):
             raise TypeError(
                 "timestamp_assigner must have extract_timestamp(value, record_timestamp), "
                 f"got {timestamp_assigner!r}"

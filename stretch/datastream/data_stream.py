@@ -107,6 +107,19 @@ class DataStream:
             raise TypeError("ProcessFunction is required for DataStream.")
         return self._then("flat_map", "Process", {"fn": kf.StatelessProcess(func)}, output_type)
 
+    def assign_timestamps_and_watermarks(self, watermark_strategy) -> DataStream:
+        """Event timestamps and watermarks for this stream, from a WatermarkStrategy.
+
+        Beyond PyFlink, the strategy's timestamp assigner may be a field name: the timestamps are
+        then read as a column (epoch milliseconds or an Arrow timestamp), with no Python call per
+        record.
+        """
+        from stretch.common.watermark_strategy import WatermarkStrategy
+
+        if not isinstance(watermark_strategy, WatermarkStrategy):
+            raise TypeError(f"expected a WatermarkStrategy, got {watermark_strategy!r}")
+        return self._then("assign", "Timestamps/Watermarks", {"fn": watermark_strategy}, self._t.output_type)
+
     def union(self, *streams: DataStream) -> DataStream:
         inputs = [self._t] + [s._values()._t if isinstance(s, KeyedStream) else s._t for s in streams]
         return DataStream(self._env, Transformation("union", inputs, "Union", {}, self._t.output_type))

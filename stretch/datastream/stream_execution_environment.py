@@ -104,8 +104,9 @@ class StreamExecutionEnvironment:
         return self
 
     # ---- sources -----------------------------------------------------------------------
-    def _source(self, source: Source, name: str, type_info=None) -> DataStream:
-        t = Transformation("source", [], name, {"source": source}, type_info)
+    def _source(self, source: Source, name: str, type_info=None, watermark_strategy=None) -> DataStream:
+        spec = {"source": source, "watermark_strategy": watermark_strategy}
+        t = Transformation("source", [], name, spec, type_info)
         t.parallelism = 1
         return DataStream(self, t)
 
@@ -123,7 +124,7 @@ class StreamExecutionEnvironment:
     ) -> DataStream:
         if not isinstance(source, Source):
             raise TypeError(f"from_source expects a stretch Source, got {source!r}")
-        return self._source(source, source_name, type_info or source.type_info)
+        return self._source(source, source_name, type_info or source.type_info, watermark_strategy)
 
     def from_arrow(self, data, source_name: str = "Arrow Source") -> DataStream:
         """Beyond PyFlink: a pyarrow Table or batches as a stream of Rows, without per-record work."""

@@ -14,7 +14,7 @@ from typing import Any
 from stretch.common.typeinfo import TypeInformation
 from stretch.plan.graph import Transformation, reachable
 
-STATELESS = ("map", "flat_map", "filter")
+STATELESS = ("map", "flat_map", "filter", "assign")
 KEYED = ("process", "aggregate")
 
 
@@ -32,7 +32,7 @@ class KeySpec:
 class Step:
     """One chained step: map/flat_map/filter, or a terminal that hands records on."""
 
-    kind: str  # map | flat_map | filter | to_gate | to_sink | to_chained_sink
+    kind: str  # map | flat_map | filter | assign | to_gate | to_sink | to_chained_sink
     fn: Any = None
     output_type: TypeInformation | None = None
     children: list[Step] = field(default_factory=list)
@@ -182,6 +182,11 @@ def compile_plan(sinks: list[Transformation], default_parallelism: int, max_para
         if t.id in stage_of:
             stage = stages[stage_of[t.id]]
             stage.chain = steps_after(t)
+            strategy = t.spec.get("watermark_strategy")
+            if t.kind == "source" and strategy is not None:  # from_source(source, strategy, ...)
+                stage.chain = [
+                    Step("assign", strategy, t.output_type, stage.chain, name="Timestamps/Watermarks")
+                ]
             for step in _walk(stage.chain):
                 if step.kind == "to_gate":
                     gate_producers[step.gate].append(stage.id)

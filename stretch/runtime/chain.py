@@ -17,24 +17,40 @@ from stretch.common.records import from_batch, to_batch
 from stretch.common.typeinfo import Types
 from stretch.datastream.functions import Function, KeySelector
 from stretch.plan.stages import KeySpec, Step
+from stretch.runtime.event_time import MAX_WATERMARK, WatermarkGenerator, timestamps_of
+from stretch.runtime.gate import Kind
 from stretch.state.key_codec import encode_key
 from stretch.state.key_groups import key_groups_of, key_groups_of_keys, stable_hash
 
 KEY_COLUMN = "__key"
 KG_COLUMN = "__kg"
+TS_COLUMN = "__ts"
 CANONICAL_META = {b"stretch.key": b"canonical"}
 INFERRED_META = b"stretch.inferred"
 
 
 class Records:
-    """Records in flight: an Arrow batch, a Python list, or both (each made on demand)."""
+    """Records in flight: an Arrow batch, a Python list, or both (each made on demand), and the
+    records' event timestamps (epoch ms; the batch's ``__ts`` column in gates) if they have any."""
 
-    __slots__ = ("_batch", "_items", "type_info")
+    __slots__ = ("_batch", "_items", "_ts", "type_info")
 
-    def __init__(self, batch: pa.RecordBatch | None = None, items: list | None = None, type_info=None):
+    def __init__(
+        self,
+        batch: pa.RecordBatch | None = None,
+        items: list | None = None,
+        type_info=None,
+        timestamps: np.ndarray | None = None,
+    ):
         self._batch = batch
         self._items = items
         self.type_info = type_info
+        self._ts = timestamps
+
+    def timestamps(self) -> np.ndarray | None:
+        if self._ts is None and self._batch is not None and TS_COLUMN in self._batch.schema.names:
+            self._ts = self._batch.column(TS_COLUMN).to_numpy()
+        return self._ts
 
     def __len__(self) -> int:
         return self._batch.num_rows if self._batch is not None else len(self._items)
@@ -118,19 +134,40 @@ class Chain:
             n.close()
 
     def push(self, records: Records) -> None:
-        if len(records):
+        if records is not None and len(records):
             for r in self.roots:
                 r.push(records)
+
+    def emit(self, kind, value: int = 0) -> None:
+        """A watermark (or IDLE/LEAVE) of this producer to every gate the chain feeds."""
+        for n in self.nodes:
+            if isinstance(n, _ToGate):
+                n.control(kind, value)
+
+    def tick(self) -> None:
+        """Time passes without records: watermark generators may declare the producer idle."""
+        for n in self.nodes:
+            if isinstance(n, _Assign):
+                n.tick()
+
+    def finish(self) -> None:
+        """End of a bounded input: watermarks advance to the maximum, firing everything downstream."""
+        for n in self.nodes:
+            if isinstance(n, _ToGate):
+                n.control(Kind.WATERMARK, MAX_WATERMARK)
 
 
 class Outputs:
     """Where a stage's terminal steps write: gates, sink gates and chained sinks by id."""
 
-    def __init__(self, gates: dict, sink_gates: dict, sinks: dict, producer: int, count_out):
+    def __init__(
+        self, gates: dict, sink_gates: dict, sinks: dict, producer: int, count_out, producer_id: int = 0
+    ):
         self.gates = gates
         self.sink_gates = sink_gates
         self.sinks = sinks  # sink id -> SinkSpec, for sinks chained into this stage
-        self.producer = producer
+        self.producer = producer  # 1-based instance index (print prefixes)
+        self.producer_id = producer_id  # stage and instance, in watermark records
         self.count_out = count_out
 
 
@@ -139,6 +176,9 @@ class _Node:
         self.step = step
         self.stage_name = stage_name
         self.children = [_make(c, stage_name, outputs) for c in step.children]
+
+    def gates_below(self) -> list:
+        return [n for n in self.walk() if isinstance(n, _ToGate)]
 
     def functions(self) -> list:
         own = [self.step.fn] if isinstance(self.step.fn, Function) else []
@@ -169,7 +209,7 @@ class _Map(_Node):
             out = [f(r) for r in items]
         except Exception as e:
             raise StepError(self.stage_name, _culprit(items, f), _NO_KEY, e, "map function") from e
-        self.forward(Records(items=out, type_info=self.step.output_type))
+        self.forward(Records(items=out, type_info=self.step.output_type, timestamps=records.timestamps()))
 
 
 class _FlatMap(_Node):
@@ -178,14 +218,22 @@ class _FlatMap(_Node):
         out: list = []
         ext = out.extend
         record = None
+        ts = records.timestamps()
+        counts = [] if ts is not None else None
         try:
             for record in records.items():
                 res = f(record)
                 if res is not None:
+                    before = len(out)
                     ext(res)
+                    if counts is not None:
+                        counts.append(len(out) - before)
+                elif counts is not None:
+                    counts.append(0)
         except Exception as e:
             raise StepError(self.stage_name, record, _NO_KEY, e, "flat_map function") from e
-        self.forward(Records(items=out, type_info=self.step.output_type))
+        out_ts = np.repeat(ts, counts) if ts is not None else None
+        self.forward(Records(items=out, type_info=self.step.output_type, timestamps=out_ts))
 
 
 class _Filter(_Node):
@@ -196,11 +244,17 @@ class _Filter(_Node):
             mask = [bool(f(r)) for r in items]
         except Exception as e:
             raise StepError(self.stage_name, _culprit(items, f), _NO_KEY, e, "filter function") from e
+        ts = records.timestamps()
+        keep_ts = ts[np.array(mask, dtype=bool)] if ts is not None else None
         if records._batch is not None:
-            out = Records(batch=records._batch.filter(pa.array(mask)), type_info=records.type_info)
+            out = Records(
+                batch=records._batch.filter(pa.array(mask)), type_info=records.type_info, timestamps=keep_ts
+            )
             out._items = [r for r, m in zip(items, mask) if m]
         else:
-            out = Records(items=[r for r, m in zip(items, mask) if m], type_info=records.type_info)
+            out = Records(
+                items=[r for r, m in zip(items, mask) if m], type_info=records.type_info, timestamps=keep_ts
+            )
         self.forward(out)
 
 
@@ -224,6 +278,53 @@ class _ToSink(_Node):
         batch = records.data_batch()
         self.outputs.count_out(batch.num_rows)
         self.gate.append_batch(batch, producer=self.outputs.producer)
+
+
+class _Assign(_Node):
+    """assign_timestamps_and_watermarks (or a source's strategy): event timestamps for the
+    records, and watermarks, per Flink's rule, to the gates downstream of this step."""
+
+    def __init__(self, step, stage_name, outputs):
+        super().__init__(step, stage_name, outputs)
+        self.strategy = step.fn
+        self.generator = WatermarkGenerator(self.strategy)
+        self.assigner = self.strategy.timestamp_assigner
+
+    def functions(self) -> list:
+        return [f for c in self.children for f in c.functions()]
+
+    def push(self, records: Records) -> None:
+        ts = self._timestamps(records)
+        if ts is not None:
+            records = Records(records._batch, records._items, records.type_info, ts)
+        self.forward(records)
+        ts = records.timestamps()
+        if ts is not None:
+            wm = self.generator.on_timestamps(ts)
+            if wm is not None:
+                for g in self.gates_below():
+                    g.control(Kind.WATERMARK, wm)
+
+    def _timestamps(self, records: Records) -> np.ndarray | None:
+        a = self.assigner
+        if a is None:
+            return None
+        if isinstance(a, str):  # beyond PyFlink: a field holding the timestamp, read as a column
+            batch = records.data_batch()
+            return timestamps_of(batch.column(resolve_field(batch.schema, a)))
+        previous = records.timestamps()
+        prev = previous.tolist() if previous is not None else [-(2**63)] * len(records)
+        items = records.items()
+        try:
+            return np.array([a.extract_timestamp(r, p) for r, p in zip(items, prev)], dtype=np.int64)
+        except Exception as e:
+            culprit = _culprit(items, lambda r: a.extract_timestamp(r, -(2**63)))
+            raise StepError(self.stage_name, culprit, _NO_KEY, e, "timestamp assigner") from e
+
+    def tick(self) -> None:
+        if self.generator.check_idle():
+            for g in self.gates_below():
+                g.control(Kind.IDLE)
 
 
 class _ToChainedSink(_Node):
@@ -252,6 +353,9 @@ class _ToGate(_Node):
         self.gate = outputs.gates[step.gate]
         self.outputs = outputs
         self.key: KeySpec = step.key
+
+    def control(self, kind, value: int = 0) -> None:
+        self.gate.append_control(kind, self.outputs.producer_id, value)
 
     def push(self, records: Records) -> None:
         key = self.key
@@ -282,6 +386,9 @@ class _ToGate(_Node):
             batch = records.data_batch()
         for f, arr in extra:
             batch = batch.append_column(f, arr)
+        ts = records.timestamps()
+        if ts is not None:
+            batch = batch.append_column(TS_COLUMN, pa.array(ts, type=pa.int64()))
         batch = batch.append_column(KG_COLUMN, pa.array(kgs, type=pa.uint16()))
         self.outputs.count_out(batch.num_rows)
         self.gate.append_batch(batch, producer=self.outputs.producer)
@@ -364,6 +471,7 @@ _KINDS = {
     "to_sink": _ToSink,
     "to_chained_sink": _ToChainedSink,
     "to_gate": _ToGate,
+    "assign": _Assign,
 }
 
 

@@ -8,6 +8,7 @@ the coordinator, the CLI and other instances can see progress without asking.
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -28,6 +29,7 @@ I_WORDS = 16
 FREE, RUNNING, DONE = 0, 1, 2
 
 _OP_HEADER = 64  # epoch, parallelism, switch futex...
+_WM_BYTES = 64 * 1024  # the watermark tracking state saved at the latest epoch marker
 O_EPOCH, O_PARALLELISM, O_SWITCH_FUTEX = 0, 1, 2
 
 
@@ -41,12 +43,12 @@ class ControlBlock:
         table_bytes = TABLE_RING * max_parallelism * 2
         self._table_bytes = (table_bytes + 63) // 64 * 64
         self._inst_bytes = MAX_INSTANCES * I_WORDS * 8
-        self._op_bytes = _OP_HEADER * 8 + self._table_bytes + self._inst_bytes
+        self._op_bytes = _OP_HEADER * 8 + self._table_bytes + self._inst_bytes + _WM_BYTES
 
     @staticmethod
     def size(n_operators: int, max_parallelism: int) -> int:
         table_bytes = (TABLE_RING * max_parallelism * 2 + 63) // 64 * 64
-        return max(n_operators, 1) * (_OP_HEADER * 8 + table_bytes + MAX_INSTANCES * I_WORDS * 8)
+        return max(n_operators, 1) * (_OP_HEADER * 8 + table_bytes + MAX_INSTANCES * I_WORDS * 8 + _WM_BYTES)
 
     @classmethod
     def create(cls, prefix: str, n_operators: int, max_parallelism: int) -> ControlBlock:
@@ -59,6 +61,37 @@ class ControlBlock:
 
     def _base(self, op: int) -> int:
         return op * self._op_bytes
+
+    def _wm_area(self, op: int) -> int:
+        return self._base(op) + _OP_HEADER * 8 + self._table_bytes + self._inst_bytes
+
+    def save_watermarks(self, op: int, epoch: int, state: dict) -> None:
+        """The operator's watermark tracking as of an epoch marker (for instances added there).
+
+        Every instance computes the same state at the same marker, so whichever writes first wins.
+        """
+        r = self.segment.region
+        base = self._wm_area(op)
+        r.lock(base + 24)
+        try:
+            if r.load64(base) >= epoch:
+                return
+            raw = json.dumps(state).encode()
+            if len(raw) > _WM_BYTES - 64:
+                raise ValueError("too many watermark producers for one operator")
+            self.segment.bytes[base + 64 : base + 64 + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+            r.store64(base + 8, len(raw))
+            r.store64(base, epoch)
+        finally:
+            r.unlock(base + 24)
+
+    def load_watermarks(self, op: int, epoch: int) -> dict | None:
+        r = self.segment.region
+        base = self._wm_area(op)
+        if r.load64(base) != epoch:
+            return None
+        n = r.load64(base + 8)
+        return json.loads(bytes(self.segment.bytes[base + 64 : base + 64 + n]))
 
     def header(self, op: int) -> np.ndarray:
         return self.segment.view(np.int64, self._base(op), _OP_HEADER)

@@ -27,6 +27,7 @@ from stretch.runtime import shm
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.control_socket import ControlServer, runtime_dir
 from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
+from stretch.runtime.event_time import MAX_WATERMARK, producer_id
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
@@ -196,6 +197,10 @@ class Coordinator:
                 self._parallelism[stage.id] = 1
                 if not stage.direct:
                     self._pending.append((stage.id, 0, 0))
+        for gate_id, stage_ids in plan.gate_producers.items():
+            res.producers[gate_id] = [
+                producer_id(s, i) for s in stage_ids for i in range(self._parallelism.get(s, 1))
+            ]
         self.resources = res
         self._stage_blobs = {s.id: cloudpickle.dumps(s) for s in plan.stages}
         self._server = ControlServer(self.socket_path, self._token, self._on_message, self._on_close)
@@ -528,6 +533,10 @@ class Coordinator:
         if op == "channel_end" and name in self.direct_channels:
             stage = self.direct_channels[name]
             if 0 not in self._stages[stage.id].done:
+                # the writers' input ended: as a bounded source does, move their watermark to the end
+                self.gates[stage.chain[0].gate].append_control(
+                    Kind.WATERMARK, producer_id(stage.id, 0), MAX_WATERMARK
+                )
                 self._instance_done(stage.id, 0)
             return {"ok": True}
         if op == "channel_end" and name in self.input_channels:

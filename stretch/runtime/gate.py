@@ -30,6 +30,8 @@ class Kind(IntEnum):
     WATERMARK = 4
     CHECKPOINT = 5
     MARK = 6  # a no-op position marker (tests, flushes)
+    IDLE = 7  # a producer (arg0) has no records for now: it does not hold the watermark back
+    LEAVE = 8  # a producer (arg0) was scaled away: it never holds the watermark back again
 
 
 class GateClosed(Exception):

@@ -15,13 +15,15 @@ import numpy as np
 import pyarrow as pa
 
 from stretch.datastream import state as api_state
-from stretch.datastream.functions import KeyedProcessFunction, RuntimeContext, TimerService
+from stretch.datastream.functions import KeyedProcessFunction, RuntimeContext, TimeDomain, TimerService
 from stretch.plan.stages import OperatorSpec
 from stretch.runtime.chain import KEY_COLUMN, Records, StepError, resolve_field
+from stretch.runtime.event_time import MIN_WATERMARK
 from stretch.state import _table_kernels as K
 from stretch.state.backend import KeyedStateBackend
 from stretch.state.key_codec import decode_key
 from stretch.state.keyed_table import MAX_LOAD, KeyedTable, KeyMode, key_mode_of
+from stretch.state.timers import EVENT, PROCESSING
 
 _OPS = {"sum": 0, "min": 1, "max": 2}
 
@@ -71,30 +73,44 @@ class InstanceRuntimeContext(RuntimeContext):
         return self._state(state_descriptor, api_state.AggregatingStateDescriptor)
 
 
-class _NoTimers(TimerService):
-    """Processing time only: event time and timers arrive with the watermark machinery."""
+class KeyedTimerService(TimerService):
+    """Timers of the current key, kept with its state; registrations apply at the batch's end."""
+
+    __slots__ = ("_b", "_op")
+
+    def __init__(self, backend: KeyedStateBackend, operator):
+        self._b = backend
+        self._op = operator
 
     def current_processing_time(self) -> int:
         return time.time_ns() // 1_000_000
 
     def current_watermark(self) -> int:
-        return -(2**63)
+        return self._op.watermark
 
-    def _unsupported(self, *_):
-        raise NotImplementedError("timers are not supported yet by this version of stretch")
+    def register_event_time_timer(self, timestamp: int) -> None:
+        self._b.timer_op(EVENT, int(timestamp), True)
 
-    register_processing_time_timer = register_event_time_timer = _unsupported
-    delete_processing_time_timer = delete_event_time_timer = _unsupported
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        self._b.timer_op(PROCESSING, int(timestamp), True)
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self._b.timer_op(EVENT, int(timestamp), False)
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        self._b.timer_op(PROCESSING, int(timestamp), False)
 
 
-class KeyedContext(KeyedProcessFunction.Context):
-    """The ``ctx`` of process_element: the current key and the timer service."""
+class KeyedContext(KeyedProcessFunction.OnTimerContext):
+    """The ``ctx`` of process_element and on_timer: current key, record or timer time, timers."""
 
-    __slots__ = ("_b", "_timers")
+    __slots__ = ("_b", "_timers", "domain", "ts")
 
-    def __init__(self, backend: KeyedStateBackend):
+    def __init__(self, backend: KeyedStateBackend, timers: KeyedTimerService):
         self._b = backend
-        self._timers = _NoTimers()
+        self._timers = timers
+        self.ts = None
+        self.domain = TimeDomain.EVENT_TIME
 
     def get_current_key(self):
         return self._b.keys[self._b.current]
@@ -103,7 +119,10 @@ class KeyedContext(KeyedProcessFunction.Context):
         return self._timers
 
     def timestamp(self):
-        return None
+        return self.ts
+
+    def time_domain(self) -> TimeDomain:
+        return self.domain
 
 
 class KeyedOperator:
@@ -115,6 +134,15 @@ class KeyedOperator:
         self.table = table
         self.backend = KeyedStateBackend(table)
         self._scratch = np.zeros(0, dtype=np.int64)
+        self.watermark = MIN_WATERMARK  # this instance's input watermark
+        self.owned = np.zeros(0, dtype=np.int64)  # key groups this instance owns (set per epoch)
+
+    def fire(self, domain: int, limit: int) -> Records | None:
+        """Fire the timers due at ``limit`` (event time: the watermark; processing: the clock)."""
+        return None
+
+    def next_timer(self, domain: int) -> int:
+        return 2**63 - 1
 
     def open(self, runtime_context) -> None:
         pass
@@ -166,7 +194,7 @@ class ProcessOperator(KeyedOperator):
     def __init__(self, spec, name, table):
         super().__init__(spec, name, table)
         self.fn = spec.fn
-        self.ctx = KeyedContext(self.backend)
+        self.ctx = KeyedContext(self.backend, KeyedTimerService(self.backend, self))
 
     def open(self, runtime_context) -> None:
         self.fn.open(runtime_context)
@@ -178,23 +206,75 @@ class ProcessOperator(KeyedOperator):
         col, mode, rows, uidx, first = self.locate(batch, kgs)
         b = self.backend
         b.begin(kgs[first], rows[first], self.python_keys(col, mode, first))
-        records = Records(batch=batch).items()
+        records_in = Records(batch=batch)
+        records = records_in.items()
+        ts = records_in.timestamps()
         out: list = []
         ext = out.extend
         pe = self.fn.process_element
         ctx = self.ctx
+        ctx.ts = None
         u = 0
         record = None
         try:
-            for u, record in zip(uidx.tolist(), records):
-                b.current = u
-                res = pe(record, ctx)
-                if res is not None:
-                    ext(res)
+            if ts is None:
+                for u, record in zip(uidx.tolist(), records):
+                    b.current = u
+                    res = pe(record, ctx)
+                    if res is not None:
+                        ext(res)
+                out_ts = None
+            else:  # outputs carry the timestamp of the record that produced them, as in Flink
+                counts = []
+                for u, record, ctx.ts in zip(uidx.tolist(), records, ts.tolist()):
+                    b.current = u
+                    res = pe(record, ctx)
+                    before = len(out)
+                    if res is not None:
+                        ext(res)
+                    counts.append(len(out) - before)
+                out_ts = np.repeat(ts, counts)
         except Exception as e:
             raise StepError(self.name, record, b.keys[u], e, "process_element") from e
         b.end()
-        return Records(items=out, type_info=self.spec.output_type)
+        return Records(items=out, type_info=self.spec.output_type, timestamps=out_ts)
+
+    def next_timer(self, domain: int) -> int:
+        store = self.backend.timer_store(create=False)
+        return store.next_due(domain, self.owned) if store is not None else 2**63 - 1
+
+    def fire(self, domain: int, limit: int) -> Records | None:
+        store = self.backend.timer_store(create=False)
+        if store is None or not len(self.owned):
+            return None
+        b, ctx, on_timer = self.backend, self.ctx, self.fn.on_timer
+        out: list = []
+        out_ts: list = []
+        ctx.domain = TimeDomain.EVENT_TIME if domain == EVENT else TimeDomain.PROCESSING_TIME
+        while True:  # timers registered while firing fire in the same round if already due
+            stamps, kgs, rows = store.pop_due(domain, self.owned, limit)
+            if not len(stamps):
+                break
+            code = (kgs.astype(np.int64) << 40) | rows
+            _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+            b.begin(kgs[first], rows[first], self.table.keys_at(kgs[first], rows[first]))
+            u = 0
+            try:
+                for u, ctx.ts in zip(inverse.tolist(), stamps.tolist()):
+                    b.current = u
+                    res = on_timer(ctx.ts, ctx)
+                    if res is not None:
+                        before = len(out)
+                        out.extend(res)
+                        out_ts.extend([ctx.ts] * (len(out) - before))
+            except Exception as e:
+                raise StepError(self.name, f"timer at {ctx.ts}", b.keys[u], e, "on_timer") from e
+            b.end()
+        if not out:
+            return None
+        return Records(
+            items=out, type_info=self.spec.output_type, timestamps=np.array(out_ts, dtype=np.int64)
+        )
 
 
 class AggregateOperator(KeyedOperator):

@@ -19,3 +19,4 @@ class JobResources:
     keyed_index: dict[int, int] = field(default_factory=dict)  # stage id -> control block operator
     channels: dict[str, str] = field(default_factory=dict)  # input channel name -> gate segment
     sinks: dict = field(default_factory=dict)  # sink id -> SinkSpec, for sinks chained into instances
+    producers: dict[int, list[int]] = field(default_factory=dict)  # gate id -> initial watermark producers

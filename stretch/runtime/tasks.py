@@ -11,11 +11,13 @@ from stretch.plan.stages import StageSpec
 from stretch.runtime import control_block as cbk
 from stretch.runtime.chain import KG_COLUMN, Chain, Outputs, Records
 from stretch.runtime.control_block import ControlBlock
+from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker, producer_id
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
 from stretch.runtime.resources import JobResources
 from stretch.state.arena import Arena
 from stretch.state.keyed_table import KeyedTable, writable
+from stretch.state.timers import EVENT, PROCESSING
 
 
 @dataclass
@@ -99,7 +101,9 @@ class SourceTask(Task):
     """Reads a source and pushes its batches through the chain into gates and sinks."""
 
     def run(self) -> None:
-        chain = Chain(self.stage.chain, self.stage.name, self.outputs(producer=1))
+        outputs = self.outputs(producer=1)
+        outputs.producer_id = producer_id(self.stage.id, 0)
+        chain = Chain(self.stage.chain, self.stage.name, outputs)
         chain.open(InstanceRuntimeContext(self.stage.name, 0, lambda: 1, self.stage.max_parallelism))
         source_type = getattr(self.stage.source, "type_info", None)
         reader = self.stage.source.create_reader(self)
@@ -107,7 +111,9 @@ class SourceTask(Task):
             for item in reader:
                 if self.should_stop():
                     raise Stopped()
-                if isinstance(item, list):
+                if item is None:  # the source waits for input: time passes all the same
+                    chain.tick()
+                elif isinstance(item, list):
                     chain.push(Records(items=item, type_info=source_type))
                 else:
                     chain.push(Records(batch=item))
@@ -115,6 +121,7 @@ class SourceTask(Task):
             close = getattr(reader, "close", None)
             if close is not None:
                 close()
+        chain.finish()  # a bounded input ended: its watermark goes to the maximum
         chain.close()
 
 
@@ -147,14 +154,19 @@ class KeyedInstanceTask(Task):
             self.build()
         gate, operator, outputs, chain = self._parts
         outputs.producer = index + 1
+        outputs.producer_id = producer_id(stage.id, index)
         cb = self.attached.control
         op = self.op_index
         epoch = self.a.epoch
         owners = cb.table(op, epoch).copy()
+        operator.owned = np.flatnonzero(owners == index)
         stats = cb.instances(op)[index]
         stats[cbk.I_STATE] = cbk.RUNNING
         cb.announce(op, index, cbk.I_EPOCH, epoch)
         cb.announce(op, index, cbk.I_ACTIVE, epoch)
+        # an instance added by a rescale learns the watermarks at its first marker instead
+        self.tracker = WatermarkTracker(self.res.producers.get(stage.input_gate, ()))
+        self.fresh = operator.owned.size == 0  # added by a rescale: it owns nothing before its marker
         ctx = InstanceRuntimeContext(
             stage.name,
             index,
@@ -166,8 +178,13 @@ class KeyedInstanceTask(Task):
         chain.open(ctx)
         fused = hasattr(operator, "process_owned")
         seq = gate.cursor(index)
+        next_processing_check = 0.0
         while True:
-            if not gate.wait(seq, timeout=0.1):
+            now = time.monotonic()
+            if now >= next_processing_check:  # processing-time timers, at most every few ms
+                next_processing_check = now + 0.005
+                chain.push(operator.fire(PROCESSING, time.time_ns() // 1_000_000))
+            if not gate.wait(seq, timeout=0.005 if operator.next_timer(PROCESSING) < MAX_WATERMARK else 0.1):
                 if self.should_stop():
                     raise Stopped()
                 continue
@@ -194,12 +211,23 @@ class KeyedInstanceTask(Task):
                 stats[cbk.I_RECORDS_OUT] = self._records_out
                 stats[cbk.I_BATCHES] += 1
                 stats[cbk.I_BUSY_NS] += time.perf_counter_ns() - t0
+            elif entry.kind is Kind.WATERMARK:
+                self._advance(operator, chain, self.tracker.watermark(entry.arg0, entry.arg1))
+            elif entry.kind is Kind.IDLE:
+                self._advance(operator, chain, self.tracker.go_idle(entry.arg0))
+            elif entry.kind is Kind.LEAVE:
+                self._advance(operator, chain, self.tracker.leave(entry.arg0))
             elif entry.kind is Kind.EPOCH:
-                owners = self._switch(cb, op, index, owners, entry.arg0, gate)
+                owners = self._switch(cb, op, index, owners, entry.arg0, gate, chain)
+                operator.owned = np.flatnonzero(owners == index)
                 if self.retired:
+                    chain.emit(Kind.LEAVE)  # downstream stops waiting for this producer's watermark
                     break
             elif entry.kind is Kind.END_OF_STREAM:
                 gate.advance(index, seq + 1)
+                self._advance(
+                    operator, chain, MAX_WATERMARK if self.tracker.current < MAX_WATERMARK else None
+                )
                 break
             seq += 1
             gate.advance(index, seq)
@@ -208,8 +236,17 @@ class KeyedInstanceTask(Task):
         chain.close()
         stats[cbk.I_STATE] = cbk.DONE
 
+    def _advance(self, operator, chain: Chain, watermark: int | None) -> None:
+        """The input watermark advanced: fire the event-time timers it passed, then forward it."""
+        if watermark is None:
+            return
+        self.tracker.current = max(self.tracker.current, watermark)
+        operator.watermark = watermark
+        chain.push(operator.fire(EVENT, watermark))
+        chain.emit(Kind.WATERMARK, watermark)
+
     def _switch(
-        self, cb: ControlBlock, op: int, index: int, owners: np.ndarray, epoch: int, gate: Gate
+        self, cb: ControlBlock, op: int, index: int, owners: np.ndarray, epoch: int, gate: Gate, chain: Chain
     ) -> np.ndarray:
         """Move to the next epoch's ownership at its marker (STRETCH's handoff).
 
@@ -217,8 +254,12 @@ class KeyedInstanceTask(Task):
         epoch at once; it then waits only for the previous owners of key groups it gains to do the
         same. An instance that gains nothing never waits. An instance scaled away gives up its
         reader slot first, so the slot is free for reuse once the rescale is announced complete.
+        Instances record the watermarks they track at the marker; an added instance starts from
+        those.
         """
         new = cb.table(op, epoch).copy()
+        if not self.fresh:
+            cb.save_watermarks(op, epoch, self.tracker.state())
         if not (new == index).any():
             gate.close_reader(index)
             self.retired = True
@@ -231,6 +272,13 @@ class KeyedInstanceTask(Task):
                 if self.should_stop():
                     raise Stopped()
         stall = time.perf_counter_ns() - t0
+        if self.fresh:
+            state = cb.load_watermarks(op, epoch)
+            if state is not None:
+                self.tracker = WatermarkTracker.from_state(state)
+                if self.tracker.current > MIN_WATERMARK:
+                    chain.emit(Kind.WATERMARK, self.tracker.current)
+            self.fresh = False
         stats = cb.instances(op)[index]
         stats[cbk.I_STALL_NS] += stall
         stats[cbk.I_MAX_STALL_NS] = max(int(stats[cbk.I_MAX_STALL_NS]), stall)

@@ -544,3 +544,79 @@ def rolling_records(a64, a8, af64, base_w, kgs, rows, vals, is_float, is_acc, op
             _record_of(a64, a8, base_w + np.int64(kgs[i]) * KG_WORDS, rows[i], k, ptr, fresh, q)
         src = np.arange(start, start + c)
         _fold_chunk(a64, af64, ptr, fresh, src, c, start, vals, fvals, is_float, is_acc, op, out, fout)
+
+
+# ---- timers: a binary min-heap of (timestamp, row) per key group --------------------------
+# The heap lives in a state column's data block: entries of two words, S_HEAP_USED counts them.
+
+
+@njit(inline="always", **_OPTS)
+def _heap_less(a64, base, i, j):
+    ti, tj = a64[base + 2 * i], a64[base + 2 * j]
+    return ti < tj or (ti == tj and a64[base + 2 * i + 1] < a64[base + 2 * j + 1])
+
+
+@njit(inline="always", **_OPTS)
+def _heap_swap(a64, base, i, j):
+    t, r = a64[base + 2 * i], a64[base + 2 * i + 1]
+    a64[base + 2 * i], a64[base + 2 * i + 1] = a64[base + 2 * j], a64[base + 2 * j + 1]
+    a64[base + 2 * j], a64[base + 2 * j + 1] = t, r
+
+
+@njit(**_OPTS)
+def heap_push(a64, base_w, kgs, rows, stamps):
+    """Push (stamp, row) into each key group's heap (room ensured by the caller)."""
+    for i in range(kgs.shape[0]):
+        h = base_w + np.int64(kgs[i]) * KG_WORDS
+        base = a64[h + S_DATA_OFF] >> 3
+        n = a64[h + S_HEAP_USED]
+        a64[base + 2 * n] = stamps[i]
+        a64[base + 2 * n + 1] = rows[i]
+        c = n
+        while c > 0:
+            parent = (c - 1) // 2
+            if not _heap_less(a64, base, c, parent):
+                break
+            _heap_swap(a64, base, c, parent)
+            c = parent
+        a64[h + S_HEAP_USED] = n + 1
+
+
+@njit(**_OPTS)
+def heap_pop_due(a64, base_w, kg, limit, out_stamps, out_rows):
+    """Pop every entry of key group kg with stamp <= limit (up to the outputs' size), in order."""
+    h = base_w + np.int64(kg) * KG_WORDS
+    base = a64[h + S_DATA_OFF] >> 3
+    n = a64[h + S_HEAP_USED]
+    k = 0
+    while n > 0 and k < out_stamps.shape[0] and a64[base] <= limit:
+        out_stamps[k] = a64[base]
+        out_rows[k] = a64[base + 1]
+        k += 1
+        n -= 1
+        a64[base], a64[base + 1] = a64[base + 2 * n], a64[base + 2 * n + 1]
+        c = 0
+        while True:
+            left = 2 * c + 1
+            if left >= n:
+                break
+            small = left
+            if left + 1 < n and _heap_less(a64, base, left + 1, left):
+                small = left + 1
+            if not _heap_less(a64, base, small, c):
+                break
+            _heap_swap(a64, base, c, small)
+            c = small
+    a64[h + S_HEAP_USED] = n
+    return k
+
+
+@njit(**_OPTS)
+def heap_heads(a64, base_w, owned, out):
+    """The smallest stamp of each listed key group's heap (int64 max where empty)."""
+    for i in range(owned.shape[0]):
+        h = base_w + owned[i] * KG_WORDS
+        if a64[h + S_HEAP_USED] > 0:
+            out[i] = a64[a64[h + S_DATA_OFF] >> 3]
+        else:
+            out[i] = 9223372036854775807

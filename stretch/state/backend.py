@@ -7,6 +7,7 @@ import numpy as np
 from stretch.state.codecs import storage_entry
 from stretch.state.keyed_table import KeyedTable
 from stretch.state.states import make_state
+from stretch.state.timers import TimerStore
 
 
 class KeyedStateBackend:
@@ -25,6 +26,8 @@ class KeyedStateBackend:
         self._rows = np.zeros(0, dtype=np.int64)
         self._touched = np.zeros(0, dtype=np.uint16)
         self._in_batch = False
+        self._timers: TimerStore | None = None
+        self._timer_ops: dict[int, list] = {}  # (domain, slot) -> [(timestamp, register?)]
 
     def state(self, descriptor):
         """The state object for a descriptor (the same object for the same name)."""
@@ -45,6 +48,20 @@ class KeyedStateBackend:
     def current_key(self):
         return self.keys[self.current]
 
+    def timer_store(self, create: bool = True) -> TimerStore | None:
+        """The operator's timers (created on first use; found if another instance created them)."""
+        if self._timers is None:
+            exists = any(e["name"] == "__timers_event" for e in self.table.arena.registry())
+            if create or exists:
+                self._timers = TimerStore(self.table)
+        return self._timers
+
+    def timer_op(self, domain: int, timestamp: int, register: bool) -> None:
+        """Register or delete a timer of the current key; applied when the batch ends."""
+        if self._timers is None:
+            self.timer_store()
+        self._timer_ops.setdefault((domain, self.current), []).append((timestamp, register))
+
     def begin(self, kgs: np.ndarray, rows: np.ndarray, keys: list) -> None:
         """Load every state's values for the batch's distinct keys (kgs[i], rows[i], keys[i])."""
         self._kgs = kgs
@@ -61,6 +78,15 @@ class KeyedStateBackend:
         try:
             for state in self._states.values():
                 state._flush(self._kgs, self._rows)
+            if self._timer_ops:
+                ops, self._timer_ops = self._timer_ops, {}
+                for domain in (0, 1):
+                    slots = [u for (d, u) in ops if d == domain]
+                    if slots:
+                        idx = np.array(slots, dtype=np.int64)
+                        self._timers.apply(
+                            domain, self._kgs[idx], self._rows[idx], [ops[(domain, u)] for u in slots]
+                        )
         finally:
             self._in_batch = False
             self.table.end_write(self._touched)

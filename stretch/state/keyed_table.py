@@ -42,7 +42,8 @@ def key_mode_of(arrow_type: pa.DataType) -> KeyMode:
     raise TypeError(f"keys of Arrow type {arrow_type} cannot be stored; key by an int, str or bytes field")
 
 
-def _pow2(n: int) -> int:
+def pow2(n: int) -> int:
+    """The smallest power of two >= n (at least 2)."""
     return 1 << max(int(n) - 1, 1).bit_length()
 
 
@@ -145,7 +146,7 @@ class KeyedTable:
         n = int(h[K.H_NKEYS])
         byte_keys = need_heap is not None
         if need_rows > h[K.H_KEYS_CAP]:
-            cap = _pow2(max(need_rows, _MIN_ROWS))
+            cap = pow2(max(need_rows, _MIN_ROWS))
             width = 16 if byte_keys else 8
             h[K.H_KEYS_OFF] = self._move(
                 int(h[K.H_KEYS_OFF]), int(h[K.H_KEYS_CAP]) * width, n * width, cap * width
@@ -154,7 +155,7 @@ class KeyedTable:
                 h[K.H_KHASH_OFF] = self._move(int(h[K.H_KHASH_OFF]), int(h[K.H_KEYS_CAP]) * 8, n * 8, cap * 8)
             h[K.H_KEYS_CAP] = cap
         if need_rows > h[K.H_INDEX_CAP] * MAX_LOAD:
-            cap = _pow2(max(int(need_rows / MAX_LOAD) + 1, _MIN_ROWS))
+            cap = pow2(max(int(need_rows / MAX_LOAD) + 1, _MIN_ROWS))
             off = a.alloc(cap * 4)
             w = a.dir_w + kg * K.KG_WORDS
             (K.rehash_bytes if byte_keys else K.rehash_i64)(a.a64, a.a32, w, off, cap)
@@ -162,7 +163,7 @@ class KeyedTable:
             h[K.H_INDEX_OFF] = off
             h[K.H_INDEX_CAP] = cap
         if byte_keys and need_heap > h[K.H_KHEAP_CAP]:
-            cap = _pow2(max(need_heap, 4096))
+            cap = pow2(max(need_heap, 4096))
             used = int(h[K.H_KHEAP_USED])
             h[K.H_KHEAP_OFF] = self._move(int(h[K.H_KHEAP_OFF]), int(h[K.H_KHEAP_CAP]), used, cap)
             h[K.H_KHEAP_CAP] = cap
@@ -178,6 +179,29 @@ class KeyedTable:
 
     def n_keys(self, kg: int) -> int:
         return int(self.headers[kg, K.H_NKEYS])
+
+    def keys_at(self, kgs: np.ndarray, rows: np.ndarray) -> list:
+        """The Python keys of some (key group, row) pairs."""
+        mode = self.mode()
+        h = self.headers
+        a = self.arena
+        if mode is KeyMode.INT64:
+            return [
+                int(a.a64[int(h[kg, K.H_KEYS_OFF]) // 8 + r]) for kg, r in zip(kgs.tolist(), rows.tolist())
+            ]
+        out = []
+        for kg, r in zip(kgs.tolist(), rows.tolist()):
+            kw = int(h[kg, K.H_KEYS_OFF]) // 8 + 2 * r
+            off = int(h[kg, K.H_KHEAP_OFF]) + int(a.a64[kw])
+            raw = bytes(a.a8[off : off + int(a.a64[kw + 1])])
+            out.append(
+                raw.decode()
+                if mode is KeyMode.UTF8
+                else decode_key(raw)
+                if mode is KeyMode.CANONICAL
+                else raw
+            )
+        return out
 
     def keys_of(self, kg: int) -> list:
         """All keys of a key group as Python objects, in row order."""
@@ -279,7 +303,7 @@ class KeyedTable:
         used, cap, garbage = int(c[K.S_HEAP_USED]), int(c[K.S_HEAP_CAP]), int(c[K.S_HEAP_GARBAGE])
         if used + extra <= cap:
             return
-        new_cap = _pow2(max(2 * (used - garbage + extra), 4096))
+        new_cap = pow2(max(2 * (used - garbage + extra), 4096))
         off = self.arena.alloc(new_cap)
         words = self.arena.state_base_w(sid) + kg * K.KG_WORDS
         new_used = K.var_compact(self.arena.a64, self.arena.a8, words, int(self.headers[kg, K.H_NKEYS]), off)
@@ -303,6 +327,9 @@ class KeyedTable:
                 yield int(w[K.H_KHEAP_OFF]), int(w[K.H_KHEAP_USED])
             for sid, entry in enumerate(self.arena.registry()):
                 c = w[K.STATE_BASE + sid * K.STATE_WORDS :][: K.STATE_WORDS]
+                if entry["storage"] == "heap":  # timers: (timestamp, row) pairs, not one per key
+                    yield int(c[K.S_DATA_OFF]), int(c[K.S_HEAP_USED]) * 16
+                    continue
                 rows = min(n, int(c[K.S_DATA_CAP]))
                 if rows:
                     yield int(c[K.S_DATA_OFF]), rows * row_width(entry)

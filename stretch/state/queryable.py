@@ -90,6 +90,8 @@ def read_key_group(table: KeyedTable, kg: int) -> pa.Table:
         rows = np.arange(n, dtype=np.int64)
         columns = {"key_group": pa.array(kgs, pa.int32()), "key": _array(keys, None)}
         for sid, entry in enumerate(table.arena.registry()):
+            if entry["name"].startswith("__"):
+                continue  # the engine's own state (timers)
             if entry["kind"] == "record":
                 columns.update(_record_columns(table, sid, entry, kg, n))
             else:

@@ -34,6 +34,7 @@ class ChannelSource(Source):
             if not gate.wait(seq, timeout=0.1):
                 if context.should_stop():
                     return
+                yield None  # nothing yet: lets watermark generators notice idleness
                 continue
             entry = gate.read(seq)
             if entry.kind is Kind.END_OF_STREAM:
