@@ -15,16 +15,20 @@ from stretch.datastream.functions import (
     KeySelector,
     MapFunction,
     ProcessFunction,
+    ProcessWindowFunction,
     ReduceFunction,
     RuntimeContext,
     TimeDomain,
     TimerService,
+    WindowFunction,
 )
+from stretch.datastream.output_tag import OutputTag
 
 _LAZY = {
     "DataStream": "stretch.datastream.data_stream",
     "DataStreamSink": "stretch.datastream.data_stream",
     "KeyedStream": "stretch.datastream.data_stream",
+    "WindowedStream": "stretch.datastream.data_stream",
     "CloseableIterator": "stretch.datastream.job_client",
     "JobClient": "stretch.datastream.job_client",
     "JobExecutionResult": "stretch.datastream.job_client",
@@ -55,10 +59,14 @@ __all__ = [
     "KeyedProcessFunction",
     "KeyedStream",
     "MapFunction",
+    "OutputTag",
     "ProcessFunction",
+    "ProcessWindowFunction",
     "ReduceFunction",
     "RuntimeContext",
     "StreamExecutionEnvironment",
     "TimeDomain",
     "TimerService",
+    "WindowFunction",
+    "WindowedStream",
 ]

@@ -172,6 +172,83 @@ class DataStream:
     def _values(self) -> DataStream:
         return self
 
+    def get_side_output(self, output_tag) -> DataStream:
+        """The records this operator yielded as ``(output_tag, value)`` (late window data too)."""
+        from stretch.datastream.output_tag import OutputTag
+
+        if not isinstance(output_tag, OutputTag):
+            raise TypeError(f"expected an OutputTag, got {output_tag!r}")
+        spec = {"tag": output_tag}
+        return DataStream(
+            self._env,
+            Transformation(
+                "side_output", [self._t], f"SideOutput({output_tag.tag_id})", spec, output_tag.type_info
+            ),
+        )
+
+
+class WindowedStream:
+    """A keyed stream cut into windows; reduce/aggregate/process/apply say what each one yields."""
+
+    def __init__(self, keyed: KeyedStream, assigner):
+        self._keyed = keyed
+        self._assigner = assigner
+        self._lateness = 0
+        self._late_tag = None
+
+    def allowed_lateness(self, time_ms: int) -> WindowedStream:
+        """Keep windows this long after the watermark passed them; late records re-fire them."""
+        from stretch.datastream.window import _millis
+
+        self._lateness = _millis(time_ms, "allowed lateness")
+        if self._lateness < 0:
+            raise ValueError("allowed lateness must not be negative")
+        return self
+
+    def side_output_late_data(self, output_tag) -> WindowedStream:
+        """Records too late for every window they belong to go to this side output."""
+        self._late_tag = output_tag
+        return self
+
+    def trigger(self, trigger) -> WindowedStream:
+        raise NotImplementedError(
+            "custom triggers are not supported; the assigners' default triggers are used"
+        )
+
+    def _window(self, mode: str, fn, window_fn, output_type, name: str) -> DataStream:
+        from stretch.datastream.windowing import WindowOperator
+
+        op = WindowOperator(self._assigner, mode, fn, window_fn, self._lateness, self._late_tag)
+        return self._keyed._keyed("process", f"Window({name})", {"fn": op}, output_type)
+
+    def reduce(self, reduce_function, window_function=None, output_type=None) -> DataStream:
+        f = (
+            reduce_function
+            if isinstance(reduce_function, ReduceFunction)
+            else _check_function(reduce_function, ReduceFunction, "reduce")
+        )
+        out_type = output_type if window_function is not None else (output_type or self._keyed._t.output_type)
+        return self._window("reduce", f, window_function, out_type, "reduce")
+
+    def aggregate(
+        self, aggregate_function, window_function=None, accumulator_type=None, output_type=None
+    ) -> DataStream:
+        from stretch.datastream.functions import AggregateFunction
+
+        if not isinstance(aggregate_function, AggregateFunction):
+            raise TypeError("The input must be a pyflink.datastream.functions.AggregateFunction!")
+        return self._window("aggregate", aggregate_function, window_function, output_type, "aggregate")
+
+    def process(self, process_window_function, output_type=None) -> DataStream:
+        from stretch.datastream.functions import ProcessWindowFunction
+
+        if not isinstance(process_window_function, ProcessWindowFunction):
+            raise TypeError("process() needs a ProcessWindowFunction")
+        return self._window("list", None, process_window_function, output_type, "process")
+
+    def apply(self, window_function, output_type=None) -> DataStream:
+        return self._window("list", None, window_function, output_type, "apply")
+
 
 class DataStreamSink:
     """Returned by sink_to/print; names the sink."""
@@ -262,8 +339,22 @@ class KeyedStream(DataStream):
     def key_by(self, key_selector, key_type: TypeInformation | None = None) -> KeyedStream:
         return self._original.key_by(key_selector, key_type)
 
-    def window(self, window_assigner):
-        raise NotImplementedError("windows are not supported by this version of stretch yet")
+    def window(self, window_assigner) -> WindowedStream:
+        """Group each key's records into windows (event-time, processing-time or session)."""
+        from stretch.datastream.window import WindowAssigner
+
+        if not isinstance(window_assigner, WindowAssigner):
+            raise TypeError(
+                f"expected a window assigner such as TumblingEventTimeWindows.of(...), got {window_assigner!r}"
+            )
+        return WindowedStream(self, window_assigner)
+
+    def count_window(self, size: int, slide: int = 0) -> WindowedStream:
+        """Windows of ``size`` records per key (sliding by ``slide`` records if given)."""
+        from stretch.datastream.window import CountSlidingWindowAssigner, CountTumblingWindowAssigner
+
+        assigner = CountSlidingWindowAssigner(size, slide) if slide else CountTumblingWindowAssigner(size)
+        return WindowedStream(self, assigner)
 
     def name(self, name: str):
         raise Exception("Setting name is not allowed on a KeyedStream; name the operator that follows it")

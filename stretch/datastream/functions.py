@@ -157,3 +157,36 @@ class KeyedProcessFunction(Function):
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
         pass
+
+
+class WindowFunction(Function):
+    """Called with all of a window's elements (or its pre-aggregated result) when it fires."""
+
+    @abstractmethod
+    def apply(self, key, window, inputs): ...
+
+
+class ProcessWindowFunction(Function):
+    """Like WindowFunction, with a context giving the window, the time and the watermark."""
+
+    class Context(ABC):
+        @abstractmethod
+        def window(self): ...
+
+        @abstractmethod
+        def current_processing_time(self) -> int: ...
+
+        @abstractmethod
+        def current_watermark(self) -> int: ...
+
+        def window_state(self):
+            raise NotImplementedError("per-window state is not supported; use global_state()")
+
+        @abstractmethod
+        def global_state(self): ...
+
+    @abstractmethod
+    def process(self, key, context: ProcessWindowFunction.Context, elements): ...
+
+    def clear(self, context: ProcessWindowFunction.Context) -> None:
+        pass

@@ -32,7 +32,7 @@ class KeySpec:
 class Step:
     """One chained step: map/flat_map/filter, or a terminal that hands records on."""
 
-    kind: str  # map | flat_map | filter | assign | to_gate | to_sink | to_chained_sink
+    kind: str  # map | flat_map | filter | assign | side | to_gate | to_sink | to_chained_sink
     fn: Any = None
     output_type: TypeInformation | None = None
     children: list[Step] = field(default_factory=list)
@@ -160,6 +160,8 @@ def compile_plan(sinks: list[Transformation], default_parallelism: int, max_para
                 out.append(Step(c.kind, c.spec["fn"], c.output_type, steps_after(c), name=c.name))
             elif c.kind == "union":
                 out.extend(steps_after(c))
+            elif c.kind == "side_output":
+                out.append(Step("side", c.spec["tag"], c.output_type, steps_after(c), name=c.name))
             elif c.kind == "key_by":
                 for k in consumers[c.id]:
                     out.append(

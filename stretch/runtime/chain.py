@@ -16,6 +16,7 @@ import pyarrow as pa
 from stretch.common.records import from_batch, to_batch
 from stretch.common.typeinfo import Types
 from stretch.datastream.functions import Function, KeySelector
+from stretch.datastream.output_tag import OutputTag
 from stretch.plan.stages import KeySpec, Step
 from stretch.runtime.event_time import MAX_WATERMARK, WatermarkGenerator, timestamps_of
 from stretch.runtime.gate import Kind
@@ -33,7 +34,7 @@ class Records:
     """Records in flight: an Arrow batch, a Python list, or both (each made on demand), and the
     records' event timestamps (epoch ms; the batch's ``__ts`` column in gates) if they have any."""
 
-    __slots__ = ("_batch", "_items", "_ts", "type_info")
+    __slots__ = ("_batch", "_items", "_ts", "side", "type_info")
 
     def __init__(
         self,
@@ -41,11 +42,13 @@ class Records:
         items: list | None = None,
         type_info=None,
         timestamps: np.ndarray | None = None,
+        side: dict | None = None,
     ):
         self._batch = batch
         self._items = items
         self.type_info = type_info
         self._ts = timestamps
+        self.side = side  # side outputs: tag id -> Records
 
     def timestamps(self) -> np.ndarray | None:
         if self._ts is None and self._batch is not None and TS_COLUMN in self._batch.schema.names:
@@ -134,8 +137,15 @@ class Chain:
             n.close()
 
     def push(self, records: Records) -> None:
-        if records is not None and len(records):
-            for r in self.roots:
+        if records is None:
+            return
+        side = records.side
+        for r in self.roots:
+            if isinstance(r, _Side):
+                part = side.get(r.tag.tag_id) if side else None
+                if part is not None and len(part):
+                    r.forward(part)
+            elif len(records):
                 r.push(records)
 
     def emit(self, kind, value: int = 0) -> None:
@@ -327,6 +337,48 @@ class _Assign(_Node):
                 g.control(Kind.IDLE)
 
 
+class _Side(_Node):
+    """The start of a side output's chain: receives the records yielded with its OutputTag."""
+
+    def __init__(self, step, stage_name, outputs):
+        super().__init__(step, stage_name, outputs)
+        self.tag = step.fn
+
+    def push(self, records: Records) -> None:
+        self.forward(records)
+
+
+def split_outputs(items: list, stamps: list | None, timestamped: bool, type_info) -> Records:
+    """A keyed operator's outputs as Records: ``(tag, value)`` pairs go to their side outputs,
+    and for functions that emit ``(value, timestamp)`` pairs the timestamps are taken apart."""
+    if timestamped:
+        stamps = [ts for _, ts in items]
+        items = [v for v, _ in items]
+    side: dict = {}
+    if any(type(o) is tuple and len(o) == 2 and type(o[0]) is OutputTag for o in items):
+        main, main_ts = [], []
+        for i, o in enumerate(items):
+            if type(o) is tuple and len(o) == 2 and type(o[0]) is OutputTag:
+                vals, tss, _ = side.setdefault(o[0].tag_id, ([], [], o[0]))
+                vals.append(o[1])
+                tss.append(stamps[i] if stamps is not None else None)
+            else:
+                main.append(o)
+                main_ts.append(stamps[i] if stamps is not None else None)
+        items, stamps = main, (main_ts if stamps is not None else None)
+        side = {
+            tid: Records(
+                items=v, type_info=tag.type_info, timestamps=_stamps(t) if stamps is not None else None
+            )
+            for tid, (v, t, tag) in side.items()
+        }
+    return Records(items=items, type_info=type_info, timestamps=_stamps(stamps), side=side or None)
+
+
+def _stamps(stamps) -> np.ndarray | None:
+    return None if stamps is None else np.array(stamps, dtype=np.int64)
+
+
 class _ToChainedSink(_Node):
     """A sink that runs inside the producing instance (e.g. DiscardingSink)."""
 
@@ -472,6 +524,7 @@ _KINDS = {
     "to_chained_sink": _ToChainedSink,
     "to_gate": _ToGate,
     "assign": _Assign,
+    "side": _Side,
 }
 
 

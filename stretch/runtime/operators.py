@@ -17,7 +17,7 @@ import pyarrow as pa
 from stretch.datastream import state as api_state
 from stretch.datastream.functions import KeyedProcessFunction, RuntimeContext, TimeDomain, TimerService
 from stretch.plan.stages import OperatorSpec
-from stretch.runtime.chain import KEY_COLUMN, Records, StepError, resolve_field
+from stretch.runtime.chain import KEY_COLUMN, Records, StepError, resolve_field, split_outputs
 from stretch.runtime.event_time import MIN_WATERMARK
 from stretch.state import _table_kernels as K
 from stretch.state.backend import KeyedStateBackend
@@ -195,6 +195,7 @@ class ProcessOperator(KeyedOperator):
         super().__init__(spec, name, table)
         self.fn = spec.fn
         self.ctx = KeyedContext(self.backend, KeyedTimerService(self.backend, self))
+        self.timestamped = getattr(spec.fn, "emits_timestamps", False)  # yields (value, timestamp)
 
     def open(self, runtime_context) -> None:
         self.fn.open(runtime_context)
@@ -233,11 +234,11 @@ class ProcessOperator(KeyedOperator):
                     if res is not None:
                         ext(res)
                     counts.append(len(out) - before)
-                out_ts = np.repeat(ts, counts)
+                out_ts = np.repeat(ts, counts).tolist()
         except Exception as e:
             raise StepError(self.name, record, b.keys[u], e, "process_element") from e
         b.end()
-        return Records(items=out, type_info=self.spec.output_type, timestamps=out_ts)
+        return split_outputs(out, out_ts, self.timestamped, self.spec.output_type)
 
     def next_timer(self, domain: int) -> int:
         store = self.backend.timer_store(create=False)
@@ -272,9 +273,7 @@ class ProcessOperator(KeyedOperator):
             b.end()
         if not out:
             return None
-        return Records(
-            items=out, type_info=self.spec.output_type, timestamps=np.array(out_ts, dtype=np.int64)
-        )
+        return split_outputs(out, out_ts, self.timestamped, self.spec.output_type)
 
 
 class AggregateOperator(KeyedOperator):

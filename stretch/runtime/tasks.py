@@ -218,7 +218,7 @@ class KeyedInstanceTask(Task):
             elif entry.kind is Kind.LEAVE:
                 self._advance(operator, chain, self.tracker.leave(entry.arg0))
             elif entry.kind is Kind.EPOCH:
-                owners = self._switch(cb, op, index, owners, entry.arg0, gate, chain)
+                owners = self._switch(cb, op, index, owners, entry.arg0, gate, chain, operator)
                 operator.owned = np.flatnonzero(owners == index)
                 if self.retired:
                     chain.emit(Kind.LEAVE)  # downstream stops waiting for this producer's watermark
@@ -246,7 +246,15 @@ class KeyedInstanceTask(Task):
         chain.emit(Kind.WATERMARK, watermark)
 
     def _switch(
-        self, cb: ControlBlock, op: int, index: int, owners: np.ndarray, epoch: int, gate: Gate, chain: Chain
+        self,
+        cb: ControlBlock,
+        op: int,
+        index: int,
+        owners: np.ndarray,
+        epoch: int,
+        gate: Gate,
+        chain: Chain,
+        operator,
     ) -> np.ndarray:
         """Move to the next epoch's ownership at its marker (STRETCH's handoff).
 
@@ -277,7 +285,7 @@ class KeyedInstanceTask(Task):
             if state is not None:
                 self.tracker = WatermarkTracker.from_state(state)
                 if self.tracker.current > MIN_WATERMARK:
-                    chain.emit(Kind.WATERMARK, self.tracker.current)
+                    self._advance(operator, chain, self.tracker.current)
             self.fresh = False
         stats = cb.instances(op)[index]
         stats[cbk.I_STALL_NS] += stall
