@@ -195,7 +195,7 @@ class WindowOperator(KeyedProcessFunction):
 
         Timers are per key and timestamp (not per window, as in Flink), so two windows can share one.
         """
-        ends = [end for _, end in self.windows.keys()]  # noqa: SIM118 (MapState is not a dict)
+        ends = [end for _, end in self.windows]
         if not any(ts in (end - 1, end - 1 + self.lateness) for end in ends):
             self._delete(timers, ts)
 

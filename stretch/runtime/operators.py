@@ -260,14 +260,26 @@ class ProcessOperator(KeyedOperator):
             _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
             b.begin(kgs[first], rows[first], self.table.keys_at(kgs[first], rows[first]))
             u = 0
+            slots, times = inverse.tolist(), stamps.tolist()
+            left = np.bincount(inverse).tolist()  # each key's timers still to fire this round
+            deferred: set[int] = set()
             try:
-                for u, ctx.ts in zip(inverse.tolist(), stamps.tolist()):
+                for j, (u, ctx.ts) in enumerate(zip(slots, times)):
+                    if u in deferred:
+                        continue
+                    left[u] -= 1
                     b.current = u
                     res = on_timer(ctx.ts, ctx)
                     if res is not None:
                         before = len(out)
                         out.extend(res)
                         out_ts.extend([ctx.ts] * (len(out) - before))
+                    if left[u] and b.has_timer_ops(domain, u):
+                        # the timer changed its key's timers: put the key's later ones back so the
+                        # next round fires them in order with the new ones (or not, if deleted)
+                        later = [t for v, t in zip(slots[j + 1 :], times[j + 1 :]) if v == u]
+                        b.defer_timers(domain, u, later)
+                        deferred.add(u)
             except Exception as e:
                 raise StepError(self.name, f"timer at {ctx.ts}", b.keys[u], e, "on_timer") from e
             b.end()

@@ -29,11 +29,12 @@ def warm_up() -> None:
     import stretch.datastream.keyed_functions  # noqa: F401
     from stretch.common.records import from_batch, to_batch
     from stretch.state import _hash_kernels
-    from stretch.state.warm import warm_fused_kernels, warm_table_kernels
+    from stretch.state.warm import warm_fused_kernels, warm_table_kernels, warm_timer_kernels
 
     _hash_kernels.warm_up()
     warm_table_kernels()
     warm_fused_kernels()
+    warm_timer_kernels()
     batch = to_batch([("a", 1, 1.5, True, None)])
     from_batch(batch.filter(pa.array([True])).take(pa.array([0])))
     pa.array([1, None]).fill_null(0).is_valid()

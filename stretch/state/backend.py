@@ -8,6 +8,7 @@ from stretch.state.codecs import storage_entry
 from stretch.state.keyed_table import KeyedTable
 from stretch.state.states import make_state
 from stretch.state.timers import TimerStore
+from stretch.state.ttl import WRAPPERS, stamps_descriptor
 
 
 class KeyedStateBackend:
@@ -40,6 +41,9 @@ class KeyedStateBackend:
             return existing
         sid = self.table.arena.register_state(storage_entry(descriptor))
         state = make_state(self, sid, descriptor)
+        ttl = descriptor._ttl_config
+        if ttl is not None and ttl.is_enabled():
+            state = WRAPPERS[descriptor.kind](state, self.state(stamps_descriptor(descriptor)), ttl)
         self._states[descriptor.name] = state
         if self._in_batch:
             state._load(self._kgs, self._rows)
@@ -61,6 +65,14 @@ class KeyedStateBackend:
         if self._timers is None:
             self.timer_store()
         self._timer_ops.setdefault((domain, self.current), []).append((timestamp, register))
+
+    def has_timer_ops(self, domain: int, slot: int) -> bool:
+        return (domain, slot) in self._timer_ops
+
+    def defer_timers(self, domain: int, slot: int, stamps: list) -> None:
+        """Register popped timers again ahead of the key's pending ops (which may delete them)."""
+        ops = self._timer_ops.setdefault((domain, slot), [])
+        ops[:0] = [(t, True) for t in stamps]
 
     def begin(self, kgs: np.ndarray, rows: np.ndarray, keys: list) -> None:
         """Load every state's values for the batch's distinct keys (kgs[i], rows[i], keys[i])."""

@@ -72,3 +72,12 @@ def warm_fused_kernels() -> None:
         a64, a32, a8, af64, 0, 0, kgs, keys, owners, 0, 0, vals, flags, flags, pos, vals.copy(), progress, 0.7
     )
     K.rolling_records(a64, a8, af64, 0, kgs, pos, vals, flags, flags, 0, vals.copy())
+
+
+def warm_timer_kernels() -> None:
+    """The timer heaps' push, pop and peek, with the argument kinds the timer store passes."""
+    a64 = np.zeros(K.KG_WORDS * 2 + 64, dtype=np.int64)
+    none64 = np.zeros(0, np.int64)
+    K.heap_push(a64, 0, np.zeros(0, np.uint16), none64, none64)
+    K.heap_pop_due(a64, 0, 0, 0, np.zeros(4, np.int64), np.zeros(4, np.int64))
+    K.heap_heads(a64, 0, none64, none64)
