@@ -233,11 +233,72 @@ class WindowedStream:
     def aggregate(
         self, aggregate_function, window_function=None, accumulator_type=None, output_type=None
     ) -> DataStream:
+        """An AggregateFunction per window, or built-ins (``stretch.datastream.aggregates``):
+        ``aggregate([aggregates.count(), aggregates.sum("price")])``, vectorized where possible."""
+        from stretch.datastream.aggregates import as_builtins
         from stretch.datastream.functions import AggregateFunction
 
+        builtins = as_builtins(aggregate_function)
+        if builtins is not None:
+            if window_function is not None:
+                raise TypeError("built-in aggregates yield Row(key, window_start, window_end, ...) themselves")
+            return self._builtins(builtins)
         if not isinstance(aggregate_function, AggregateFunction):
             raise TypeError("The input must be a pyflink.datastream.functions.AggregateFunction!")
         return self._window("aggregate", aggregate_function, window_function, output_type, "aggregate")
+
+    def count(self) -> DataStream:
+        """Records per key and window: Row(key, window_start, window_end, count)."""
+        from stretch.datastream import aggregates
+
+        return self._builtins([aggregates.count()])
+
+    def sum(self, field: str | int) -> DataStream:
+        from stretch.datastream import aggregates
+
+        return self._builtins([aggregates.sum(field)])
+
+    def min(self, field: str | int) -> DataStream:
+        from stretch.datastream import aggregates
+
+        return self._builtins([aggregates.min(field)])
+
+    def max(self, field: str | int) -> DataStream:
+        from stretch.datastream import aggregates
+
+        return self._builtins([aggregates.max(field)])
+
+    def mean(self, field: str | int) -> DataStream:
+        from stretch.datastream import aggregates
+
+        return self._builtins([aggregates.mean(field)])
+
+    def _builtins(self, builtins: list) -> DataStream:
+        """Built-in aggregates: numba kernels when keyed by a field over tumbling or sliding
+        event-time windows without lateness, else the per-record window operator."""
+        from stretch.datastream import aggregates
+        from stretch.datastream.window import SlidingEventTimeWindows, TumblingEventTimeWindows
+        from stretch.runtime.vector_window import VectorWindowSpec
+
+        key_by = self._keyed._t
+        in_type = key_by.output_type
+        out_type = aggregates.output_type(
+            builtins, key_by.spec.get("key_type") or _field_type(in_type, key_by.spec.get("field")),
+            lambda f: _field_type(in_type, f),
+        )
+        name = f"Window({', '.join(map(repr, builtins))})"
+        a = self._assigner
+        vectorized = (
+            "field" in key_by.spec
+            and type(a) in (TumblingEventTimeWindows, SlidingEventTimeWindows)
+            and self._lateness == 0
+        )
+        if not vectorized:
+            op = aggregates.BuiltinAggregates(builtins)
+            return self._window("aggregate", op, aggregates.AsRow(builtins), out_type, name)
+        slide = getattr(a, "slide", a.size)
+        spec = VectorWindowSpec(a.size, slide, a.offset, builtins, self._late_tag)
+        return self._keyed._keyed("vector_window", name, {"fn": spec}, out_type)
 
     def process(self, process_window_function, output_type=None) -> DataStream:
         from stretch.datastream.functions import ProcessWindowFunction
@@ -388,3 +449,20 @@ def _check_parallelism(parallelism: int, max_parallelism: int) -> None:
         raise ValueError(f"parallelism must be a positive int, got {parallelism!r}")
     if parallelism > max_parallelism:
         raise ValueError(f"parallelism {parallelism} is above the max parallelism {max_parallelism}")
+
+
+def _field_type(type_info, field) -> TypeInformation | None:
+    """The type of a record field given by position or name, where the record type says."""
+    if type_info is None or field is None:
+        return None
+    types = getattr(type_info, "get_field_types", lambda: None)()
+    if not types:
+        return None
+    if isinstance(field, int):
+        return types[field] if 0 <= field < len(types) else None
+    names = list(type_info.get_field_names()) if hasattr(type_info, "get_field_names") else []
+    if field in names:
+        return types[names.index(field)]
+    if field[:1] == "f" and field[1:].isdigit() and int(field[1:]) < len(types):
+        return types[int(field[1:])]
+    return None

@@ -87,6 +87,7 @@ class Coordinator:
         self._parallelism: dict[int, int] = {}  # stage id -> current parallelism
         self._rescale_lock = threading.Lock()
         self._stopping = False  # set before segments close: waiters must stop touching them
+        self._final: dict | None = None  # describe() as the job ended, kept after its segments go
         self._rescaling: dict[int, threading.Event] = {}  # stage id -> set when its rescale ends
         self._sinks_done: set[int] = set()
         self._finished_gates: set[int] = set()
@@ -551,6 +552,18 @@ class Coordinator:
 
     # ---- status -----------------------------------------------------------------------------
     def describe(self) -> dict:
+        """The job's operators and counters; after the job ended, their values at its end."""
+        final = self._final
+        if final is None:
+            try:
+                return self._describe_live()
+            except ValueError:  # the segments were released while reading: the job just ended
+                final = self._final
+                if final is None:
+                    raise
+        return {**final, "status": self.status.name}
+
+    def _describe_live(self) -> dict:
         ops = []
         for stage in self.plan.stages:
             if stage.kind != "keyed" or self.control is None:
@@ -563,6 +576,7 @@ class Coordinator:
             ops.append(
                 {
                     "name": stage.name,
+                    "kind": stage.operator.kind,  # process | aggregate | vector_window (vectorized)
                     "parallelism": p,
                     "epoch": epoch,
                     "gate_depth": self.gates[stage.input_gate].depth(),
@@ -616,6 +630,8 @@ class Coordinator:
         deadline = time.monotonic() + self.config.shutdown_timeout
         while self._rescaling and time.monotonic() < deadline:  # rescale waiters read the control block
             time.sleep(0.01)
+        with contextlib.suppress(Exception):
+            self._final = self._describe_live()
         for seg in self._segments:
             with contextlib.suppress(Exception):
                 seg.close()

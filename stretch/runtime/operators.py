@@ -135,6 +135,7 @@ class KeyedOperator:
         self.backend = KeyedStateBackend(table)
         self._scratch = np.zeros(0, dtype=np.int64)
         self.watermark = MIN_WATERMARK  # this instance's input watermark
+        self.rows_in = 0  # rows of the last batch this instance owned (operators with process_owned)
         self.owned = np.zeros(0, dtype=np.int64)  # key groups this instance owns (set per epoch)
 
     def fire(self, domain: int, limit: int) -> Records | None:
@@ -325,6 +326,7 @@ class AggregateOperator(KeyedOperator):
         self, batch: pa.RecordBatch, kgs: np.ndarray, owners: np.ndarray, me: int
     ) -> Records | None:
         """Process the rows of a whole batch that this instance owns."""
+        self.rows_in = 0
         if not self._decided:
             self._decide(batch)
         layout = None if self._fallback is not None else self._layout(batch)
@@ -334,6 +336,7 @@ class AggregateOperator(KeyedOperator):
         if not mine.any():
             return None
         sel = np.flatnonzero(mine)
+        self.rows_in = len(sel)
         batch, kgs = batch.take(sel), kgs[sel]
         if self._fallback is not None:
             return self._fallback.process(batch, kgs)
@@ -384,6 +387,7 @@ class AggregateOperator(KeyedOperator):
             table.grow_for(full, layout.sid, 8 * layout.width)
         table.end_write(owned)
         m = int(progress[1])
+        self.rows_in = m  # one output per owned input
         if not m:
             return None
         return layout.output(batch, pos[:m], out[:, :m], {}, keys[pos[:m]])
@@ -525,4 +529,8 @@ def make_operator(spec: OperatorSpec, name: str, table: KeyedTable) -> KeyedOper
         return ProcessOperator(spec, name, table)
     if spec.kind == "aggregate":
         return AggregateOperator(spec, name, table)
+    if spec.kind == "vector_window":
+        from stretch.runtime.vector_window import VectorWindowOperator
+
+        return VectorWindowOperator(spec, name, table)
     raise ValueError(f"unknown keyed operator kind {spec.kind!r}")

@@ -160,7 +160,7 @@ class KeyedInstanceTask(Task):
         epoch = self.a.epoch
         owners = cb.table(op, epoch).copy()
         operator.owned = np.flatnonzero(owners == index)
-        stats = cb.instances(op)[index]
+        stats = self.stats = cb.instances(op)[index]
         stats[cbk.I_STATE] = cbk.RUNNING
         cb.announce(op, index, cbk.I_EPOCH, epoch)
         cb.announce(op, index, cbk.I_ACTIVE, epoch)
@@ -195,9 +195,9 @@ class KeyedInstanceTask(Task):
                 kgs = writable(batch.column(KG_COLUMN).to_numpy())
                 if fused:
                     out = operator.process_owned(batch, kgs, owners, index)
-                    n = len(out) if out is not None else 0
-                    if n:
+                    if out is not None:
                         chain.push(out)
+                    n = operator.rows_in
                 else:
                     mine = owners[kgs] == index
                     n = int(np.count_nonzero(mine))
@@ -234,6 +234,7 @@ class KeyedInstanceTask(Task):
             stats[cbk.I_GATE_SEQ] = seq
         operator.close()
         chain.close()
+        stats[cbk.I_RECORDS_OUT] = self._records_out
         stats[cbk.I_STATE] = cbk.DONE
 
     def _advance(self, operator, chain: Chain, watermark: int | None) -> None:
@@ -244,6 +245,7 @@ class KeyedInstanceTask(Task):
         operator.watermark = watermark
         chain.push(operator.fire(EVENT, watermark))
         chain.emit(Kind.WATERMARK, watermark)
+        self.stats[cbk.I_RECORDS_OUT] = self._records_out
 
     def _switch(
         self,

@@ -131,6 +131,15 @@ class Arena:
     # ---- state registry ----------------------------------------------------------------
     def registry(self) -> list[dict]:
         """Declared states in id order: dicts with name, kind, storage and type description."""
+        if self.region.load64(_A_REGISTRY_LEN) != self._registry_len:
+            self.region.lock(_A_LOCK)  # a declaration rewrites the bytes in place: read it whole
+            try:
+                self._load_registry()
+            finally:
+                self.region.unlock(_A_LOCK)
+        return self._registry_cache
+
+    def _load_registry(self) -> list[dict]:
         n = self.region.load64(_A_REGISTRY_LEN)
         if n != self._registry_len:
             self._registry_cache = json.loads(
@@ -143,7 +152,7 @@ class Arena:
         """Id of the state named entry['name'], declaring it if new; a conflicting redeclaration fails."""
         self.region.lock(_A_LOCK)
         try:
-            states = self.registry()
+            states = self._load_registry()
             for sid, existing in enumerate(states):
                 if existing["name"] == entry["name"]:
                     if existing != entry:

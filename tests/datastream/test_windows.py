@@ -47,13 +47,12 @@ def batches_of(n_batches=30, per_batch=40, keys=7, seed=1, late_share=0.1):
 class Job:
     """A windowed job fed batch by batch through a channel, its output collected by a thread."""
 
-    def __init__(self, build, parallelism=2, lateness_tag=None):
+    def __init__(self, build, parallelism=2, lateness_tag=None, key=None, record=RECORD, delay=DELAY):
         env = StreamExecutionEnvironment.get_execution_environment()
         env.set_parallelism(parallelism)
-        strategy = WatermarkStrategy.for_bounded_out_of_orderness(
-            Duration.of_millis(DELAY)
-        ).with_timestamp_assigner("f1")
-        keyed = env.from_source(ChannelSource("in", RECORD), strategy, "in").key_by(lambda r: r[0])
+        strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(delay))
+        strategy = strategy.with_timestamp_assigner("f1")
+        keyed = env.from_source(ChannelSource("in", record), strategy, "in").key_by(key or (lambda r: r[0]))
         result = build(keyed).name("windows")
         result.sink_to(ChannelSink("out"))
         if lateness_tag is not None:

@@ -1,0 +1,288 @@
+"""Vectorized event-time window aggregates: count/sum/min/max/mean per key and window.
+
+Records are folded into their windows by a numba kernel over the batch's Arrow columns; a
+watermark emits every window it passed as one Arrow batch. A key's open windows are a ring of
+slots in one variable-length value of the operator's keyed state (see
+``stretch.state._window_kernels``), so they live in shared memory and follow their key group
+through live rescales like any other state.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from stretch.common.records import PICKLE_PROTOCOL, to_batch
+from stretch.runtime.chain import TS_COLUMN, Records, resolve_field
+from stretch.runtime.operators import KeyedOperator
+from stretch.state import _table_kernels as TK
+from stretch.state import _window_kernels as K
+from stretch.state.keyed_table import KeyMode
+from stretch.state.timers import EVENT
+
+_MIN = -(2**63)
+_MAX = 2**63 - 1
+_CHUNK = 1 << 16
+_SPARSE = 4096  # fire window by window only over ranges shorter than this many windows
+_NO_TIMESTAMPS = (
+    "event-time windows need record timestamps: use assign_timestamps_and_watermarks "
+    "or from_source with a WatermarkStrategy that has a timestamp assigner"
+)
+
+
+@dataclass
+class VectorWindowSpec:
+    """What the planner decided: the windows, the aggregates and where late records go."""
+
+    size: int
+    slide: int
+    offset: int
+    aggregates: list  # of BuiltinAggregate
+    late_tag: object = None
+
+    @property
+    def ring(self) -> int:
+        """Initial window slots per key: room for a window's span twice over and a watermark that
+        trails the records by a dozen windows; a key that needs more grows its own ring."""
+        span = -(-self.size // self.slide)
+        return _pow2(max(16, 2 * span + 4))
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+class VectorWindowOperator(KeyedOperator):
+    """Tumbling/sliding event-time windows with built-in aggregates, a batch at a time."""
+
+    def __init__(self, spec, name, table):
+        super().__init__(spec, name, table)
+        self.w: VectorWindowSpec = spec.fn
+        # stored accumulators: count is in every slot; mean keeps a sum
+        self.slots = [a for a in self.w.aggregates if a.op != "count"]
+        self.ops = np.array([{"sum": K.SUM, "mean": K.SUM, "min": K.MIN, "max": K.MAX}[a.op] for a in self.slots])
+        self.sid = table.arena.register_state(
+            {"name": "__windows", "kind": "windows", "storage": "var", "type": None}
+        )
+        # Every instance must read the slots alike, even one that has not seen a record yet, so
+        # whether an accumulator is a float follows the declared output type, not the input.
+        self.out_schema = to_batch([], spec.output_type).schema
+        out_fields = {a.name: self.out_schema.field(a.name).type for a in self.w.aggregates}
+        self.is_float = np.array(
+            [a.op == "mean" or pa.types.is_floating(out_fields[a.name]) for a in self.slots], dtype=np.bool_
+        )
+        self.fields: list[int] | None = None  # input columns of the accumulators, from the first batch
+        self.prev_wm = _MIN
+
+    # ---- records ---------------------------------------------------------------------------
+    def process_owned(self, batch: pa.RecordBatch, kgs: np.ndarray, owners: np.ndarray, me: int):
+        mine = owners[kgs] == me
+        self.rows_in = n = int(np.count_nonzero(mine))
+        if not n:
+            return None
+        if n < len(kgs):
+            sel = np.flatnonzero(mine)
+            batch, kgs = batch.take(pa.array(sel)), kgs[sel]
+        if TS_COLUMN not in batch.schema.names:
+            raise ValueError(_NO_TIMESTAMPS)
+        if self.fields is None:
+            self._bind(batch.schema)
+        ts = batch.column(TS_COLUMN).to_numpy()
+        col, mode = self.key_column(batch)
+        rows = self.table.rows(kgs, col, mode)
+        vals = self._values(batch)
+        late = np.zeros(len(ts), dtype=np.bool_)
+        touched = np.unique(kgs)
+        table, arena = self.table, self.table.arena
+        table.begin_write(touched)
+        try:
+            offs = self._rings(kgs, rows)
+            progress = np.array([0, _MIN, 0, 0], dtype=np.int64)
+            while True:
+                K.window_add(
+                    arena.a64,
+                    arena.views[np.dtype(np.float64)][0],
+                    arena.state_base_w(self.sid),
+                    kgs,
+                    offs,
+                    ts,
+                    vals,
+                    self.ops,
+                    self.is_float,
+                    self.w.size,
+                    self.w.slide,
+                    self.w.offset,
+                    self.watermark,
+                    late,
+                    progress,
+                )
+                if not progress[2]:
+                    break
+                i = int(progress[0])
+                self._grow(kgs[i : i + 1], rows[i : i + 1])
+                offs = self._offsets(kgs, rows)
+        finally:
+            table.end_write(touched)
+        if self.w.late_tag is None or not late.any():
+            return None
+        idx = pa.array(np.flatnonzero(late))
+        late_records = Records(batch=batch.take(idx).select(self._data_columns(batch)), timestamps=ts[late])
+        return Records(
+            items=[], type_info=self.spec.output_type, side={self.w.late_tag.tag_id: late_records}
+        )
+
+    def _bind(self, schema: pa.Schema) -> None:
+        fields = [resolve_field(schema, a.field) for a in self.slots]
+        for a, i in zip(self.slots, fields):
+            t = schema.field(i).type
+            if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
+                raise TypeError(f"{a.op}({a.field!r}) of operator {self.name!r} needs a number field, got {t}")
+        self.fields = fields
+
+    @staticmethod
+    def _data_columns(batch: pa.RecordBatch) -> list[int]:
+        return [i for i, n in enumerate(batch.schema.names) if not n.startswith("__")]
+
+    def _values(self, batch: pa.RecordBatch) -> np.ndarray:
+        vals = np.empty((len(self.fields), batch.num_rows), dtype=np.int64)
+        for j, i in enumerate(self.fields):
+            col = batch.column(i)
+            if col.null_count:
+                raise ValueError(f"{self.slots[j]} of operator {self.name!r}: a record has no value")
+            if self.is_float[j]:
+                vals[j] = col.to_numpy().astype(np.float64, copy=False).view(np.int64)
+            else:
+                vals[j] = col.to_numpy().astype(np.int64, copy=False)
+        return vals
+
+    # ---- rings -----------------------------------------------------------------------------
+    def _slot_words(self) -> int:
+        return 2 + len(self.slots)
+
+    def _offsets(self, kgs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        offs = np.empty(len(rows), dtype=np.int64)
+        lens = np.empty(len(rows), dtype=np.int64)
+        TK.var_views(self.table.arena.a64, self.table.arena.state_base_w(self.sid), kgs, rows, offs, lens)
+        return offs
+
+    def _rings(self, kgs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Each record's ring offset, creating empty rings for keys that have none."""
+        offs = np.empty(len(rows), dtype=np.int64)
+        lens = np.empty(len(rows), dtype=np.int64)
+        a = self.table.arena
+        TK.var_views(a.a64, a.state_base_w(self.sid), kgs, rows, offs, lens)
+        new = np.flatnonzero(lens < 0)
+        if not len(new):
+            return offs
+        code = (kgs[new].astype(np.int64) << 40) | rows[new]
+        _, first = np.unique(code, return_index=True)
+        pick = new[first]
+        ring = np.zeros(1 + self.w.ring * self._slot_words(), dtype=np.int64)
+        ring[0] = self.w.ring
+        self.table.write_var(self.sid, kgs[pick], rows[pick], [ring.tobytes()] * len(pick))
+        return self._offsets(kgs, rows)
+
+    def _grow(self, kgs: np.ndarray, rows: np.ndarray) -> None:
+        """Double a key's ring until its open windows have a slot each."""
+        (raw,) = self.table.read_var(self.sid, kgs, rows)
+        old = np.frombuffer(bytes(raw), dtype=np.int64)
+        sw = self._slot_words()
+        slots = old[1:].reshape(-1, sw)
+        live = slots[slots[:, 1] > 0]
+        size = int(old[0])
+        while True:
+            size *= 2
+            if len(np.unique(live[:, 0] & (size - 1))) == len(live):
+                break
+        new = np.zeros((size, sw), dtype=np.int64)
+        new[live[:, 0] & (size - 1)] = live
+        self.table.write_var(self.sid, kgs, rows, [np.concatenate(([size], new.ravel())).tobytes()])
+
+    # ---- firing ----------------------------------------------------------------------------
+    def fire(self, domain: int, limit: int) -> Records | None:
+        if domain != EVENT:
+            return None
+        prev, self.prev_wm = self.prev_wm, limit
+        owned = self.owned
+        if not len(owned):
+            return None
+        windows = self._due(owned, prev, limit)
+        if not len(windows):
+            return None
+        a = self.table.arena
+        m = len(self.slots)
+        parts = []
+        progress = np.zeros(4, dtype=np.int64)
+        self.table.begin_write(owned)
+        try:
+            while True:
+                out = (
+                    np.empty(_CHUNK, np.int64),
+                    np.empty(_CHUNK, np.int64),
+                    np.empty(_CHUNK, np.int64),
+                    np.empty(_CHUNK, np.int64),
+                    np.empty((m, _CHUNK), np.int64),
+                )
+                K.window_fire(a.a64, a.dir_w, a.state_base_w(self.sid), owned, windows, m, *out, progress)
+                n = int(progress[3])
+                if n:
+                    parts.append(tuple(x[..., :n] for x in out))
+                if progress[0] >= len(windows):
+                    break
+        finally:
+            self.table.end_write(owned)
+        if not parts:
+            return None
+        kg, row, widx, cnt, acc = (np.concatenate(x, axis=-1) for x in zip(*parts))
+        return Records(batch=self._output(kg, row, widx, cnt, acc))
+
+    def _due(self, owned: np.ndarray, prev: int, wm: int) -> np.ndarray:
+        """The window indices this watermark fires, in order (open ones only when sparse)."""
+        size, slide, offset = self.w.size, self.w.slide, self.w.offset
+        a = self.table.arena
+        marks = a.a64[a.state_base_w(self.sid) + owned * TK.KG_WORDS + K.S_MAX_WINDOW]
+        marks = marks[marks > 0]
+        if not len(marks):
+            return np.zeros(0, np.int64)
+        hi = int(marks.max()) - int(K.WINDOW_BIAS)
+        if wm < _MAX:
+            hi = min(hi, (wm - size + 1 - offset) // slide)
+        lo = (prev - size + 1 - offset) // slide + 1 if prev > _MIN else hi - _SPARSE
+        if hi < lo:
+            return np.zeros(0, np.int64)
+        if hi - lo < _SPARSE:
+            return np.arange(lo, hi + 1, dtype=np.int64)
+        buf = np.empty(1 << 16, np.int64)
+        while (n := K.window_live(a.a64, a.dir_w, a.state_base_w(self.sid), owned, len(self.slots), hi, buf)) < 0:
+            buf = np.empty(len(buf) * 4, np.int64)
+        return np.unique(buf[:n])
+
+    def _output(self, kg, row, widx, cnt, acc) -> pa.RecordBatch:
+        w = self.w
+        start = widx * w.slide + w.offset
+        end = start + w.size
+        schema = self.out_schema
+        if self.table.mode() is KeyMode.INT64 and pa.types.is_integer(schema.field(0).type):
+            a = self.table.arena
+            keys_off = self.table.headers[kg, TK.H_KEYS_OFF] // 8
+            key = pa.array(a.a64[keys_off + row]).cast(schema.field(0).type)
+        else:
+            keys = self.table.keys_at(kg.astype(np.uint16), row)
+            if (schema.field(0).metadata or {}).get(b"stretch.pickled") == b"1":
+                keys = [pickle.dumps(k, PICKLE_PROTOCOL) for k in keys]
+            key = pa.array(keys, type=schema.field(0).type)
+        columns = [key, pa.array(start), pa.array(end)]
+        stored = iter(range(len(self.slots)))
+        for j, agg in enumerate(self.w.aggregates, 3):
+            if agg.op == "count":
+                col = pa.array(cnt)
+            else:
+                k = next(stored)
+                values = acc[k].view(np.float64) if self.is_float[k] else acc[k]
+                col = pa.array(values / cnt if agg.op == "mean" else values)
+            columns.append(col.cast(schema.field(j).type))
+        data = pa.RecordBatch.from_arrays(columns, schema=schema)
+        return data.append_column(TS_COLUMN, pa.array(end - 1))
