@@ -124,6 +124,25 @@ class DataStream:
         inputs = [self._t] + [s._values()._t if isinstance(s, KeyedStream) else s._t for s in streams]
         return DataStream(self._env, Transformation("union", inputs, "Union", {}, self._t.output_type))
 
+    # ---- joins (stretch.datastream.join) -----------------------------------------------------
+    def join(self, other_stream: DataStream):
+        """Window join: ``.where(key).equal_to(key).window(assigner).apply(join_function)``."""
+        from stretch.datastream.join import JoinedStreams
+
+        return JoinedStreams(self, other_stream)
+
+    def co_group(self, other_stream: DataStream):
+        """Window co-group: ``.where(key).equal_to(key).window(assigner).apply(co_group_function)``."""
+        from stretch.datastream.join import CoGroupedStreams
+
+        return CoGroupedStreams(self, other_stream)
+
+    def band_join(self, other_stream: DataStream):
+        """Beyond PyFlink, a non-equi time-band join: ``.on(predicate).within(ms).apply(fn)``."""
+        from stretch.datastream.join import BandJoinedStreams
+
+        return BandJoinedStreams(self, other_stream)
+
     # ---- keying --------------------------------------------------------------------------
     def key_by(self, key_selector, key_type: TypeInformation | None = None) -> KeyedStream:
         """Partition by key. Beyond PyFlink, a field name or position selects a field directly,
@@ -409,6 +428,14 @@ class KeyedStream(DataStream):
                 f"expected a window assigner such as TumblingEventTimeWindows.of(...), got {window_assigner!r}"
             )
         return WindowedStream(self, window_assigner)
+
+    def interval_join(self, other_stream: KeyedStream):
+        """Interval join with another keyed stream: ``.between(lower, upper).process(fn)``."""
+        from stretch.datastream.join import IntervalJoin
+
+        if not isinstance(other_stream, KeyedStream):
+            raise TypeError("interval_join needs a KeyedStream (other.key_by(...))")
+        return IntervalJoin(self, other_stream)
 
     def count_window(self, size: int, slide: int = 0) -> WindowedStream:
         """Windows of ``size`` records per key (sliding by ``slide`` records if given)."""

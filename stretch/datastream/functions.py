@@ -190,3 +190,37 @@ class ProcessWindowFunction(Function):
 
     def clear(self, context: ProcessWindowFunction.Context) -> None:
         pass
+
+
+class JoinFunction(Function):
+    """A window join's function: called once per pair of a window's left and right elements."""
+
+    @abstractmethod
+    def join(self, first, second): ...
+
+
+class CoGroupFunction(Function):
+    """A window co-group's function: all left and all right elements of one window and key."""
+
+    @abstractmethod
+    def co_group(self, first, second): ...
+
+
+class ProcessJoinFunction(Function):
+    """An interval join's function: called once per joined pair; yield its outputs."""
+
+    class Context(ABC):
+        @abstractmethod
+        def get_left_timestamp(self) -> int: ...
+
+        @abstractmethod
+        def get_right_timestamp(self) -> int: ...
+
+        @abstractmethod
+        def get_timestamp(self) -> int: ...
+
+        @abstractmethod
+        def output(self, output_tag, value) -> None: ...
+
+    @abstractmethod
+    def process_element(self, left, right, ctx: ProcessJoinFunction.Context): ...

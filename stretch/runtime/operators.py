@@ -533,4 +533,8 @@ def make_operator(spec: OperatorSpec, name: str, table: KeyedTable) -> KeyedOper
         from stretch.runtime.vector_window import VectorWindowOperator
 
         return VectorWindowOperator(spec, name, table)
+    if spec.kind == "band_join":
+        from stretch.runtime.band_join import BandJoinOperator
+
+        return BandJoinOperator(spec, name, table)
     raise ValueError(f"unknown keyed operator kind {spec.kind!r}")
