@@ -38,15 +38,15 @@ def count(name: str | None = None) -> BuiltinAggregate:
     return BuiltinAggregate("count", None, name)
 
 
-def sum(field: str | int, name: str | None = None) -> BuiltinAggregate:  # noqa: A001
+def sum(field: str | int, name: str | None = None) -> BuiltinAggregate:
     return BuiltinAggregate("sum", field, name)
 
 
-def min(field: str | int, name: str | None = None) -> BuiltinAggregate:  # noqa: A001
+def min(field: str | int, name: str | None = None) -> BuiltinAggregate:
     return BuiltinAggregate("min", field, name)
 
 
-def max(field: str | int, name: str | None = None) -> BuiltinAggregate:  # noqa: A001
+def max(field: str | int, name: str | None = None) -> BuiltinAggregate:
     return BuiltinAggregate("max", field, name)
 
 

@@ -260,7 +260,9 @@ class WindowedStream:
         builtins = as_builtins(aggregate_function)
         if builtins is not None:
             if window_function is not None:
-                raise TypeError("built-in aggregates yield Row(key, window_start, window_end, ...) themselves")
+                raise TypeError(
+                    "built-in aggregates yield Row(key, window_start, window_end, ...) themselves"
+                )
             return self._builtins(builtins)
         if not isinstance(aggregate_function, AggregateFunction):
             raise TypeError("The input must be a pyflink.datastream.functions.AggregateFunction!")
@@ -302,7 +304,8 @@ class WindowedStream:
         key_by = self._keyed._t
         in_type = key_by.output_type
         out_type = aggregates.output_type(
-            builtins, key_by.spec.get("key_type") or _field_type(in_type, key_by.spec.get("field")),
+            builtins,
+            key_by.spec.get("key_type") or _field_type(in_type, key_by.spec.get("field")),
             lambda f: _field_type(in_type, f),
         )
         name = f"Window({', '.join(map(repr, builtins))})"

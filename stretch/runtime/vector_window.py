@@ -63,7 +63,9 @@ class VectorWindowOperator(KeyedOperator):
         self.w: VectorWindowSpec = spec.fn
         # stored accumulators: count is in every slot; mean keeps a sum
         self.slots = [a for a in self.w.aggregates if a.op != "count"]
-        self.ops = np.array([{"sum": K.SUM, "mean": K.SUM, "min": K.MIN, "max": K.MAX}[a.op] for a in self.slots])
+        self.ops = np.array(
+            [{"sum": K.SUM, "mean": K.SUM, "min": K.MIN, "max": K.MAX}[a.op] for a in self.slots]
+        )
         self.sid = table.arena.register_state(
             {"name": "__windows", "kind": "windows", "storage": "var", "type": None}
         )
@@ -130,16 +132,16 @@ class VectorWindowOperator(KeyedOperator):
             return None
         idx = pa.array(np.flatnonzero(late))
         late_records = Records(batch=batch.take(idx).select(self._data_columns(batch)), timestamps=ts[late])
-        return Records(
-            items=[], type_info=self.spec.output_type, side={self.w.late_tag.tag_id: late_records}
-        )
+        return Records(items=[], type_info=self.spec.output_type, side={self.w.late_tag.tag_id: late_records})
 
     def _bind(self, schema: pa.Schema) -> None:
         fields = [resolve_field(schema, a.field) for a in self.slots]
         for a, i in zip(self.slots, fields):
             t = schema.field(i).type
             if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
-                raise TypeError(f"{a.op}({a.field!r}) of operator {self.name!r} needs a number field, got {t}")
+                raise TypeError(
+                    f"{a.op}({a.field!r}) of operator {self.name!r} needs a number field, got {t}"
+                )
         self.fields = fields
 
     @staticmethod
@@ -256,7 +258,9 @@ class VectorWindowOperator(KeyedOperator):
         if hi - lo < _SPARSE:
             return np.arange(lo, hi + 1, dtype=np.int64)
         buf = np.empty(1 << 16, np.int64)
-        while (n := K.window_live(a.a64, a.dir_w, a.state_base_w(self.sid), owned, len(self.slots), hi, buf)) < 0:
+        while (
+            n := K.window_live(a.a64, a.dir_w, a.state_base_w(self.sid), owned, len(self.slots), hi, buf)
+        ) < 0:
             buf = np.empty(len(buf) * 4, np.int64)
         return np.unique(buf[:n])
 

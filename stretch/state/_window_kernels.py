@@ -28,21 +28,21 @@ def _fold(a64, af64, w, v, fv, op, is_float):
         if op == SUM:
             af64[w] += fv
         elif op == MIN:
-            if fv < af64[w]:
-                af64[w] = fv
+            af64[w] = min(af64[w], fv)
         elif fv > af64[w]:
             af64[w] = fv
     elif op == SUM:
         a64[w] += v
     elif op == MIN:
-        if v < a64[w]:
-            a64[w] = v
+        a64[w] = min(a64[w], v)
     elif v > a64[w]:
         a64[w] = v
 
 
 @njit(**_OPTS)
-def window_add(a64, af64, base_w, kgs, offs, ts, vals, ops, is_float, size, slide, offset, wm, late, progress):
+def window_add(
+    a64, af64, base_w, kgs, offs, ts, vals, ops, is_float, size, slide, offset, wm, late, progress
+):
     """Fold each record into every window it belongs to that the watermark has not passed.
 
     ``progress`` is ``[record, resume window start, stopped, any live]``: the kernel starts at
@@ -75,8 +75,7 @@ def window_add(a64, af64, base_w, kgs, offs, ts, vals, ops, is_float, size, slid
                     for j in range(m):
                         a64[s + 2 + j] = vals[j, i]
                     mw = base_w + np.int64(kgs[i]) * KG_WORDS + S_MAX_WINDOW
-                    if a64[mw] < widx + WINDOW_BIAS:
-                        a64[mw] = widx + WINDOW_BIAS
+                    a64[mw] = max(a64[mw], widx + WINDOW_BIAS)
                 elif a64[s] != widx:
                     progress[0], progress[1], progress[2], progress[3] = i, start, 1, np.int64(any_live)
                     return

@@ -110,7 +110,7 @@ class Stamp(KeyedProcessFunction):
 
 
 def stamped(stream):
-    return stream.key_by(lambda o: repr(o)).process(Stamp())
+    return stream.key_by(repr).process(Stamp())
 
 
 # ---- window join and co-group ------------------------------------------------------------------
@@ -163,7 +163,9 @@ def test_window_join_under_random_live_rescales():
     job = Job(
         lambda a, b: a.join(b).where(lambda r: r[1]).equal_to(lambda r: r[1]).window(assigner).apply(pair)
     ).feed(batches, rescale_to=[1, 2, 3, 5, 8])
-    assert by_key(job.out) == join_outputs(model.window_join(batches, pair, DELAY, assign=sliding(30, 10)), True)
+    assert by_key(job.out) == join_outputs(
+        model.window_join(batches, pair, DELAY, assign=sliding(30, 10)), True
+    )
 
 
 def test_window_join_with_allowed_lateness_and_fields_as_keys():
@@ -187,7 +189,9 @@ def test_co_group_matches_flink_with_window_timestamps(kind):
     assigner, ref = ASSIGNERS[kind]
     batches = batches_of(seed=11)
     job = Job(
-        lambda a, b: a.co_group(b).where(lambda r: r[1]).equal_to(lambda r: r[1]).window(assigner).apply(Sides()),
+        lambda a, b: (
+            a.co_group(b).where(lambda r: r[1]).equal_to(lambda r: r[1]).window(assigner).apply(Sides())
+        ),
         parallelism=3,
         then=stamped,
     ).feed(batches)

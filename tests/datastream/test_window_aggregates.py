@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from stretch.common import Duration, Time, Types, WatermarkStrategy
+from stretch.common import Time, Types, WatermarkStrategy
 from stretch.datastream import OutputTag, StreamExecutionEnvironment
 from stretch.datastream import aggregates as A
 from stretch.datastream.window import SlidingEventTimeWindows, TumblingEventTimeWindows
@@ -23,7 +23,9 @@ def summary(records):
 
 
 def expected(batches, assign, delay=20, lateness=0, key=lambda r: r[0]):
-    fired, late = run(batches, key, lambda r: r[1], assign=assign, result=summary, delay=delay, lateness=lateness)
+    fired, late = run(
+        batches, key, lambda r: r[1], assign=assign, result=summary, delay=delay, lateness=lateness
+    )
     return sorted((k, s, e, *res) for k, s, e, res in fired), late
 
 
@@ -89,14 +91,23 @@ def test_rings_grow_for_many_open_windows_per_key():
     assigner = SlidingEventTimeWindows.of(Time.milliseconds(40), Time.milliseconds(1))
     job = Job(lambda ks: ks.window(assigner).aggregate([A.count(), A.sum("f2")]), 2, key="f0", delay=300)
     job.feed(batches)
-    fired, _ = run(batches, lambda r: r[0], lambda r: r[1], assign=sliding(40, 1), delay=300,
-                   result=lambda rs: (len(rs), sum(r[2] for r in rs)))
+    fired, _ = run(
+        batches,
+        lambda r: r[0],
+        lambda r: r[1],
+        assign=sliding(40, 1),
+        delay=300,
+        result=lambda rs: (len(rs), sum(r[2] for r in rs)),
+    )
     assert rows(job.out) == sorted((k, s, e, *res) for k, s, e, res in fired)
 
 
 def test_sparse_event_times_and_no_watermark_until_the_end():
     rng = random.Random(3)
-    data = [(rng.randrange(4), rng.choice([0, 10**6, 10**9, 10**12]) + rng.randrange(50), rng.random()) for _ in range(300)]
+    data = [
+        (rng.randrange(4), rng.choice([0, 10**6, 10**9, 10**12]) + rng.randrange(50), rng.random())
+        for _ in range(300)
+    ]
     data.sort(key=lambda r: r[1])  # monotonous: nothing is late however the input is cut into batches
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(2)
@@ -121,7 +132,11 @@ def test_shortcuts_and_names():
     windowed = stream.key_by("f0").window(TumblingEventTimeWindows.of(Time.milliseconds(10)))
     counts = windowed.count().execute_and_collect(limit=1000)
     assert sorted((r.key, r.window_start, r.count) for r in counts) == sorted(
-        {(k, s, sum(1 for x in data if x[0] == k and s <= x[1] < s + 10)) for k in range(3) for s in range(0, 60, 10)}
+        {
+            (k, s, sum(1 for x in data if x[0] == k and s <= x[1] < s + 10))
+            for k in range(3)
+            for s in range(0, 60, 10)
+        }
     )
     env = StreamExecutionEnvironment.get_execution_environment()
     stream = env.from_collection(data, INT_RECORD).assign_timestamps_and_watermarks(
@@ -130,7 +145,9 @@ def test_shortcuts_and_names():
     named = stream.key_by("f0").window(TumblingEventTimeWindows.of(Time.milliseconds(10)))
     out = named.aggregate([A.sum("f2", name="total")]).execute_and_collect(limit=1000)
     assert {r.as_dict()["total"] for r in out} == {
-        sum(x[2] for x in data if x[0] == k and s <= x[1] < s + 10) for k in range(3) for s in range(0, 60, 10)
+        sum(x[2] for x in data if x[0] == k and s <= x[1] < s + 10)
+        for k in range(3)
+        for s in range(0, 60, 10)
     }
 
 
