@@ -128,10 +128,8 @@ class ChannelReader:
                 raise RuntimeError(
                     f"the job producing channel {self.name!r} stopped before its end"
                 ) from None
-            entry = self._gate.read(self._seq)
-            batch = None
-            if entry.kind is Kind.DATA:
-                batch = pa.Table.from_batches([entry.batch]).combine_chunks().to_batches()[0]  # own copy
+            entry = self._gate.read(self._seq, copy=True)  # the caller keeps it past the cursor
+            batch = entry.batch
             self._seq += 1
             self._gate.advance(0, self._seq)
             if entry.kind is Kind.END_OF_STREAM:

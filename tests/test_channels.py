@@ -61,6 +61,27 @@ def test_write_while_running_then_read_everything_in_key_order():
     assert by_key(got) == by_key(rolling(sent))
 
 
+def test_batches_read_stay_valid_after_the_channel_reuses_its_memory():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.engine_config.gate_bytes = env.engine_config.sink_gate_bytes = 1 << 20
+    ds = env.from_source(ChannelSource("clicks", PAIR), None, "clicks")
+    ds.key_by(lambda r: r[0]).sum(1).sink_to(ChannelSink("totals"))
+    client = env.execute_async("small gates")
+    writer, reader = channels.open_writer(client, "clicks"), channels.open_reader(client, "totals")
+    sent, kept = [], []
+    for i in range(40):  # about 4 MB of results through a 1 MB gate
+        batch = [(f"u{j % 97}", i * 5000 + j) for j in range(5000)]
+        writer.write(batch)
+        sent += batch
+        kept.append(reader.read_batch())
+    writer.end()
+    while (b := reader.read_batch()) is not None:
+        kept.append(b)
+    assert client.wait().name == "FINISHED"
+    got = [row for b in kept for row in zip(*(c.to_pylist() for c in b.columns[:2]))]
+    assert by_key(got) == by_key(rolling(sent))
+
+
 def test_a_second_process_writes_by_job_name():
     client = start("job fed from elsewhere")
     code = textwrap.dedent(

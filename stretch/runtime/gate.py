@@ -302,8 +302,11 @@ class Gate:
         finally:
             r.fetch_add32(_H_READERS_SLEEPING, 0xFFFFFFFF)
 
-    def read(self, seq: int) -> Entry:
-        """The entry at `seq` (must be readable and not yet passed by this reader's cursor)."""
+    def read(self, seq: int, copy: bool = False) -> Entry:
+        """The entry at `seq` (must be readable and not yet passed by this reader's cursor).
+
+        Its batch is a view of the gate, valid until the cursor moves past it, unless ``copy``.
+        """
         s = self._slots[seq % self.slot_capacity]
         if s[0] != seq:
             raise RuntimeError(f"gate {self.name}: entry {seq} was overwritten (found {s[0]})")
@@ -311,7 +314,10 @@ class Gate:
         batch = None
         if kind is Kind.DATA:
             start = int(s[2]) % self.data_capacity
-            batch = pa.ipc.open_stream(self._data_buffer.slice(start, int(s[3]))).read_next_batch()
+            data = self._data_buffer.slice(start, int(s[3]))
+            if copy:
+                data = pa.py_buffer(data.to_pybytes())
+            batch = pa.ipc.open_stream(data).read_next_batch()
         return Entry(seq, kind, batch, int(s[4]), int(s[5]), int(s[6]))
 
     def advance(self, reader: int, seq: int) -> None:
