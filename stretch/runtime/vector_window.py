@@ -22,11 +22,11 @@ from stretch.state import _table_kernels as TK
 from stretch.state import _window_kernels as K
 from stretch.state.keyed_table import KeyMode
 from stretch.state.timers import EVENT
+from stretch.state.warm import warm_window_kernels
 
 _MIN = -(2**63)
 _MAX = 2**63 - 1
 _CHUNK = 1 << 16
-_SPARSE = 4096  # fire window by window only over ranges shorter than this many windows
 _NO_TIMESTAMPS = (
     "event-time windows need record timestamps: use assign_timestamps_and_watermarks "
     "or from_source with a WatermarkStrategy that has a timestamp assigner"
@@ -60,6 +60,7 @@ class VectorWindowOperator(KeyedOperator):
 
     def __init__(self, spec, name, table):
         super().__init__(spec, name, table)
+        warm_window_kernels()  # here, before the job starts, not at the first batch or watermark
         self.w: VectorWindowSpec = spec.fn
         # stored accumulators: count is in every slot; mean keeps a sum
         self.slots = [a for a in self.w.aggregates if a.op != "count"]
@@ -77,7 +78,7 @@ class VectorWindowOperator(KeyedOperator):
             [a.op == "mean" or pa.types.is_floating(out_fields[a.name]) for a in self.slots], dtype=np.bool_
         )
         self.fields: list[int] | None = None  # input columns of the accumulators, from the first batch
-        self.prev_wm = _MIN
+        self.fired_to: int | None = None  # windows up to this index are out (this instance)
 
     # ---- records ---------------------------------------------------------------------------
     def process_owned(self, batch: pa.RecordBatch, kgs: np.ndarray, owners: np.ndarray, me: int):
@@ -205,64 +206,64 @@ class VectorWindowOperator(KeyedOperator):
 
     # ---- firing ----------------------------------------------------------------------------
     def fire(self, domain: int, limit: int) -> Records | None:
+        """Emit every window the watermark ``limit`` passed, in window order (as Flink's timers)."""
         if domain != EVENT:
             return None
-        prev, self.prev_wm = self.prev_wm, limit
+        lo = _MIN if self.fired_to is None else self.fired_to + 1
+        hi = self._last_due(limit)
+        if hi is None:
+            return None
         owned = self.owned
-        if not len(owned):
-            return None
-        windows = self._due(owned, prev, limit)
-        if not len(windows):
-            return None
         a = self.table.arena
         m = len(self.slots)
         parts = []
-        progress = np.zeros(4, dtype=np.int64)
+        progress = np.zeros(3, dtype=np.int64)
+        chunk = _CHUNK
         self.table.begin_write(owned)
         try:
-            while True:
+            while progress[0] < len(owned):
                 out = (
-                    np.empty(_CHUNK, np.int64),
-                    np.empty(_CHUNK, np.int64),
-                    np.empty(_CHUNK, np.int64),
-                    np.empty(_CHUNK, np.int64),
-                    np.empty((m, _CHUNK), np.int64),
+                    np.empty(chunk, np.int64),
+                    np.empty(chunk, np.int64),
+                    np.empty(chunk, np.int64),
+                    np.empty(chunk, np.int64),
+                    np.empty((m, chunk), np.int64),
                 )
-                K.window_fire(a.a64, a.dir_w, a.state_base_w(self.sid), owned, windows, m, *out, progress)
-                n = int(progress[3])
-                if n:
+                K.window_fire(a.a64, a.dir_w, a.state_base_w(self.sid), owned, lo, hi, m, *out, progress)
+                n = int(progress[2])
+                if n < 0:  # one key has more due windows than a chunk
+                    chunk = -n
+                elif n:
                     parts.append(tuple(x[..., :n] for x in out))
-                if progress[0] >= len(windows):
-                    break
         finally:
             self.table.end_write(owned)
         if not parts:
             return None
         kg, row, widx, cnt, acc = (np.concatenate(x, axis=-1) for x in zip(*parts))
-        return Records(batch=self._output(kg, row, widx, cnt, acc))
+        span = int(widx.max() - widx.min())
+        if span == 0:
+            return Records(batch=self._output(kg, row, widx, cnt, acc))
+        # window-major, as Flink's timers fire; small ints make numpy's stable sort a radix sort
+        rel = widx - widx.min()
+        order = np.argsort(rel.astype(np.uint16) if span < 65536 else rel, kind="stable")
+        return Records(batch=self._output(kg[order], row[order], widx[order], cnt[order], acc[:, order]))
 
-    def _due(self, owned: np.ndarray, prev: int, wm: int) -> np.ndarray:
-        """The window indices this watermark fires, in order (open ones only when sparse)."""
-        size, slide, offset = self.w.size, self.w.slide, self.w.offset
+    def _last_due(self, wm: int) -> int | None:
+        """The last window index this watermark fires, or None when it fires nothing new."""
+        owned = self.owned
+        if not len(owned):
+            return None
+        w = self.w
+        hi = (wm - w.size + 1 - w.offset) // w.slide if wm < _MAX else _MAX
         a = self.table.arena
         marks = a.a64[a.state_base_w(self.sid) + owned * TK.KG_WORDS + K.S_MAX_WINDOW]
-        marks = marks[marks > 0]
-        if not len(marks):
-            return np.zeros(0, np.int64)
-        hi = int(marks.max()) - int(K.WINDOW_BIAS)
-        if wm < _MAX:
-            hi = min(hi, (wm - size + 1 - offset) // slide)
-        lo = (prev - size + 1 - offset) // slide + 1 if prev > _MIN else hi - _SPARSE
-        if hi < lo:
-            return np.zeros(0, np.int64)
-        if hi - lo < _SPARSE:
-            return np.arange(lo, hi + 1, dtype=np.int64)
-        buf = np.empty(1 << 16, np.int64)
-        while (
-            n := K.window_live(a.a64, a.dir_w, a.state_base_w(self.sid), owned, len(self.slots), hi, buf)
-        ) < 0:
-            buf = np.empty(len(buf) * 4, np.int64)
-        return np.unique(buf[:n])
+        if not marks.any():
+            return None
+        hi = min(hi, int(marks.max()) - int(K.WINDOW_BIAS))
+        if self.fired_to is not None and hi <= self.fired_to:
+            return None
+        self.fired_to = hi
+        return hi
 
     def _output(self, kg, row, widx, cnt, acc) -> pa.RecordBatch:
         w = self.w

@@ -101,61 +101,56 @@ def _ring_base(a64, h, r):
 
 
 @njit(**_OPTS)
-def window_fire(a64, dir_w, base_w, owned, windows, m, out_kg, out_row, out_widx, out_cnt, out_acc, progress):
-    """Emit and free the listed windows of every key in the owned key groups, window by window.
+def window_fire(a64, dir_w, base_w, owned, lo, hi, m, out_kg, out_row, out_widx, out_cnt, out_acc, progress):
+    """Emit and free every open window up to index ``hi`` of every key in the owned key groups,
+    key by key (a key's windows in order), in one pass over the keys' rings. ``lo`` is the lowest
+    window that can be open (the rest fired before): when ``lo .. hi`` is shorter than a ring,
+    only those windows' slots are probed.
 
-    Resumable: ``progress`` is ``[window position, owned position, row, emitted]``; the kernel
-    stops when the outputs are full and returns with the position to continue from.
+    Resumable: ``progress`` is ``[owned position, row, emitted]``; the kernel stops when the
+    outputs cannot take a whole key's windows and returns with the position to continue from
+    (and ``-k`` as emitted when they cannot take even one key's ``k`` windows).
     """
     sw = 2 + m
     cap = out_kg.shape[0]
     n = 0
-    wi, ki, r0 = progress[0], progress[1], progress[2]
-    while wi < windows.shape[0]:
-        w = windows[wi]
-        while ki < owned.shape[0]:
-            kg = owned[ki]
-            h = base_w + kg * KG_WORDS
-            nkeys = a64[dir_w + kg * KG_WORDS + H_NKEYS]
-            for r in range(r0, nkeys):
-                base = _ring_base(a64, h, r)
-                if base < 0:
-                    continue
-                s = base + 1 + (w & (a64[base] - 1)) * sw
-                if a64[s + 1] == 0 or a64[s] != w:
-                    continue
-                if n == cap:
-                    progress[0], progress[1], progress[2], progress[3] = wi, ki, r, n
-                    return
-                out_kg[n], out_row[n], out_widx[n], out_cnt[n] = kg, r, w, a64[s + 1]
-                for j in range(m):
-                    out_acc[j, n] = a64[s + 2 + j]
-                a64[s + 1] = 0
-                n += 1
-            r0 = 0
-            ki += 1
-        ki = 0
-        wi += 1
-    progress[0], progress[1], progress[2], progress[3] = wi, 0, 0, n
-
-
-@njit(**_OPTS)
-def window_live(a64, dir_w, base_w, owned, m, limit, out):
-    """Distinct open window indices up to ``limit`` in the owned key groups (for sparse firing)."""
-    sw = 2 + m
-    n = 0
-    for ki in range(owned.shape[0]):
+    ki, r0 = progress[0], progress[1]
+    order = np.empty(64, np.int64)
+    while ki < owned.shape[0]:
         kg = owned[ki]
         h = base_w + kg * KG_WORDS
-        for r in range(a64[dir_w + kg * KG_WORDS + H_NKEYS]):
+        nkeys = a64[dir_w + kg * KG_WORDS + H_NKEYS]
+        for r in range(r0, nkeys):
             base = _ring_base(a64, h, r)
             if base < 0:
                 continue
-            for q in range(a64[base]):
-                s = base + 1 + q * sw
-                if a64[s + 1] > 0 and a64[s] <= limit:
-                    if n == out.shape[0]:
-                        return -1
-                    out[n] = a64[s]
-                    n += 1
-    return n
+            ring = a64[base]
+            if order.shape[0] < ring:
+                order = np.empty(ring, np.int64)
+            k = 0
+            span = ring if lo <= hi - ring else hi - lo + 1  # (no overflow when lo is MIN)
+            for q in range(span):
+                s = base + 1 + (q if span == ring else (lo + q) & (ring - 1)) * sw
+                if a64[s + 1] > 0 and a64[s] <= hi:
+                    # insertion sort by window index: a key has few due windows
+                    j = k
+                    while j > 0 and a64[order[j - 1]] > a64[s]:
+                        order[j] = order[j - 1]
+                        j -= 1
+                    order[j] = s
+                    k += 1
+            if k == 0:
+                continue
+            if n + k > cap:  # full; -k when not even this key's windows fit
+                progress[0], progress[1], progress[2] = ki, r, n if n else -k
+                return
+            for j in range(k):
+                s = order[j]
+                out_kg[n], out_row[n], out_widx[n], out_cnt[n] = kg, r, a64[s], a64[s + 1]
+                for c in range(m):
+                    out_acc[c, n] = a64[s + 2 + c]
+                a64[s + 1] = 0
+                n += 1
+        r0 = 0
+        ki += 1
+    progress[0], progress[1], progress[2] = ki, 0, n

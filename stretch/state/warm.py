@@ -81,3 +81,20 @@ def warm_timer_kernels() -> None:
     K.heap_push(a64, 0, np.zeros(0, np.uint16), none64, none64)
     K.heap_pop_due(a64, 0, 0, 0, np.zeros(4, np.int64), np.zeros(4, np.int64))
     K.heap_heads(a64, 0, none64, none64)
+
+
+def warm_window_kernels() -> None:
+    """The vectorized window kernels, with the argument kinds the window operator passes."""
+    from stretch.state import _window_kernels as W
+
+    a64 = np.zeros(K.KG_WORDS * 2 + 64, dtype=np.int64)
+    none64, kgs = np.zeros(0, np.int64), np.zeros(0, np.uint16)
+    ops, is_float = np.zeros(1, np.int64), np.zeros(1, np.bool_)
+    vals = np.zeros((1, 0), np.int64)
+    progress = np.array([0, -(2**63), 0, 0], np.int64)
+    W.window_add(
+        a64, a64.view(np.float64), 0, kgs, none64, _readonly(none64), vals, ops, is_float, 1, 1, 0, 0,
+        np.zeros(0, np.bool_), progress,
+    )  # fmt: skip
+    out = (none64, none64, none64, none64, vals)
+    W.window_fire(a64, 0, 0, none64, 0, 0, 1, *out, np.zeros(3, np.int64))
