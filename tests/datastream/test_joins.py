@@ -312,6 +312,8 @@ def buffered(client) -> tuple[list, dict]:
     """The band join's buffered records, and how many each key group holds."""
     table = client.query_state("join")
     records, per_kg = [], {}
+    if "band join buffer" not in table.column_names:  # no instance has declared its state yet
+        return records, per_kg
     for kg, raw in zip(table.column("key_group").to_pylist(), table.column("band join buffer").to_pylist()):
         elements = pickle.loads(raw) if isinstance(raw, bytes) else raw or []
         records += [record for _, _, record in elements]
