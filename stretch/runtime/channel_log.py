@@ -1,0 +1,159 @@
+"""A channel's durable log: Arrow IPC batches in segment files, addressed by offset.
+
+One process appends (the job); any process on the machine reads by offset, so Spark executors can
+read a range of a channel in parallel and a restarted reader continues where it committed. Offset
+``n`` is the channel's ``n``-th batch, for good: offsets survive job restarts because the log
+reopens its directory and continues its index.
+
+Layout of the directory: ``seg-<first offset>.arrows`` files, each a run of complete Arrow IPC
+streams (one per batch); ``index`` with one (segment, position, length) record of int64 per batch,
+written after the batch itself so a reader never sees an entry before its data; ``commits.json``
+with each registered reader's committed offset; ``ended`` once the stream is complete. Whole
+segments are deleted when every registered reader has committed past them, or, oldest first, when
+the log outgrows ``max_bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+_ENTRY = 3  # int64 words per index entry: segment first offset, position, length
+
+
+class ChannelLog:
+    def __init__(self, directory: str | os.PathLike, max_bytes: int = 1 << 30, segment_bytes: int = 64 << 20):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.max_bytes = max_bytes
+        self.segment_bytes = segment_bytes
+        self._index = self.dir / "index"
+        self._index.touch(mode=0o600, exist_ok=True)
+        self._segment: tuple[int, object] | None = None  # (first offset, open file) being appended to
+
+    # ---- offsets ---------------------------------------------------------------------------
+    def _entries(self) -> np.ndarray:
+        raw = self._index.read_bytes()
+        n = len(raw) // (8 * _ENTRY)
+        return np.frombuffer(raw[: n * 8 * _ENTRY], dtype=np.int64).reshape(n, _ENTRY)
+
+    @property
+    def end_offset(self) -> int:
+        """The offset the next batch will get (= batches ever appended)."""
+        return self._index.stat().st_size // (8 * _ENTRY)
+
+    @property
+    def start_offset(self) -> int:
+        """The oldest offset still held."""
+        segments = self._segments()
+        return segments[0] if segments else self.end_offset
+
+    @property
+    def ended(self) -> bool:
+        return (self.dir / "ended").exists()
+
+    def _segments(self) -> list[int]:
+        return sorted(int(p.name[4:-7]) for p in self.dir.glob("seg-*.arrows"))
+
+    def _path(self, first: int) -> Path:
+        return self.dir / f"seg-{first:020d}.arrows"
+
+    # ---- writing (the job) -----------------------------------------------------------------
+    def append(self, batch: pa.RecordBatch) -> int:
+        """Append one batch; returns its offset."""
+        offset = self.end_offset
+        if self._segment is None or self._segment[1].tell() >= self.segment_bytes:
+            if self._segment is not None:
+                self._segment[1].close()
+            fd = os.open(self._path(offset), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            self._segment = (offset, os.fdopen(fd, "ab", buffering=0))
+        first, f = self._segment
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        data = sink.getvalue()
+        position = f.tell()
+        f.write(data)
+        with open(self._index, "ab", buffering=0) as index:
+            index.write(np.array([first, position, data.size], dtype=np.int64).tobytes())
+        self._retain()
+        return offset
+
+    def end(self) -> None:
+        """The stream is complete: readers stop at the end offset."""
+        (self.dir / "ended").touch(mode=0o600)
+
+    def close(self) -> None:
+        if self._segment is not None:
+            self._segment[1].close()
+            self._segment = None
+
+    # ---- reading (anyone) ------------------------------------------------------------------
+    def read(self, start: int, end: int | None = None):
+        """Batches ``start`` .. ``end`` (exclusive; default: what is there now), in order."""
+        entries = self._entries()
+        end = len(entries) if end is None else end
+        if start < self.start_offset:
+            raise LookupError(
+                f"channel log {self.dir}: offset {start} is no longer retained "
+                f"(oldest held: {self.start_offset})"
+            )
+        if end > len(entries):
+            raise LookupError(f"channel log {self.dir}: offset {end} is past the end ({len(entries)})")
+        files: dict[int, pa.MemoryMappedFile] = {}
+        try:
+            for first, position, length in entries[start:end].tolist():
+                if first not in files:
+                    files[first] = pa.memory_map(str(self._path(first)))
+                data = files[first].read_at(length, position)
+                yield pa.ipc.open_stream(data).read_next_batch()
+        finally:
+            for f in files.values():
+                f.close()
+
+    # ---- retention -------------------------------------------------------------------------
+    def commits(self) -> dict[str, int]:
+        try:
+            return json.loads((self.dir / "commits.json").read_text())
+        except FileNotFoundError:
+            return {}
+
+    def register(self, reader: str, offset: int | None = None) -> None:
+        """A reader whose uncommitted batches are kept (from ``offset``, default the start)."""
+        commits = self.commits()
+        commits.setdefault(reader, self.start_offset if offset is None else offset)
+        self._save(commits)
+
+    def commit(self, reader: str, offset: int) -> None:
+        """``reader`` is done with every batch below ``offset``."""
+        commits = self.commits()
+        commits[reader] = max(commits.get(reader, 0), offset)
+        self._save(commits)
+        self._retain()
+
+    def _save(self, commits: dict) -> None:
+        tmp = self.dir / "commits.json.tmp"
+        tmp.write_text(json.dumps(commits))
+        tmp.replace(self.dir / "commits.json")
+
+    def _retain(self) -> None:
+        """Delete whole segments every reader committed past, then the oldest beyond the bound."""
+        segments = self._segments()
+        current = self._segment[0] if self._segment is not None else None
+        commits = self.commits()
+        floor = min(commits.values()) if commits else None
+        sizes = {s: self._path(s).stat().st_size for s in segments}
+        total = sum(sizes.values())
+        for i, s in enumerate(segments):
+            if s == current:
+                break
+            following = segments[i + 1] if i + 1 < len(segments) else self.end_offset
+            if (floor is not None and following <= floor) or total > self.max_bytes:
+                self._path(s).unlink(missing_ok=True)
+                total -= sizes[s]
+            else:
+                break

@@ -1,0 +1,85 @@
+"""The durable channel log against a plain list of the batches appended."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import textwrap
+
+import pyarrow as pa
+import pytest
+
+from stretch.runtime.channel_log import ChannelLog
+
+
+def batch(i: int, rows: int = 50) -> pa.RecordBatch:
+    return pa.record_batch(
+        {"n": pa.array(range(i * 1000, i * 1000 + rows), pa.int64()), "s": [f"b{i}"] * rows}
+    )
+
+
+def test_offsets_ranges_and_reopen(tmp_path):
+    log = ChannelLog(tmp_path, segment_bytes=4096)
+    model = [batch(i, random.Random(i).randrange(1, 200)) for i in range(40)]
+    assert [log.append(b) for b in model[:25]] == list(range(25))
+    rng = random.Random(1)
+    for _ in range(20):
+        a = rng.randrange(0, 25)
+        b = rng.randrange(a, 26)
+        assert list(log.read(a, b)) == model[a:b]
+    log.close()
+    again = ChannelLog(tmp_path, segment_bytes=4096)  # a restarted job continues the offsets
+    assert again.end_offset == 25
+    assert [again.append(b) for b in model[25:]] == list(range(25, 40))
+    assert list(again.read(0)) == model
+    assert len(list(tmp_path.glob("seg-*.arrows"))) > 3
+    with pytest.raises(LookupError):
+        list(again.read(0, 41))
+
+
+def test_segments_go_when_every_reader_committed_past_them(tmp_path):
+    log = ChannelLog(tmp_path, segment_bytes=4096)
+    log.register("spark-a")
+    log.register("spark-b")
+    model = [batch(i) for i in range(30)]
+    for b in model:
+        log.append(b)
+    log.commit("spark-a", 20)
+    assert log.start_offset == 0  # spark-b still needs everything
+    log.commit("spark-b", 12)
+    assert 0 < log.start_offset <= 12
+    assert list(log.read(12)) == model[12:]
+    with pytest.raises(LookupError, match="no longer retained"):
+        list(log.read(0))
+    log.commit("spark-b", 5)  # commits never move back
+    assert log.commits() == {"spark-a": 20, "spark-b": 12}
+
+
+def test_size_bound_drops_the_oldest_segments(tmp_path):
+    log = ChannelLog(tmp_path, max_bytes=20_000, segment_bytes=4096)
+    model = [batch(i) for i in range(100)]
+    for b in model:
+        log.append(b)
+    held = sum(p.stat().st_size for p in tmp_path.glob("seg-*.arrows"))
+    assert held <= 20_000 + 4096 + 2000
+    start = log.start_offset
+    assert start > 0
+    assert list(log.read(start)) == model[start:]
+
+
+def test_another_process_reads_while_the_job_appends(tmp_path):
+    log = ChannelLog(tmp_path, segment_bytes=4096)
+    model = [batch(i) for i in range(12)]
+    for b in model:
+        log.append(b)
+    code = textwrap.dedent(f"""
+        from stretch.runtime.channel_log import ChannelLog
+        log = ChannelLog({str(tmp_path)!r})
+        print(sum(b.column("n").to_numpy().sum() for b in log.read(3, 12)))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert int(out) == sum(int(b.column("n").to_numpy().sum()) for b in model[3:12])
+    assert not log.ended
+    log.end()
+    assert ChannelLog(tmp_path).ended
