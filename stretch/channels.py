@@ -52,15 +52,14 @@ def _join(job, name: str, role: str) -> tuple[str, dict]:
     return sock, reply
 
 
-class ChannelWriter:
-    """Appends records to a job's input channel (blocking while the channel is full)."""
+class ChannelAppender:
+    """Appends batches to an input channel's gate, given the job's reply to a writer's join."""
 
-    def __init__(self, job, name: str):
+    def __init__(self, name: str, reply: dict):
         self.name = name
-        self._socket, reply = _join(job, name, "writer")
         self._gate = Gate.attach(reply["segment"])
         self.type_info = TypeInformation.from_json(reply["type"]) if reply["type"] else None
-        self._schema = schema_for(self.type_info) if self.type_info is not None else None
+        self.schema = schema_for(self.type_info) if self.type_info is not None else None
         # When the job keys the channel by a field right away, this writer is the keyed operator's
         # producer: it computes the key groups and appends to the operator's gate directly.
         self._key_field = reply.get("key_field")
@@ -76,12 +75,12 @@ class ChannelWriter:
             return
         if isinstance(data, pa.RecordBatch):
             batch = data
-            if self._schema is not None and not batch.schema.remove_metadata().equals(
-                self._schema.remove_metadata()
+            if self.schema is not None and not batch.schema.remove_metadata().equals(
+                self.schema.remove_metadata()
             ):
                 raise ValueError(
                     f"batch schema does not match channel {self.name!r}:\n  batch:   {batch.schema.remove_metadata()}"
-                    f"\n  channel: {self._schema.remove_metadata()}"
+                    f"\n  channel: {self.schema.remove_metadata()}"
                 )
         else:
             batch = to_batch(list(data), self.type_info)
@@ -95,6 +94,14 @@ class ChannelWriter:
                 self._gate.append_batch(batch)
             except GateClosed:
                 raise RuntimeError(f"the job reading channel {self.name!r} has stopped") from None
+
+
+class ChannelWriter(ChannelAppender):
+    """Appends records to a job's input channel (blocking while the channel is full)."""
+
+    def __init__(self, job, name: str):
+        self._socket, reply = _join(job, name, "writer")
+        super().__init__(name, reply)
 
     def end(self) -> None:
         """Mark the end of the channel's stream: the job finishes once it has processed it."""

@@ -23,8 +23,19 @@ def _own_segments() -> list[str]:
     return sorted(p.name for p in _SHM.glob(f"stretch-{os.getuid()}-{os.getpid()}-*"))
 
 
+# Children that outlive single tests on purpose (a module's Spark JVM); their fixture ends them.
+EXPECTED_CHILDREN: set[int] = set()
+
+
+@pytest.fixture(scope="session")
+def expected_children() -> set[int]:
+    """Add the pid of a child that a wider-scoped fixture starts and ends itself."""
+    return EXPECTED_CHILDREN
+
+
 def _children() -> dict[int, str]:
-    """pid -> state letter of every process whose parent is this process (zombies included)."""
+    """pid -> state letter of every process whose parent is this process (zombies included),
+    except the expected ones."""
     me = os.getpid()
     found = {}
     for entry in Path("/proc").iterdir():
@@ -36,7 +47,7 @@ def _children() -> dict[int, str]:
             continue  # exited meanwhile
         # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 2 and int(fields[1]) == me:
+        if len(fields) >= 2 and int(fields[1]) == me and int(entry.name) not in EXPECTED_CHILDREN:
             found[int(entry.name)] = fields[0]
     return found
 

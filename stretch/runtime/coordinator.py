@@ -29,6 +29,7 @@ from stretch.runtime.control_socket import ControlServer, runtime_dir
 from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
 from stretch.runtime.event_time import MAX_WATERMARK, producer_id
 from stretch.runtime.gate import Gate, Kind
+from stretch.runtime.publisher import ChannelPublisher
 from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
 from stretch.runtime.zygote import Zygote
@@ -109,6 +110,10 @@ class Coordinator:
         self._zygote: Zygote | None = None
         self.socket_path = runtime_dir() / f"{self.job_id}.sock"
         self.info_path = runtime_dir() / f"{self.job_id}.json"
+        self.publisher = ChannelPublisher(
+            runtime_dir() / "staging" / self.job_id,
+            lambda name: self._channel_request("channel", {"name": name, "role": "writer"}),
+        )
 
     # ---- public, thread-safe ------------------------------------------------------------
     def wait_started(self, timeout: float | None = None) -> bool:
@@ -204,6 +209,7 @@ class Coordinator:
             ]
         self.resources = res
         self._stage_blobs = {s.id: cloudpickle.dumps(s) for s in plan.stages}
+        self.publisher.create()
         self._server = ControlServer(self.socket_path, self._token, self._on_message, self._on_close)
         self._write_info()
         self._zygote = Zygote(str(self.socket_path), self._token)
@@ -319,6 +325,8 @@ class Coordinator:
             conn.send(self._channel_request(op, msg))
         elif op == "scale":
             threading.Thread(target=self._scale_request, args=(conn, msg), daemon=True).start()
+        elif op in ("channel_publish", "channel_discard"):
+            threading.Thread(target=self._publish_request, args=(conn, op, msg), daemon=True).start()
         else:
             conn.send({"ok": False, "error": f"unknown request {op!r}"})
 
@@ -492,6 +500,21 @@ class Coordinator:
             conn.send({"ok": False, "error": str(e.args[0]) if e.args else str(e)})
 
     # ---- channels ---------------------------------------------------------------------------
+    def _publish_request(self, conn, op: str, msg: dict) -> None:
+        """A staged transaction (Spark's sink commit or abort); may block while the channel is full."""
+        try:
+            if op == "channel_publish":
+                reply = self.publisher.publish(
+                    msg["name"], str(msg["query"]), int(msg["batch"]), msg["files"]
+                )
+            else:
+                self.publisher.discard(msg["files"])
+                reply = {"ok": True}
+        except Exception as e:
+            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        with contextlib.suppress(Exception):
+            conn.send(reply)
+
     def _channel_request(self, op: str, msg: dict) -> dict:
         name = msg.get("name")
         if op == "channel":
@@ -502,6 +525,7 @@ class Coordinator:
                 return {
                     "ok": True,
                     "segment": self.gates[step.gate].name,
+                    "staging": str(self.publisher.staging),
                     "type": t.to_json() if t else None,
                     "key_field": step.key.field,
                     "max_parallelism": step.key.max_parallelism,
@@ -514,6 +538,7 @@ class Coordinator:
                 return {
                     "ok": True,
                     "segment": self.input_channels[name].name,
+                    "staging": str(self.publisher.staging),
                     "type": t.to_json() if t else None,
                 }
             if name in self.output_channels and msg.get("role") == "reader":
@@ -639,6 +664,7 @@ class Coordinator:
             shm.unlink_prefix(self.resources.prefix)
         with contextlib.suppress(FileNotFoundError):
             self.info_path.unlink()
+        self.publisher.remove()
 
     def _await_workers(self) -> None:
         deadline = time.monotonic() + self.config.shutdown_timeout

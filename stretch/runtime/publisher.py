@@ -1,0 +1,66 @@
+"""Exactly-once publishing of staged batches into a job's input channels (Spark's sink commits).
+
+Outside writers that may retry (Spark tasks, replayed micro-batches) do not append to a channel
+directly: they stage Arrow IPC files in the job's staging directory, and one commit request per
+transaction, named ``(query, batch id)``, publishes all of its files in order. A transaction whose
+batch id is not above the query's last published one was published before and is only cleaned up,
+so a batch that Spark replays after a failure does not reach the job twice.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+
+from stretch.channels import ChannelAppender
+
+
+class ChannelPublisher:
+    def __init__(self, staging: Path, join_writer):
+        """``join_writer(name)`` is the job's reply to a writer joining channel ``name``."""
+        self.staging = staging
+        self._join_writer = join_writer
+        self._lock = threading.Lock()
+        self._published: dict[tuple[str, str], int] = {}  # (channel, query) -> last batch id
+        self._appenders: dict[str, ChannelAppender] = {}
+
+    def create(self) -> None:
+        self.staging.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def publish(self, name: str, query: str, batch_id: int, files: list[str]) -> dict:
+        paths = [self._staged(f) for f in files]
+        try:
+            with self._lock:
+                if self._published.get((name, query), -1) >= batch_id:
+                    return {"ok": True, "duplicate": True}
+                appender = self._appenders.get(name)
+                if appender is None:
+                    reply = self._join_writer(name)
+                    if not reply.get("ok"):
+                        return reply
+                    appender = self._appenders[name] = ChannelAppender(name, reply)
+                for path in paths:
+                    with pa.memory_map(str(path)) as source:
+                        for batch in pa.ipc.open_stream(source):
+                            appender.write(batch)
+                self._published[(name, query)] = batch_id
+                return {"ok": True, "duplicate": False}
+        finally:
+            self.discard(files)
+
+    def discard(self, files: list[str]) -> None:
+        """Remove staged files (published, duplicate or aborted)."""
+        for f in files:
+            self._staged(f).unlink(missing_ok=True)
+
+    def _staged(self, file: str) -> Path:
+        path = Path(file).resolve()
+        if path.parent != self.staging.resolve():
+            raise ValueError(f"{file} is not in the job's staging directory {self.staging}")
+        return path

@@ -1,0 +1,77 @@
+"""Channel schemas as Spark sees them, and the check that a Spark schema fits a channel."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from stretch.channels import _join
+from stretch.common.records import schema_for
+from stretch.common.typeinfo import TypeInformation
+
+_DDL = [
+    (pa.types.is_int8, "TINYINT"),
+    (pa.types.is_int16, "SMALLINT"),
+    (pa.types.is_int32, "INT"),
+    (pa.types.is_int64, "BIGINT"),
+    (pa.types.is_float32, "FLOAT"),
+    (pa.types.is_float64, "DOUBLE"),
+    (pa.types.is_boolean, "BOOLEAN"),
+    (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), "STRING"),
+    (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t), "BINARY"),
+    (pa.types.is_timestamp, "TIMESTAMP"),
+    (pa.types.is_date, "DATE"),
+]
+
+
+def channel_join(job: str, channel: str) -> dict:
+    """The job's reply to a writer joining ``channel``; clear errors for unknown jobs and channels."""
+    _, reply = _join(job, channel, "writer")
+    return reply
+
+
+def channel_schema(job: str, channel: str) -> pa.Schema:
+    reply = channel_join(job, channel)
+    if not reply.get("type"):
+        raise ValueError(f"channel {channel!r} of job {job!r} declares no record type")
+    return schema_for(TypeInformation.from_json(reply["type"])).remove_metadata()
+
+
+def _family(t: pa.DataType) -> str | None:
+    for test, name in _DDL:
+        if test(t):
+            return name
+    return None
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """``name TYPE, ...`` for Spark; channel fields of other types are passed as binary."""
+    return ", ".join(f"`{f.name}` {_family(f.type) or 'BINARY'}" for f in schema)
+
+
+def check_fits(spark_schema, channel: pa.Schema, where: str) -> None:
+    """A Spark schema fits a channel when it has the same fields, by position, of the same kinds."""
+    ok = len(spark_schema.fields) == len(channel)
+    if ok:
+        for sf, cf in zip(spark_schema.fields, channel):
+            ok = ok and sf.dataType.simpleString().upper() in _aliases(_family(cf.type))
+    if not ok:
+        spark = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in spark_schema.fields)
+        raise ValueError(
+            f"the Spark schema does not fit {where}:\n  Spark:   {spark}\n  channel: {spark_ddl(channel)}"
+        )
+
+
+def _aliases(family: str | None) -> set[str]:
+    return {
+        "BIGINT": {"BIGINT"},
+        "INT": {"INT"},
+        "SMALLINT": {"SMALLINT"},
+        "TINYINT": {"TINYINT"},
+        "DOUBLE": {"DOUBLE"},
+        "FLOAT": {"FLOAT"},
+        "BOOLEAN": {"BOOLEAN"},
+        "STRING": {"STRING"},
+        "BINARY": {"BINARY"},
+        "TIMESTAMP": {"TIMESTAMP", "TIMESTAMP_NTZ"},
+        "DATE": {"DATE"},
+    }.get(family or "", set())

@@ -1,0 +1,73 @@
+"""Spark streaming sink into a job's input channel, exactly once per micro-batch.
+
+Executors stage their partitions as Arrow IPC files in the job's staging directory (``write``);
+the driver's ``commit(messages, batch_id)`` asks the job to publish them all, in order, as one
+transaction named (query, batch id); ``abort`` discards them. The job publishes a transaction at
+most once (``stretch.runtime.publisher``), so a failed task that Spark retries (its first
+attempt's files are never committed) and a micro-batch that a restarted query replays from its
+checkpoint do not duplicate rows.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+
+from stretch.channels import _socket_of
+from stretch.runtime.control_socket import request
+from stretch.spark.schemas import channel_join, channel_schema, check_fits
+
+
+@dataclass
+class StagedFiles(WriterCommitMessage):
+    files: list[str] = field(default_factory=list)
+
+
+class StretchStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options, schema):
+        self.job = options.get("job")
+        self.channel = options.get("channel")
+        if not self.job or not self.channel:
+            raise ValueError('format("stretch") needs .option("job", ...) and .option("channel", ...)')
+        # a replayed batch is recognised by (query, batch id): the query must have a stable name
+        self.query = options.get("query") or options.get("checkpointLocation")
+        if not self.query:
+            raise ValueError(
+                'writing to stretch exactly once needs a stable query identity: set .option("checkpointLocation", ...) '
+                'or .option("query", ...)'
+            )
+        reply = channel_join(self.job, self.channel)  # unknown job or channel: a clear error now
+        self.schema = channel_schema(self.job, self.channel)
+        check_fits(schema, self.schema, f"channel {self.channel!r} of job {self.job!r}")
+        self.staging = reply["staging"]
+
+    # ---- executors ---------------------------------------------------------------------------
+    def write(self, iterator) -> StagedFiles:
+        path = os.path.join(self.staging, f"{uuid.uuid4().hex}.arrows")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f, pa.ipc.new_stream(f, self.schema) as out:
+            for batch in iterator:
+                if batch.num_rows:
+                    columns = [c.cast(t.type) for c, t in zip(batch.columns, self.schema)]
+                    out.write_batch(pa.RecordBatch.from_arrays(columns, schema=self.schema))
+        return StagedFiles([path])
+
+    # ---- driver ------------------------------------------------------------------------------
+    def commit(self, messages, batchId: int) -> None:  # noqa: N803 (Spark calls it so)
+        files = [f for m in messages if m is not None for f in m.files]
+        reply = self._ask({"op": "channel_publish", "query": self.query, "batch": batchId, "files": files})
+        if not reply.get("ok"):
+            raise RuntimeError(
+                f"stretch job {self.job!r} refused micro-batch {batchId}: {reply.get('error')}"
+            )
+
+    def abort(self, messages, batchId: int) -> None:  # noqa: N803
+        files = [f for m in messages if m is not None for f in m.files]
+        self._ask({"op": "channel_discard", "files": files})
+
+    def _ask(self, message: dict) -> dict:
+        return request(_socket_of(self.job), {**message, "name": self.channel}, timeout=600)
