@@ -6,21 +6,23 @@
 >>> for record in open_reader(job, "totals"):      # in order, until the job's output ends
 ...     print(record)
 
-Only the request to join goes through the job's control socket; the data moves through the
-channel's shared-memory log directly.
+Only the request to join goes through the job's control socket. Input data moves through the
+channel's shared-memory log directly; output channels are durable logs of Arrow files under the
+job's state directory (``stretch.runtime.channel_log``), read by offset, with their live end in
+shared memory so that readers wake as soon as the job appends.
 """
 
 from __future__ import annotations
-
-import json
 
 import pyarrow as pa
 
 from stretch.common.records import from_batch, schema_for, to_batch
 from stretch.common.typeinfo import TypeInformation
 from stretch.runtime.chain import KG_COLUMN, resolve_field
-from stretch.runtime.control_socket import request, runtime_dir
-from stretch.runtime.gate import Gate, GateClosed, Kind
+from stretch.runtime.channel_log import ChannelLog, LogTail
+from stretch.runtime.control_socket import request, running_jobs
+from stretch.runtime.gate import Gate, GateClosed
+from stretch.runtime.state_dir import channel_dir
 from stretch.state import _hash_kernels
 from stretch.state.key_groups import key_groups_of
 
@@ -30,11 +32,7 @@ def _socket_of(job) -> str:
     if coordinator is not None:
         return str(coordinator.socket_path)
     if isinstance(job, str):
-        for path in runtime_dir().glob("*.json"):
-            try:
-                info = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
+        for info in running_jobs():
             if info["job_id"].startswith(job) or info["name"] == job:
                 return info["socket"]
         raise LookupError(f"no running stretch job {job!r} on this machine (see `stretch jobs`)")
@@ -115,45 +113,90 @@ class ChannelWriter(ChannelAppender):
             self.end()
 
 
-class ChannelReader:
-    """Iterates over a job's output channel in order; ends when the job's output ends."""
+def _reader_join(job, name: str) -> dict:
+    """Where a reader finds the channel: the running job's answer, else the log the job kept."""
+    coordinator = getattr(job, "_coordinator", None)
+    if coordinator is not None:  # in the job's own process: ask it directly, during or after the run
+        reply = coordinator._channel_request("channel", {"name": name, "role": "reader"})
+        if not reply.get("ok"):
+            raise LookupError(reply.get("error", "channel refused"))
+        if coordinator.status.is_globally_terminal_state():
+            reply["tail"] = None
+        return reply
+    if isinstance(job, str):
+        job_name = job
+        try:
+            return _join(job, name, "reader")[1]
+        except LookupError as e:
+            if "no channel" in str(e):
+                raise
+    else:
+        raise TypeError(f"job must be a JobClient, a job id or a job name, got {job!r}")
+    path = channel_dir(job_name, name)
+    if not (path / "index").exists():
+        raise LookupError(f"no running stretch job {job_name!r} and no channel {name!r} kept for it")
+    return {"log": str(path), "tail": None, "run_start": None}
 
-    def __init__(self, job, name: str):
+
+class ChannelReader:
+    """Reads a job's output channel in order, by offset: from the first result of the job's
+    current run, or from ``from_offset`` (an offset of the channel's log, which outlives runs).
+
+    While the job runs, a reader sleeps on the log's live tail in shared memory; after the run,
+    ``job`` may be the job's name and the reader reads what the log retained.
+    """
+
+    def __init__(self, job, name: str, from_offset: int | None = None):
         self.name = name
-        self._socket, reply = _join(job, name, "reader")
-        self._gate = Gate.attach(reply["segment"])
-        self._seq = self._gate.cursor(0)
-        self._done = False
+        reply = _reader_join(job, name)
+        self.log = ChannelLog(reply["log"], create=False)
+        self._tail = None
+        if reply["tail"]:
+            try:
+                self._tail = LogTail.attach(reply["tail"])
+            except FileNotFoundError:  # the run ended just now: its log is complete
+                pass
+        start = reply["run_start"] if reply["run_start"] is not None else self.log.start_offset
+        self.offset = start if from_offset is None else from_offset
 
     def read_batch(self, timeout: float | None = None) -> pa.RecordBatch | None:
-        """The next batch (a copy), None at the end of the stream; TimeoutError if none came in time."""
-        while not self._done:
-            try:
-                if not self._gate.wait(self._seq, timeout=timeout):
-                    raise TimeoutError(f"nothing arrived on channel {self.name!r} within {timeout} s")
-            except GateClosed:
-                raise RuntimeError(
-                    f"the job producing channel {self.name!r} stopped before its end"
-                ) from None
-            entry = self._gate.read(self._seq, copy=True)  # the caller keeps it past the cursor
-            batch = entry.batch
-            self._seq += 1
-            self._gate.advance(0, self._seq)
-            if entry.kind is Kind.END_OF_STREAM:
-                self._done = True
-                request(self._socket, {"op": "channel_done", "name": self.name})
-            elif batch is not None:
+        """The next batch, None at the end of the stream; TimeoutError if none came in time."""
+        while True:
+            if self.offset < self.log.end_offset:
+                (batch,) = self.log.read(self.offset, self.offset + 1)
+                self.offset += 1
                 return batch
-        return None
+            tail = self._tail
+            if tail is None or tail.state == LogTail.ENDED:
+                if tail is None and not self.log.ended:
+                    raise RuntimeError(f"the job producing channel {self.name!r} stopped before its end")
+                if self.offset >= self.log.end_offset:
+                    return None
+                continue
+            if tail.state == LogTail.FAILED:
+                if self.offset >= self.log.end_offset:
+                    raise RuntimeError(f"the job producing channel {self.name!r} stopped before its end")
+                continue
+            if not tail.wait(self.offset, timeout):
+                raise TimeoutError(f"nothing arrived on channel {self.name!r} within {timeout} s")
+
+    def close(self) -> None:
+        self.log.close()
+        if self._tail is not None:
+            self._tail.close()
+            self._tail = None
 
     def __iter__(self):
-        while (batch := self.read_batch()) is not None:
-            yield from from_batch(batch)
+        try:
+            while (batch := self.read_batch()) is not None:
+                yield from from_batch(batch)
+        finally:
+            self.close()
 
 
 def open_writer(job, name: str) -> ChannelWriter:
     return ChannelWriter(job, name)
 
 
-def open_reader(job, name: str) -> ChannelReader:
-    return ChannelReader(job, name)
+def open_reader(job, name: str, from_offset: int | None = None) -> ChannelReader:
+    return ChannelReader(job, name, from_offset)

@@ -7,15 +7,14 @@ import json
 import sys
 import time
 
-from stretch.runtime.control_socket import request, runtime_dir
+from stretch.runtime.control_socket import request, running_jobs
 
 
 def _jobs() -> list[dict]:
     """Running jobs of this user on this machine, found through their control sockets."""
     jobs = []
-    for info_path in sorted(runtime_dir().glob("*.json")):
+    for info in running_jobs():
         try:
-            info = json.loads(info_path.read_text())
             status = request(info["socket"], {"op": "status"}, timeout=2.0)
         except (OSError, ValueError, ConnectionError):
             continue  # a job that ended between listing and asking
@@ -109,25 +108,29 @@ def cmd_demo(args) -> int:
     from stretch import demo
 
     schedule = tuple(int(p) for p in args.schedule.split(",") if p.strip()) if args.schedule else ()
-    demo.run(
-        seconds=args.seconds,
+    summary = demo.run(
+        events=args.events,
+        files=args.files,
         parallelism=args.parallelism,
-        rate=args.rate,
         schedule=schedule,
-        elastic=args.elastic,
+        work_dir=args.work_dir,
+        plot=not args.no_plot,
     )
-    return 0
+    return 0 if summary["results_match_reference"] and summary["status"] == "FINISHED" else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stretch", description="Elastic stateful stream processing.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="run the demo job on generated data")
-    p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--parallelism", type=int, default=1, help="parallelism at the start")
-    p.add_argument("--rate", type=float, default=200_000.0, help="events per second")
-    p.add_argument("--schedule", default="2,4,1", help="parallelism to rescale to, live, during the run")
-    p.add_argument("--elastic", action="store_true", help="let the elasticity controller rescale instead")
+    p = sub.add_parser("demo", help="run the demo pipeline: Spark -> stretch -> Spark on generated clicks")
+    p.add_argument("--events", type=int, default=2_000_000, help="click events to generate")
+    p.add_argument("--files", type=int, default=20, help="Parquet files to spread them over")
+    p.add_argument(
+        "--parallelism", type=int, default=1, help="the window operator's parallelism at the start"
+    )
+    p.add_argument("--schedule", default="2,1", help="parallelism to rescale to, live, during the run")
+    p.add_argument("--work-dir", help="keep the clicks, checkpoints and results here (default: a temp dir)")
+    p.add_argument("--no-plot", action="store_true", help="do not write stretch-demo.png")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("scale", help="change a running operator's parallelism")
     p.add_argument("job", help="job id (or a unique prefix) or job name")

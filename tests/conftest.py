@@ -15,6 +15,16 @@ from pathlib import Path
 import pytest
 
 _SHM = Path("/dev/shm")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _state_dir(tmp_path_factory):
+    """Jobs keep their channel logs in a directory of the test session, not the user's."""
+    os.environ["STRETCH_STATE_DIR"] = str(tmp_path_factory.mktemp("stretch-state"))
+    yield
+    os.environ.pop("STRETCH_STATE_DIR", None)
+
+
 _GRACE = 2.0  # seconds a child may take to finish exiting after its test
 
 

@@ -75,6 +75,7 @@ class SinkSpec:
     sink: Any
     producers: list[int] = field(default_factory=list)  # stage ids
     upstream_parallelism: int = 1
+    type_info: TypeInformation | None = None  # of the records it receives, where declared
 
     @property
     def runs_in(self) -> str:
@@ -151,7 +152,9 @@ def compile_plan(sinks: list[Transformation], default_parallelism: int, max_para
             )
         elif t.kind == "sink":
             sink_of[t.id] = len(sink_specs)
-            sink_specs.append(SinkSpec(len(sink_specs), t.name, t.spec["sink"]))
+            sink_specs.append(
+                SinkSpec(len(sink_specs), t.name, t.spec["sink"], type_info=t.inputs[0].output_type)
+            )
 
     def steps_after(t: Transformation) -> list[Step]:
         out: list[Step] = []

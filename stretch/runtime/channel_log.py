@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,18 +27,32 @@ _ENTRY = 3  # int64 words per index entry: segment first offset, position, lengt
 
 
 class ChannelLog:
-    def __init__(self, directory: str | os.PathLike, max_bytes: int = 1 << 30, segment_bytes: int = 64 << 20):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        max_bytes: int = 1 << 30,
+        segment_bytes: int = 64 << 20,
+        create: bool = True,
+    ):
+        """``create=False`` opens an existing log only (readers), else LookupError."""
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._index = self.dir / "index"
+        if create:
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._index.touch(mode=0o600, exist_ok=True)
+        elif not self._index.exists():
+            raise LookupError(f"no channel log at {self.dir}")
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
-        self._index = self.dir / "index"
-        self._index.touch(mode=0o600, exist_ok=True)
         self._segment: tuple[int, object] | None = None  # (first offset, open file) being appended to
+        self._maps: dict[int, pa.MemoryMappedFile] = {}  # segments mapped for reading
 
     # ---- offsets ---------------------------------------------------------------------------
-    def _entries(self) -> np.ndarray:
-        raw = self._index.read_bytes()
+    def _entries(self, start: int, end: int) -> np.ndarray:
+        """Index entries ``start`` .. ``end`` (fewer if the index is shorter)."""
+        with open(self._index, "rb") as f:
+            f.seek(start * 8 * _ENTRY)
+            raw = f.read(max(0, end - start) * 8 * _ENTRY)
         n = len(raw) // (8 * _ENTRY)
         return np.frombuffer(raw[: n * 8 * _ENTRY], dtype=np.int64).reshape(n, _ENTRY)
 
@@ -83,6 +98,10 @@ class ChannelLog:
         self._retain()
         return offset
 
+    def resume(self) -> None:
+        """A new run appends to the log: it is no longer complete."""
+        (self.dir / "ended").unlink(missing_ok=True)
+
     def end(self) -> None:
         """The stream is complete: readers stop at the end offset."""
         (self.dir / "ended").touch(mode=0o600)
@@ -91,29 +110,34 @@ class ChannelLog:
         if self._segment is not None:
             self._segment[1].close()
             self._segment = None
+        for m in self._maps.values():
+            m.close()
+        self._maps.clear()
 
     # ---- reading (anyone) ------------------------------------------------------------------
     def read(self, start: int, end: int | None = None):
         """Batches ``start`` .. ``end`` (exclusive; default: what is there now), in order."""
-        entries = self._entries()
-        end = len(entries) if end is None else end
+        end = self.end_offset if end is None else end
         if start < self.start_offset:
             raise LookupError(
                 f"channel log {self.dir}: offset {start} is no longer retained "
                 f"(oldest held: {self.start_offset})"
             )
-        if end > len(entries):
-            raise LookupError(f"channel log {self.dir}: offset {end} is past the end ({len(entries)})")
-        files: dict[int, pa.MemoryMappedFile] = {}
-        try:
-            for first, position, length in entries[start:end].tolist():
-                if first not in files:
-                    files[first] = pa.memory_map(str(self._path(first)))
-                data = files[first].read_at(length, position)
-                yield pa.ipc.open_stream(data).read_next_batch()
-        finally:
-            for f in files.values():
-                f.close()
+        entries = self._entries(start, end)
+        if start + len(entries) < end:
+            raise LookupError(f"channel log {self.dir}: offset {end} is past the end ({self.end_offset})")
+        for first, position, length in entries.tolist():
+            data = self._mapped(first, position + length).read_at(length, position)
+            yield pa.ipc.open_stream(data).read_next_batch()
+
+    def _mapped(self, first: int, needed: int) -> pa.MemoryMappedFile:
+        """Segment ``first`` mapped at least ``needed`` bytes long (it grows while it is the last)."""
+        m = self._maps.get(first)
+        if m is None or m.size() < needed:
+            if m is not None:
+                m.close()
+            m = self._maps[first] = pa.memory_map(str(self._path(first)))
+        return m
 
     # ---- retention -------------------------------------------------------------------------
     def commits(self) -> dict[str, int]:
@@ -157,3 +181,71 @@ class ChannelLog:
                 total -= sizes[s]
             else:
                 break
+
+
+class LogTail:
+    """The live end of a channel log, in shared memory: readers on this machine sleep on a futex
+    until the job appends, instead of polling the files. It lives as long as the job's run."""
+
+    _END, _STATE, _FUTEX, _SLEEPING = 0, 8, 16, 20
+    RUNNING, ENDED, FAILED = 0, 1, 2
+    _POLL = 0.05
+
+    def __init__(self, segment):
+        self.segment = segment
+        self.region = segment.region
+
+    @classmethod
+    def create(cls, prefix: str, end: int) -> LogTail:
+        from stretch.runtime.shm import Segment
+
+        tail = cls(Segment.create(prefix, "tail", 64))
+        tail.region.store64(cls._END, end)
+        return tail
+
+    @classmethod
+    def attach(cls, name: str) -> LogTail:
+        from stretch.runtime.shm import Segment
+
+        return cls(Segment.attach(name))
+
+    @property
+    def name(self) -> str:
+        return self.segment.name
+
+    @property
+    def end(self) -> int:
+        return self.region.load64(self._END)
+
+    @property
+    def state(self) -> int:
+        return self.region.load64(self._STATE)
+
+    def publish(self, end: int, state: int = RUNNING) -> None:
+        r = self.region
+        r.store64(self._END, end)
+        if state != self.RUNNING:
+            r.store64(self._STATE, state)
+        r.fetch_add32(self._FUTEX, 1)
+        if r.load32(self._SLEEPING):
+            r.wake32(self._FUTEX)
+
+    def wait(self, offset: int, timeout: float | None = None) -> bool:
+        """Until the log holds ``offset`` or its run stopped; False on timeout."""
+        r = self.region
+        deadline = None if timeout is None else time.monotonic() + timeout
+        r.fetch_add32(self._SLEEPING, 1)
+        try:
+            while True:
+                seen = r.load32(self._FUTEX)
+                if r.load64(self._END) > offset or r.load64(self._STATE) != self.RUNNING:
+                    return True
+                left = self._POLL if deadline is None else min(self._POLL, deadline - time.monotonic())
+                if left <= 0:
+                    return False
+                r.wait32(self._FUTEX, seen, left)
+        finally:
+            r.fetch_add32(self._SLEEPING, 0xFFFFFFFF)
+
+    def close(self) -> None:
+        self.segment.close()

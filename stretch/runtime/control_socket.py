@@ -40,6 +40,24 @@ def runtime_dir() -> Path:
     return path
 
 
+def running_jobs() -> list[dict]:
+    """The info files of this user's jobs whose process is alive; those of dead jobs are removed."""
+    jobs = []
+    for path in sorted(runtime_dir().glob("*.json")):
+        try:
+            info = json.loads(path.read_text())
+            os.kill(int(info["pid"]), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                Path(info["socket"]).unlink()
+            continue
+        except (OSError, ValueError, KeyError):
+            continue  # being written, or gone meanwhile
+        jobs.append(info)
+    return jobs
+
+
 def send(sock: socket.socket, obj, fmt: int = JSON) -> None:
     payload = json.dumps(obj).encode() if fmt == JSON else cloudpickle.dumps(obj)
     sock.sendall(_HEADER.pack(len(payload), fmt) + payload)

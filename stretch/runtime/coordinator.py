@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 import cloudpickle
 
 from stretch.common.job_status import JobStatus
+from stretch.datastream.connectors.channel import ChannelLogWriter, ChannelSink
 from stretch.errors import JobExecutionError, UserFunctionError
 from stretch.plan.stages import JobPlan
 from stretch.runtime import control_block as cbk
 from stretch.runtime import shm
+from stretch.runtime.channel_log import ChannelLog, LogTail
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.control_socket import ControlServer, runtime_dir
 from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
@@ -32,6 +34,7 @@ from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.publisher import ChannelPublisher
 from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
+from stretch.runtime.state_dir import JobDir
 from stretch.runtime.zygote import Zygote
 from stretch.state.arena import Arena
 from stretch.state.key_groups import assignment as range_assignment
@@ -44,9 +47,18 @@ class EngineConfig:
     gate_slots: int = 64
     gate_bytes: int = 32 << 20
     sink_gate_bytes: int = 32 << 20
+    channel_retention_bytes: int = 1 << 30  # an output channel's log keeps at most this much
     spare_workers: int = 4  # warm, idle workers kept for rescales (replenished after each)
     elasticity: ElasticityConfig | None = None
     shutdown_timeout: float = 10.0
+
+
+@dataclass
+class _OutputChannel:
+    log: ChannelLog
+    tail: LogTail
+    run_start: int  # the log's end when this run began: where this run's output starts
+    type_info: object = None  # of its records, where the job declares it
 
 
 @dataclass
@@ -103,8 +115,8 @@ class Coordinator:
         self.rescales: list[dict] = []  # every completed rescale's report, in order
         self.input_channels: dict[str, Gate] = {}
         self.direct_channels: dict = {}  # channel name -> source stage whose writers feed a gate
-        self.output_channels: dict[str, int] = {}  # channel name -> sink id
-        self._channel_readers: set[int] = set()
+        self.output_channels: dict[str, _OutputChannel] = {}
+        self.job_dir: JobDir | None = None  # held while the job runs, if it keeps channel logs
         self._ended_channels: set[str] = set()
         self._server: ControlServer | None = None
         self._zygote: Zygote | None = None
@@ -174,8 +186,16 @@ class Coordinator:
             self.sink_gates[sink.id] = g
             res.sink_gates[sink.id] = g.name
             self._segments.append(g.segment)
-            if sink.runs_in == "reader" and hasattr(sink.sink, "name") and isinstance(sink.sink.name, str):
-                self.output_channels[sink.sink.name] = sink.id
+            if isinstance(sink.sink, ChannelSink):
+                if self.job_dir is None:
+                    self.job_dir = JobDir(self.job_name, self.job_id)
+                log = ChannelLog(self.job_dir.channel(sink.sink.name), cfg.channel_retention_bytes)
+                log.resume()
+                tail = LogTail.create(prefix, log.end_offset)
+                self._segments.append(tail.segment)
+                self.output_channels[sink.sink.name] = _OutputChannel(
+                    log, tail, log.end_offset, sink.type_info
+                )
         for stage in plan.stages:
             name = getattr(stage.source, "channel_name", None)
             if name is not None and stage.direct:
@@ -217,7 +237,9 @@ class Coordinator:
             self._spawn_worker()
         for sink in plan.sinks:
             if sink.runs_in == "job":
-                runner = SinkRunner(sink, self.sink_gates[sink.id], self)
+                channel = self.output_channels.get(getattr(sink.sink, "name", None))
+                writer = ChannelLogWriter(channel.log, channel.tail) if channel is not None else None
+                runner = SinkRunner(sink, self.sink_gates[sink.id], self, writer)
                 self._sink_runners.append(runner)
                 runner.start()
         self.status = JobStatus.RUNNING
@@ -321,7 +343,7 @@ class Coordinator:
                 self._assign(w)
         elif op == "status":
             conn.send(self.describe())
-        elif op in ("channel", "channel_end", "channel_done"):
+        elif op in ("channel", "channel_end"):
             conn.send(self._channel_request(op, msg))
         elif op == "scale":
             threading.Thread(target=self._scale_request, args=(conn, msg), daemon=True).start()
@@ -437,17 +459,7 @@ class Coordinator:
             done_at = max(int(self.control.instances(op)[i, cbk.I_ACTIVE_AT_NS]) for i in instances)
             elapsed = (done_at - t0) / 1e6
             self._events.put(("replenish",))  # refill the warm pool now that the rescale is done
-            self.rescales.append(
-                {
-                    "operator": operator,
-                    "epoch": epoch,
-                    "old_parallelism": old,
-                    "new_parallelism": parallelism,
-                    "elapsed_ms": elapsed,
-                    "at": time.time(),
-                }
-            )
-            return {
+            report = {
                 "operator": operator,
                 "epoch": epoch,
                 "old_parallelism": old,
@@ -455,6 +467,8 @@ class Coordinator:
                 "elapsed_ms": elapsed,
                 "state_bytes_copied": 0,
             }
+            self.rescales.append({**report, "at": time.time()})
+            return report
         finally:
             with self._rescale_lock:
                 del self._rescaling[stage.id]
@@ -542,11 +556,14 @@ class Coordinator:
                     "type": t.to_json() if t else None,
                 }
             if name in self.output_channels and msg.get("role") == "reader":
-                sink_id = self.output_channels[name]
-                if sink_id in self._channel_readers:
-                    return {"ok": False, "error": f"channel {name!r} already has a reader"}
-                self._channel_readers.add(sink_id)
-                return {"ok": True, "segment": self.sink_gates[sink_id].name}
+                out = self.output_channels[name]
+                return {
+                    "ok": True,
+                    "log": str(out.log.dir),
+                    "tail": out.tail.name,
+                    "run_start": out.run_start,
+                    "type": out.type_info.to_json() if out.type_info is not None else None,
+                }
             inputs, outputs = (
                 sorted([*self.input_channels, *self.direct_channels]),
                 sorted(self.output_channels),
@@ -569,9 +586,6 @@ class Coordinator:
             if name not in self._ended_channels:
                 self._ended_channels.add(name)
                 self.input_channels[name].append_control(Kind.END_OF_STREAM)
-            return {"ok": True}
-        if op == "channel_done" and name in self.output_channels:
-            self._sinks_done.add(self.output_channels[name])
             return {"ok": True}
         return {"ok": False, "error": f"unknown channel {name!r}"}
 
@@ -657,6 +671,14 @@ class Coordinator:
             time.sleep(0.01)
         with contextlib.suppress(Exception):
             self._final = self._describe_live()
+        for out in self.output_channels.values():  # no reader waits on a run that is over
+            if out.tail.state == LogTail.RUNNING:
+                ended = self.status is JobStatus.FINISHED and out.log.ended
+                out.tail.publish(out.log.end_offset, LogTail.ENDED if ended else LogTail.FAILED)
+        for out in self.output_channels.values():
+            out.log.close()
+        if self.job_dir is not None:
+            self.job_dir.release()
         for seg in self._segments:
             with contextlib.suppress(Exception):
                 seg.close()

@@ -11,9 +11,11 @@ from stretch.runtime.gate import Gate, GateClosed, Kind
 class SinkRunner(threading.Thread):
     """Feeds one sink's writer from its gate until end of stream, then closes the writer."""
 
-    def __init__(self, spec: SinkSpec, gate: Gate, coordinator):
+    def __init__(self, spec: SinkSpec, gate: Gate, coordinator, writer=None):
+        """``writer``: the job's own writer for sinks it serves itself (output channels)."""
         super().__init__(name=f"stretch-sink-{spec.name}", daemon=True)
         self.spec = spec
+        self.writer = writer
         self.gate = gate
         self.coordinator = coordinator
 
@@ -21,7 +23,7 @@ class SinkRunner(threading.Thread):
         error = None
         writer = None
         try:
-            writer = self.spec.sink.create_writer(self.spec.upstream_parallelism)
+            writer = self.writer or self.spec.sink.create_writer(self.spec.upstream_parallelism)
             seq = 0
             while True:
                 if not self.gate.wait(seq, timeout=0.2):

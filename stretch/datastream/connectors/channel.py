@@ -1,9 +1,10 @@
 """Named channels: a running job's input or output that other Python code writes or reads.
 
 ``ChannelSource(name)`` makes a job read whatever writers append to the channel until one of them
-ends it; ``ChannelSink(name)`` makes the job's results readable by a channel reader. Writers and
-readers reach the job through its control socket (see ``stretch.channels``) and then move data
-through shared memory directly.
+ends it; writers reach the job through its control socket (see ``stretch.channels``) and then move
+data through shared memory directly. ``ChannelSink(name)`` appends the job's results to a durable
+log under the job's state directory (``stretch.runtime.channel_log``) that readers read by offset,
+during the run and after it.
 """
 
 from __future__ import annotations
@@ -47,12 +48,34 @@ class ChannelSource(Source):
 
 
 class ChannelSink(Sink):
-    """The job's output goes to the channel ``name``, for a reader to consume (in order)."""
-
-    runs_in = "reader"
+    """The job's output goes to the channel ``name``: a durable log that readers consume by offset
+    (``stretch.channels.open_reader``, or Spark's ``format("stretch")``)."""
 
     def __init__(self, name: str):
         self.name = _check_name(name)
 
     def create_writer(self, upstream_parallelism: int) -> SinkWriter:
-        raise RuntimeError("channel sinks are read through stretch.channels.open_reader")
+        raise RuntimeError("the job writes its channel logs itself (ChannelLogWriter)")
+
+
+class ChannelLogWriter(SinkWriter):
+    """The job's side of an output channel: appends each result batch to the channel's log and
+    wakes the readers waiting on its live tail."""
+
+    def __init__(self, log, tail):
+        self.log, self.tail = log, tail
+
+    def write(self, batch, producer: int) -> None:
+        data = [i for i, n in enumerate(batch.schema.names) if not n.startswith("__")]
+        if batch.num_rows:
+            offset = self.log.append(batch.select(data) if len(data) < batch.num_columns else batch)
+            self.tail.publish(offset + 1)
+
+    def close(self) -> None:
+        self.log.end()
+        self.log.close()
+        self.tail.publish(self.log.end_offset, self.tail.ENDED)
+
+    def abort(self) -> None:
+        self.log.close()
+        self.tail.publish(self.log.end_offset, self.tail.FAILED)
