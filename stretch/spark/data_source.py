@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
 from pyspark.sql.datasource import DataSource
 
-from stretch.spark.schemas import channel_schema, spark_ddl
+from stretch.spark.schemas import output_schema, spark_ddl
 
 
 class StretchDataSource(DataSource):
@@ -22,11 +21,20 @@ class StretchDataSource(DataSource):
         return value
 
     def schema(self):
-        """The channel's schema, so that Spark needs none from the user."""
-        schema: pa.Schema = channel_schema(self._required("job"), self._required("channel"))
-        return spark_ddl(schema)
+        """An output channel's schema (for reads), so that Spark needs none from the user."""
+        return spark_ddl(output_schema(self._required("job"), self._required("channel")))
 
     def streamWriter(self, schema, overwrite: bool):
         from stretch.spark.sink import StretchStreamWriter
 
         return StretchStreamWriter(self.options, schema)
+
+    def streamReader(self, schema):
+        from stretch.spark.source import StretchStreamReader
+
+        return StretchStreamReader(self.options, schema)
+
+    def reader(self, schema):
+        from stretch.spark.source import StretchBatchReader
+
+        return StretchBatchReader(self.options, schema)

@@ -36,6 +36,27 @@ def channel_schema(job: str, channel: str) -> pa.Schema:
     return schema_for(TypeInformation.from_json(reply["type"])).remove_metadata()
 
 
+def output_schema(job: str, channel: str) -> pa.Schema:
+    """An output channel's schema: the type the job declares for it, else its first batch's."""
+    from stretch.channels import _reader_join
+    from stretch.runtime.channel_log import ChannelLog
+
+    reply = _reader_join(job, channel)
+    if reply.get("type"):
+        return schema_for(TypeInformation.from_json(reply["type"])).remove_metadata()
+    log = ChannelLog(reply["log"], create=False)
+    try:
+        if log.end_offset > log.start_offset:
+            (first,) = log.read(log.start_offset, log.start_offset + 1)
+            return first.schema.remove_metadata()
+    finally:
+        log.close()
+    raise ValueError(
+        f"channel {channel!r} of job {job!r} has no declared type and no data yet: give Spark a "
+        "schema (.schema(...)) or declare the output type of the stream that feeds it"
+    )
+
+
 def _family(t: pa.DataType) -> str | None:
     for test, name in _DDL:
         if test(t):

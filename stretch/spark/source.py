@@ -1,0 +1,144 @@
+"""Spark reads a job's output channel: streaming by offsets, or in batch what the log retained.
+
+An offset is a batch index of the channel's log (``stretch.runtime.channel_log``), so a range of
+offsets splits into partitions that executors read in parallel straight from the log's files.
+A streaming query's ``commit(end)`` records its position in the log, which then lets go of what
+every registered reader committed; a query restarted from its checkpoint continues from the
+offsets Spark stored there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import pairwise
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+
+from stretch.channels import _reader_join
+from stretch.runtime.channel_log import ChannelLog
+
+_ARROW = {
+    "bigint": pa.int64(),
+    "int": pa.int32(),
+    "smallint": pa.int16(),
+    "tinyint": pa.int8(),
+    "double": pa.float64(),
+    "float": pa.float32(),
+    "boolean": pa.bool_(),
+    "string": pa.string(),
+    "binary": pa.binary(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "timestamp_ntz": pa.timestamp("us"),
+}
+
+
+@dataclass
+class LogRange(InputPartition):
+    """Batches ``start`` .. ``end`` of the log in ``directory``."""
+
+    directory: str
+    start: int
+    end: int
+
+
+def _arrow_schema(spark_schema) -> pa.Schema:
+    return pa.schema(
+        [(f.name, _ARROW.get(f.dataType.simpleString(), pa.binary())) for f in spark_schema.fields]
+    )
+
+
+def read_range(partition: LogRange, schema: pa.Schema):
+    """The partition's batches, as Spark's schema has them (by position)."""
+    log = ChannelLog(partition.directory, create=False)
+    try:
+        for batch in log.read(partition.start, partition.end):
+            columns = [c.cast(f.type) for c, f in zip(batch.columns, schema)]
+            yield pa.RecordBatch.from_arrays(columns, schema=schema)
+    finally:
+        log.close()
+
+
+def split(directory: str, start: int, end: int, parts: int) -> list[LogRange]:
+    n = max(1, min(parts, end - start))
+    bounds = [start + (end - start) * i // n for i in range(n + 1)]
+    return [LogRange(directory, a, b) for a, b in pairwise(bounds) if b > a]
+
+
+class _ChannelOptions:
+    def __init__(self, options, schema):
+        self.job = options.get("job")
+        self.channel = options.get("channel")
+        if not self.job or not self.channel:
+            raise ValueError('format("stretch") needs .option("job", ...) and .option("channel", ...)')
+        reply = _reader_join(self.job, self.channel)
+        self.directory = reply["log"]
+        self.run_start = reply["run_start"]
+        self.parts = int(options.get("partitions", 2))
+        self.arrow_schema = _arrow_schema(schema)
+
+    def log(self) -> ChannelLog:
+        return ChannelLog(self.directory, create=False)
+
+    def offset_of(self, name: str, log: ChannelLog) -> int:
+        """``earliest`` retained, ``latest``, ``run`` (this run's first result) or a number."""
+        if name == "earliest" or (name == "run" and self.run_start is None):
+            return log.start_offset
+        if name == "run":
+            return self.run_start
+        if name == "latest":
+            return log.end_offset
+        try:
+            return int(name)
+        except ValueError:
+            raise ValueError(
+                f"startingOffsets must be earliest, latest, run or an offset, got {name!r}"
+            ) from None
+
+
+class StretchStreamReader(_ChannelOptions, DataSourceStreamReader):
+    """``spark.readStream.format("stretch")``; option ``startingOffsets``: ``run`` (default: the
+    first result of the job's current run), ``earliest`` (all the log retained) or an offset."""
+
+    def __init__(self, options, schema):
+        super().__init__(options, schema)
+        self.reader_id = options.get("query") or options.get("checkpointLocation")
+        self.starting = options.get("startingOffsets", "run")
+
+    def initialOffset(self) -> dict:
+        log = self.log()
+        start = self.offset_of(self.starting, log)
+        if self.reader_id:
+            log.register(self.reader_id, start)
+        return {"offset": start}
+
+    def latestOffset(self, start=None, limit=None) -> dict:
+        return {"offset": self.log().end_offset}
+
+    def partitions(self, start: dict, end: dict) -> list[LogRange]:
+        return split(self.directory, start["offset"], end["offset"], self.parts)
+
+    def read(self, partition: LogRange):
+        return read_range(partition, self.arrow_schema)
+
+    def commit(self, end: dict) -> None:
+        if self.reader_id:
+            self.log().commit(self.reader_id, end["offset"])
+
+
+class StretchBatchReader(_ChannelOptions, DataSourceReader):
+    """``spark.read.format("stretch")``: what the channel's log holds now (options
+    ``startingOffsets`` as for streaming, default ``earliest``; ``endingOffsets``)."""
+
+    def __init__(self, options, schema):
+        super().__init__(options, schema)
+        log = self.log()
+        self.start = self.offset_of(options.get("startingOffsets", "earliest"), log)
+        self.end = self.offset_of(options.get("endingOffsets", "latest"), log)
+
+    def partitions(self) -> list[LogRange]:
+        return split(self.directory, self.start, self.end, self.parts)
+
+    def read(self, partition: LogRange):
+        return read_range(partition, self.arrow_schema)
