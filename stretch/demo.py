@@ -1,113 +1,246 @@
-"""The demo job (``stretch demo``): a keyed running count and sum over generated click events.
+"""The demo pipeline (``stretch demo``): Spark -> stretch -> Spark on a generated click stream.
 
-It shows the engine end to end on embedded defaults: a rate-limited generator feeds a gate, a
-KeyedProcessFunction keeps per-user state in shared memory at the chosen parallelism, and the
-demo prints the throughput every second from the job's own counters.
+Spark reads click files (written by the demo itself) and streams them into a stretch job with
+``format("stretch")``; the job computes per-user event-time windows (count and sum of the amount,
+vectorized) and is rescaled live in the middle of the run; Spark reads the results back with
+``format("stretch")`` and writes Parquet. The demo prints a summary, checks the results against a
+plain-Python computation of the same windows, and saves a plot of throughput, parallelism and
+backlog over time.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from stretch.common import Types
-from stretch.datastream import KeyedProcessFunction, RuntimeContext, StreamExecutionEnvironment
-from stretch.datastream.connectors import DataGeneratorSource, DiscardingSink, RateLimiterStrategy
-from stretch.datastream.state import ValueStateDescriptor
+from stretch import channels
+from stretch.common import Duration, Time, Types, WatermarkStrategy
+from stretch.datastream import StreamExecutionEnvironment, aggregates
+from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from stretch.datastream.window import TumblingEventTimeWindows
 
 USERS = 10_000
+WINDOW_MS = 60_000
+LATE_MS = 2_000  # events arrive up to this much out of order
+CLICK = Types.ROW_NAMED(["user", "ts", "amount"], [Types.LONG(), Types.LONG(), Types.DOUBLE()])
+JOB = "stretch demo"
 
 
-def click_batch(start: int, n: int) -> pa.RecordBatch:
-    """Deterministic click events: (user, amount) for event indexes start..start+n-1."""
-    idx = np.arange(start, start + n, dtype=np.int64)
-    user = (idx * 2654435761) % USERS
-    amount = ((idx * 40503) % 1000) / 100.0
-    return pa.record_batch({"user": user, "amount": amount})
+def click_files(directory: Path, events: int, files: int) -> None:
+    """Clicks in event-time order (1 000 per second of event time), a little out of order."""
+    directory.mkdir(parents=True, exist_ok=True)
+    per_file = -(-events // files)
+    for f in range(files):
+        idx = np.arange(f * per_file, min(events, (f + 1) * per_file), dtype=np.int64)
+        jitter = (idx * 7919) % LATE_MS
+        table = pa.table(
+            {
+                "user": (idx * 2654435761) % USERS,
+                "ts": idx - jitter,
+                "amount": ((idx * 40503) % 1000) / 100.0,
+            }
+        )
+        pq.write_table(table, directory / f"clicks-{f:04d}.parquet")
 
 
-class RunningTotal(KeyedProcessFunction):
-    """Per user: how many clicks and how much they spent so far."""
+def expected_windows(directory: Path) -> dict:
+    """(user, window start) -> (count, sum): the same windows in plain Python (nothing is late)."""
+    table = pq.read_table(directory)
+    out: dict = {}
+    for user, ts, amount in zip(*(table.column(c).to_pylist() for c in ("user", "ts", "amount"))):
+        key = (user, ts - ts % WINDOW_MS)
+        n, s = out.get(key, (0, 0.0))
+        out[key] = (n + 1, s + amount)
+    return out
 
-    def open(self, runtime_context: RuntimeContext):
-        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
-        self.total = runtime_context.get_state(ValueStateDescriptor("total", Types.DOUBLE()))
 
-    def process_element(self, value, ctx):
-        c = (self.count.value() or 0) + 1
-        t = (self.total.value() or 0.0) + value["amount"]
-        self.count.update(c)
-        self.total.update(t)
-        yield ctx.get_current_key(), c, t
+def spark_session():
+    from pyspark.sql import SparkSession
+
+    from stretch.spark import StretchDataSource
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("stretch demo")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(StretchDataSource)
+    return spark
+
+
+def start_job(parallelism: int):
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(parallelism)
+    watermarks = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(LATE_MS))
+    clicks = env.from_source(
+        ChannelSource("clicks", CLICK), watermarks.with_timestamp_assigner("ts"), "clicks"
+    )
+    (
+        clicks.key_by("user")
+        .window(TumblingEventTimeWindows.of(Time.milliseconds(WINDOW_MS)))
+        .aggregate([aggregates.count(), aggregates.sum("amount")])
+        .name("per-user windows")
+        .sink_to(ChannelSink("per_user"))
+    )
+    return env.execute_async(JOB)
 
 
 def run(
-    seconds: float = 10.0,
+    events: int = 2_000_000,
+    files: int = 20,
     parallelism: int = 1,
-    rate: float = 200_000.0,
-    schedule: tuple[int, ...] = (2, 4, 1),
-    elastic: bool = False,
+    schedule: tuple[int, ...] = (2, 1),
+    work_dir: str | None = None,
+    plot: bool = True,
     out=print,
 ) -> dict:
-    """Run the demo job; prints a line per second and each rescale's report; returns a summary.
+    """Run the pipeline; returns a summary (also printed)."""
+    with tempfile.TemporaryDirectory(prefix="stretch-demo-") as tmp:
+        work = Path(work_dir or tmp)
+        click_files(work / "clicks", events, files)
+        out(f"stretch demo: {events:,} clicks of {USERS:,} users in {files} Parquet files under {work}")
+        spark = spark_session()
+        try:
+            return _pipeline(spark, work, events, files, parallelism, schedule, plot, out)
+        finally:
+            spark.stop()
 
-    The operator starts at ``parallelism`` and is rescaled live to each value of ``schedule`` at
-    evenly spaced moments of the run, or, with ``elastic``, by the elasticity controller.
-    """
-    env = StreamExecutionEnvironment.get_execution_environment()
-    env.set_parallelism(parallelism)
-    if elastic:
-        from stretch.elasticity import ThresholdPolicy
 
-        env.enable_elasticity(ThresholdPolicy(), 1, 4, interval_ms=1000, cooldown_ms=2000)
-    count = int(rate * seconds)
-    source = DataGeneratorSource(
-        batch_function=click_batch,
-        count=count,
-        rate_limiter_strategy=RateLimiterStrategy.per_second(rate),
-        batch_rows=8192,
+def _pipeline(spark, work: Path, events, files, parallelism, schedule, plot, out) -> dict:
+    client = start_job(parallelism)
+    started = time.monotonic()
+    into = (
+        spark.readStream.schema("user BIGINT, ts BIGINT, amount DOUBLE")
+        .option("maxFilesPerTrigger", 1)  # a micro-batch's files are published in Spark's partition order
+        .parquet(str(work / "clicks"))
+        .writeStream.format("stretch")
+        .option("job", JOB)
+        .option("channel", "clicks")
+        .option("checkpointLocation", str(work / "checkpoints" / "into"))
+        .trigger(availableNow=True)
+        .start()
     )
-    clicks = env.from_source(source, None, "clicks")
-    totals = clicks.key_by("user").process(
-        RunningTotal(), Types.TUPLE([Types.LONG(), Types.LONG(), Types.DOUBLE()])
+    back = (
+        spark.readStream.format("stretch")
+        .option("job", JOB)
+        .option("channel", "per_user")
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(work / "results"))
+        .option("checkpointLocation", str(work / "checkpoints" / "back"))
+        .trigger(processingTime="500 milliseconds")
+        .start()
     )
-    totals.name("running-total").sink_to(DiscardingSink())
-    client = env.execute_async("stretch demo")
-    plan = "" if elastic or not schedule else ", rescaling live to " + " -> ".join(map(str, schedule))
+    out(f"  Spark -> stretch job {JOB!r} (parallelism {parallelism}) -> Spark, rescaling live to {schedule}")
+    samples = _monitor(client, into, events, schedule, started, out)
+    channels.open_writer(client, "clicks").end()  # Spark has delivered every file
+    status = client.wait()
+    job_seconds = time.monotonic() - started
+    end = channels.open_reader(client, "per_user").log.end_offset
+    while back.isActive and _offset_read(back) < end:  # Spark reads the last results
+        time.sleep(0.2)
+    back.stop()
+    results = spark.read.parquet(str(work / "results"))
+    got = {(r["key"], r["window_start"]): (r["count"], r["sum_amount"]) for r in results.collect()}
+    want = expected_windows(work / "clicks")
+    correct = got.keys() == want.keys() and all(
+        got[k][0] == want[k][0] and abs(got[k][1] - want[k][1]) < 1e-6 * max(1.0, abs(want[k][1]))
+        for k in want
+    )
+    rescales = list(client._coordinator.rescales)
+    summary = {
+        "events": events,
+        "windows": len(got),
+        "seconds": round(job_seconds, 2),
+        "events_per_second": round(events / job_seconds),
+        "rescales": [
+            {k: r[k] for k in ("old_parallelism", "new_parallelism", "elapsed_ms", "state_bytes_copied")}
+            for r in rescales
+        ],
+        "results_match_reference": correct,
+        "status": status.name,
+    }
     out(
-        f"stretch demo: {count:,} click events at {rate:,.0f}/s, keyed by {USERS:,} users, "
-        f"parallelism {parallelism}{plan}{' (elastic)' if elastic else ''}"
+        f"done: {events:,} clicks -> {len(got):,} per-user windows in {job_seconds:.1f}s "
+        f"({events / job_seconds:,.0f} clicks/s end to end), job {status.name}; results "
+        f"{'match' if correct else 'DO NOT match'} a plain-Python computation of the same windows"
     )
-    moments = [] if elastic else [seconds * (i + 1) / (len(schedule) + 1) for i in range(len(schedule))]
-    steps = list(zip(moments, schedule))
-    seen_rescales = 0
-    last_in, last_t, started = 0, time.monotonic(), time.monotonic()
-    while not client.wait(0.25).is_globally_terminal_state():
+    out(f"  results: {work / 'results'} (Parquet, written by Spark)")
+    if plot:
+        path = Path.cwd() / "stretch-demo.png"
+        _plot(samples, rescales, path)
+        out(f"  plot: {path}")
+    return summary
+
+
+def _offset_read(query) -> int:
+    """The channel offset up to which a reading query has processed."""
+    progress = query.lastProgress
+    if not progress or not progress["sources"]:
+        return -1
+    end = progress["sources"][0].get("endOffset")
+    return json.loads(end)["offset"] if isinstance(end, str) else (end or {}).get("offset", -1)
+
+
+def _monitor(client, into, events, schedule, started, out) -> list[tuple]:
+    """Sample the job twice a second while Spark feeds it; rescale live as the input passes
+    evenly spaced marks."""
+    samples = []  # (t, events/s, parallelism, backlog batches)
+    last_in, last_t = 0, time.monotonic()
+    seen = 0
+    pending = list(schedule)
+    marks = [events * (i + 1) // (len(schedule) + 1) for i in range(len(schedule))]
+    while into.isActive:
+        time.sleep(0.5)
         now = time.monotonic()
-        if steps and now - started >= steps[0][0]:
-            _, p = steps.pop(0)
-            try:
-                client.rescale("running-total", p)
-            except RuntimeError:
-                break  # the input ended first
-        for r in client._coordinator.rescales[seen_rescales:]:
-            out(
-                f"  {now - started:5.1f}s  rescaled {r['old_parallelism']} -> {r['new_parallelism']} in "
-                f"{r['elapsed_ms']:.2f} ms (epoch {r['epoch']}, 0 state bytes copied)"
-            )
-        seen_rescales = len(client._coordinator.rescales)
-        if now - last_t < 1.0:
-            continue
         op = client.describe()["operators"][0]
         records = op["records_in"]
+        rate = (records - last_in) / (now - last_t)
+        samples.append((now - started, rate, op["parallelism"], op["gate_depth"]))
         out(
-            f"  {now - started:5.1f}s  {(records - last_in) / (now - last_t):>12,.0f} events/s"
-            f"  total {records:>12,}  parallelism {op['parallelism']}  gate depth {op['gate_depth']:>3}"
+            f"  {now - started:5.1f}s  {rate:>10,.0f} clicks/s  parallelism {op['parallelism']}  gate depth {op['gate_depth']}"
         )
         last_in, last_t = records, now
-    elapsed = time.monotonic() - started
-    status = client.wait()
-    out(f"done: {count:,} events in {elapsed:.1f}s ({count / elapsed:,.0f} events/s), status {status.name}")
-    return {"events": count, "seconds": elapsed, "rescales": list(client._coordinator.rescales)}
+        if pending and records >= marks[len(schedule) - len(pending)]:
+            p = pending.pop(0)
+            threading.Thread(target=client.rescale, args=("per-user windows", p), daemon=True).start()
+        for r in client._coordinator.rescales[seen:]:
+            out(
+                f"  {now - started:5.1f}s  rescaled live {r['old_parallelism']} -> {r['new_parallelism']} in "
+                f"{r['elapsed_ms']:.2f} ms, {r['state_bytes_copied']} state bytes copied"
+            )
+        seen = len(client._coordinator.rescales)
+    into.awaitTermination()
+    return samples
+
+
+def _plot(samples, rescales, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s[0] for s in samples]
+    fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
+    axes[0].plot(t, [s[1] for s in samples])
+    axes[0].set_ylabel("clicks/s into the job")
+    axes[1].step(t, [s[2] for s in samples], where="post")
+    axes[1].set_ylabel("parallelism")
+    axes[2].plot(t, [s[3] for s in samples])
+    axes[2].set_ylabel("gate depth (batches waiting)")
+    axes[2].set_xlabel("seconds")
+    fig.suptitle("stretch demo: Spark -> stretch (live rescale) -> Spark")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
