@@ -343,6 +343,8 @@ class Coordinator:
                 self._assign(w)
         elif op == "status":
             conn.send(self.describe())
+        elif op == "state":
+            conn.send(self._state_request(msg.get("operator")))
         elif op in ("channel", "channel_end"):
             conn.send(self._channel_request(op, msg))
         elif op == "scale":
@@ -512,6 +514,20 @@ class Coordinator:
             conn.send({"ok": True, **report})
         except (KeyError, ValueError, RuntimeError) as e:
             conn.send({"ok": False, "error": str(e.args[0]) if e.args else str(e)})
+
+    def _state_request(self, operator) -> dict:
+        """Where another process reads an operator's keyed state (queryable state)."""
+        try:
+            stage = self.plan.stage(operator)
+        except KeyError:
+            stage = None
+        if stage is None or stage.id not in self.arenas:
+            keyed = [s.name for s in self.plan.stages if s.id in self.arenas]
+            return {
+                "ok": False,
+                "error": f"job has no keyed operator {operator!r} (keyed operators: {keyed})",
+            }
+        return {"ok": True, "arena": self.arenas[stage.id].name, "max_parallelism": stage.max_parallelism}
 
     # ---- channels ---------------------------------------------------------------------------
     def _publish_request(self, conn, op: str, msg: dict) -> None:

@@ -21,7 +21,12 @@ class StretchDataSource(DataSource):
         return value
 
     def schema(self):
-        """An output channel's schema (for reads), so that Spark needs none from the user."""
+        """What a read returns, so that Spark needs no schema from the user: an output channel's
+        records, or (``option("state", operator)``) an operator's keyed state."""
+        if self.options.get("state"):
+            from stretch.spark.state_source import state_schema
+
+            return state_schema(self._required("job"), self.options["state"])
         return spark_ddl(output_schema(self._required("job"), self._required("channel")))
 
     def streamWriter(self, schema, overwrite: bool):
@@ -35,6 +40,10 @@ class StretchDataSource(DataSource):
         return StretchStreamReader(self.options, schema)
 
     def reader(self, schema):
+        if self.options.get("state"):
+            from stretch.spark.state_source import StretchStateReader
+
+            return StretchStateReader(self.options, schema)
         from stretch.spark.source import StretchBatchReader
 
         return StretchBatchReader(self.options, schema)

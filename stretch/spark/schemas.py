@@ -57,7 +57,8 @@ def output_schema(job: str, channel: str) -> pa.Schema:
     )
 
 
-def _family(t: pa.DataType) -> str | None:
+def spark_type(t: pa.DataType) -> str | None:
+    """The Spark SQL type of an Arrow type, where there is a plain one."""
     for test, name in _DDL:
         if test(t):
             return name
@@ -66,7 +67,7 @@ def _family(t: pa.DataType) -> str | None:
 
 def spark_ddl(schema: pa.Schema) -> str:
     """``name TYPE, ...`` for Spark; channel fields of other types are passed as binary."""
-    return ", ".join(f"`{f.name}` {_family(f.type) or 'BINARY'}" for f in schema)
+    return ", ".join(f"`{f.name}` {spark_type(f.type) or 'BINARY'}" for f in schema)
 
 
 def check_fits(spark_schema, channel: pa.Schema, where: str) -> None:
@@ -74,7 +75,7 @@ def check_fits(spark_schema, channel: pa.Schema, where: str) -> None:
     ok = len(spark_schema.fields) == len(channel)
     if ok:
         for sf, cf in zip(spark_schema.fields, channel):
-            ok = ok and sf.dataType.simpleString().upper() in _aliases(_family(cf.type))
+            ok = ok and sf.dataType.simpleString().upper() in _aliases(spark_type(cf.type))
     if not ok:
         spark = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in spark_schema.fields)
         raise ValueError(

@@ -97,3 +97,33 @@ def test_batch_read_of_a_channel_while_and_after_the_job_runs(spark, tmp_path):
 def test_unknown_job_or_channel_fails_at_load(spark):
     with pytest.raises(Exception, match="no channel 'nope' kept"):
         spark.read.format("stretch").option("job", "never ran").option("channel", "nope").load()
+
+
+def test_batch_read_of_an_operators_keyed_state_while_it_runs(spark):
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    (
+        env.from_source(ChannelSource("in", Types.TUPLE([Types.LONG(), Types.LONG()])), None, "in")
+        .key_by(lambda r: r[0])
+        .sum(1)
+        .name("totals")
+        .sink_to(ChannelSink("out"))
+    )
+    client = env.execute_async("spark state read")
+    writer = channels.open_writer(client, "in")
+    sent = rows(0) + rows(1)
+    writer.write(sent)
+    results = iter(channels.open_reader(client, "out"))
+    for _ in range(len(sent)):  # every record is in the state once its result is out
+        next(results)
+    df = spark.read.format("stretch").option("job", "spark state read").option("state", "totals").load()
+    got = {r["key"]: r["sum(f1)"] for r in df.collect()}
+    want: dict = {}
+    for user, amount in sent:
+        want[user] = want.get(user, 0) + amount
+    assert got == want
+    assert client.get_job_status().result().name == "RUNNING"  # read without stopping the job
+    with pytest.raises(Exception, match="no keyed operator 'nope'"):
+        spark.read.format("stretch").option("job", "spark state read").option("state", "nope").load()
+    writer.end()
+    assert client.wait().name == "FINISHED"
