@@ -168,7 +168,9 @@ def main() -> None:
             spark_ss_run(spark, warm, work, 1, -1)
             for r in range(args.repeats):
                 log(f"repeat {r + 1}/{args.repeats}")
-                elapsed, ms = stretch_run(spark, files, work, args.per_trigger, args.parallelism, args.events, r)
+                elapsed, ms = stretch_run(
+                    spark, files, work, args.per_trigger, args.parallelism, args.events, r
+                )
                 times["stretch_roundtrip"].append(elapsed)
                 batches["stretch_roundtrip"].append(ms)
                 elapsed, ms = spark_ss_run(spark, files, work, args.per_trigger, r)
