@@ -15,7 +15,7 @@ def spark(expected_children):
     from pyspark.sql import SparkSession
 
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,2]")  # a failed task is retried once
         .appName("stretch spark tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")

@@ -3,7 +3,12 @@ micro-batch, checked against plain PySpark batch code on the same rows."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
+import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -133,3 +138,94 @@ def test_clear_errors_for_unknown_jobs_channels_and_schemas(spark, tmp_path):
         assert "amount string" in str(e.value) and "`f1` BIGINT" in str(e.value)  # both schemas
     finally:
         assert job.finish() == {}
+
+
+def test_a_failed_task_that_spark_retries_publishes_its_rows_once(spark, tmp_path):
+    """The first attempt of each task dies in the middle of its partition (after the writer
+    staged part of it); Spark retries it (maxFailures 2) and commits only the retry."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    marks = tmp_path / "failed-once"
+    marks.mkdir()
+
+    def fail_first_attempt(user, amount):
+        import os
+
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        mark = marks / f"p{ctx.partitionId()}-{ctx.stageId()}"
+        if amount == 50 and not mark.exists():
+            mark.touch()
+            raise RuntimeError(f"task attempt dies (pid {os.getpid()})")
+        return amount
+
+    rows = files(tmp_path / "in", parts=3, rows=400, seed=4)
+    job = Job("spark task retry")
+    stream = (
+        spark.readStream.schema("user BIGINT, amount BIGINT")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(tmp_path / "in"))
+    )
+    stream = stream.select("user", F.udf(fail_first_attempt, LongType())("user", "amount").alias("amount"))
+    query = (
+        stream.writeStream.format("stretch")
+        .option("job", job.name)
+        .option("channel", "in")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert len(list(marks.iterdir())) >= 3  # every micro-batch lost a task attempt
+    assert job.finish() == reference(spark, tmp_path / "in")
+    assert len(job.out) == len(rows)
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2 :].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def test_a_killed_writing_query_restarts_from_its_checkpoint_without_loss_or_duplicates(spark, tmp_path):
+    source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
+    rows = files(source, parts=6, rows=400, seed=5)
+    job = Job("spark kill")
+    script = textwrap.dedent(f"""
+        from pyspark.sql import SparkSession
+        from stretch.spark import StretchDataSource
+        spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+        spark.dataSource.register(StretchDataSource)
+        (spark.readStream.schema("user BIGINT, amount BIGINT").option("maxFilesPerTrigger", 1)
+            .parquet({str(source)!r}).writeStream.format("stretch").option("job", {job.name!r})
+            .option("channel", "in").option("checkpointLocation", {str(checkpoint)!r})
+            .trigger(processingTime="1 second").start().awaitTermination())
+    """)
+    other = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while job.client.describe()["operators"][0]["records_in"] < 400:  # a micro-batch is in
+            assert time.monotonic() < deadline and other.poll() is None
+            time.sleep(0.05)
+        jvms = _children_of(other.pid)
+    finally:
+        other.kill()  # kill -9, wherever the query is
+        other.wait()
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() for pid in jvms):  # its JVM ends with it
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    stream_into(spark, job.name, source, checkpoint)  # the same query, restarted
+    assert job.finish() == reference(spark, source)
+    assert len(job.out) == len(rows)
