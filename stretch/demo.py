@@ -4,8 +4,8 @@ Spark reads click files (written by the demo itself) and streams them into a str
 ``format("stretch")``; the job computes per-user event-time windows (count and sum of the amount,
 vectorized) and is rescaled live in the middle of the run; Spark reads the results back with
 ``format("stretch")`` and writes Parquet. The demo prints a summary, checks the results against a
-plain-Python computation of the same windows, and saves a plot of throughput, parallelism and
-backlog over time.
+plain-Python computation of the same windows, and saves a plot of throughput, parallelism, backlog
+and latency over time.
 """
 
 from __future__ import annotations
@@ -144,6 +144,7 @@ def _pipeline(spark, work: Path, events, files, parallelism, schedule, plot, out
     )
     out(f"  Spark -> stretch job {JOB!r} (parallelism {parallelism}) -> Spark, rescaling live to {schedule}")
     samples = _monitor(client, into, events, schedule, started, out)
+    input_ended = time.monotonic()
     channels.open_writer(client, "clicks").end()  # Spark has delivered every file
     status = client.wait()
     job_seconds = time.monotonic() - started
@@ -177,11 +178,32 @@ def _pipeline(spark, work: Path, events, files, parallelism, schedule, plot, out
         f"{'match' if correct else 'DO NOT match'} a plain-Python computation of the same windows"
     )
     out(f"  results: {work / 'results'} (Parquet, written by Spark)")
+    latencies = _latencies(client, started, input_ended)
+    if latencies:
+        ms = sorted(v for _, v in latencies)
+        out(f"  publish -> result latency: median {ms[len(ms) // 2]:.1f} ms, max {ms[-1]:.1f} ms")
     if plot:
         path = Path.cwd() / "stretch-demo.png"
-        _plot(samples, rescales, path)
+        _plot(samples, latencies, path)
         out(f"  plot: {path}")
     return summary
+
+
+def _latencies(client, started: float, input_ended: float) -> list[tuple[float, float]]:
+    """(seconds into the run, ms): for each result batch the job appended, the time since Spark's
+    micro-batch whose watermark fired it began publishing into the job (the final results, which
+    the end of the input fires, have no such micro-batch)."""
+    coordinator = client._coordinator
+    published = coordinator.publisher.published_at
+    writer = coordinator.output_channels["per_user"].writer
+    out = []
+    for at in writer.appended_at:
+        if at >= input_ended:
+            break
+        before = [p for p in published if p <= at]
+        if before:
+            out.append((at - started, (at - before[-1]) * 1000))
+    return out
 
 
 def _offset_read(query) -> int:
@@ -225,21 +247,23 @@ def _monitor(client, into, events, schedule, started, out) -> list[tuple]:
     return samples
 
 
-def _plot(samples, rescales, path: Path) -> None:
+def _plot(samples, latencies, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     t = [s[0] for s in samples]
-    fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
+    fig, axes = plt.subplots(4, 1, figsize=(8, 9), sharex=True)
     axes[0].plot(t, [s[1] for s in samples])
     axes[0].set_ylabel("clicks/s into the job")
     axes[1].step(t, [s[2] for s in samples], where="post")
     axes[1].set_ylabel("parallelism")
     axes[2].plot(t, [s[3] for s in samples])
-    axes[2].set_ylabel("gate depth (batches waiting)")
-    axes[2].set_xlabel("seconds")
+    axes[2].set_ylabel("gate depth (batches)")
+    axes[3].plot([x for x, _ in latencies], [y for _, y in latencies], ".", markersize=3)
+    axes[3].set_ylabel("publish -> result (ms)")
+    axes[3].set_xlabel("seconds")
     fig.suptitle("stretch demo: Spark -> stretch (live rescale) -> Spark")
     fig.tight_layout()
     fig.savefig(path)

@@ -59,6 +59,7 @@ class _OutputChannel:
     tail: LogTail
     run_start: int  # the log's end when this run began: where this run's output starts
     type_info: object = None  # of its records, where the job declares it
+    writer: ChannelLogWriter | None = None  # the job's side, once it runs
 
 
 @dataclass
@@ -238,7 +239,9 @@ class Coordinator:
         for sink in plan.sinks:
             if sink.runs_in == "job":
                 channel = self.output_channels.get(getattr(sink.sink, "name", None))
-                writer = ChannelLogWriter(channel.log, channel.tail) if channel is not None else None
+                writer = None
+                if channel is not None:
+                    writer = channel.writer = ChannelLogWriter(channel.log, channel.tail)
                 runner = SinkRunner(sink, self.sink_gates[sink.id], self, writer)
                 self._sink_runners.append(runner)
                 runner.start()

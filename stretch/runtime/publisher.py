@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,6 +27,7 @@ class ChannelPublisher:
         self._lock = threading.Lock()
         self._published: dict[tuple[str, str], int] = {}  # (channel, query) -> last batch id
         self._appenders: dict[str, ChannelAppender] = {}
+        self.published_at: list[float] = []  # monotonic time each transaction began publishing
 
     def create(self) -> None:
         self.staging.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -45,6 +47,7 @@ class ChannelPublisher:
                     if not reply.get("ok"):
                         return reply
                     appender = self._appenders[name] = ChannelAppender(name, reply)
+                self.published_at.append(time.monotonic())
                 for path in paths:
                     with pa.memory_map(str(path)) as source:
                         for batch in pa.ipc.open_stream(source):

@@ -9,6 +9,8 @@ during the run and after it.
 
 from __future__ import annotations
 
+import time
+
 from stretch.common.typeinfo import TypeInformation
 from stretch.datastream.connectors.base import Sink, SinkWriter, Source
 
@@ -64,12 +66,14 @@ class ChannelLogWriter(SinkWriter):
 
     def __init__(self, log, tail):
         self.log, self.tail = log, tail
+        self.appended_at: list[float] = []  # monotonic time of each append (for latency plots)
 
     def write(self, batch, producer: int) -> None:
         data = [i for i, n in enumerate(batch.schema.names) if not n.startswith("__")]
         if batch.num_rows:
             offset = self.log.append(batch.select(data) if len(data) < batch.num_columns else batch)
             self.tail.publish(offset + 1)
+            self.appended_at.append(time.monotonic())
 
     def close(self) -> None:
         self.log.end()
