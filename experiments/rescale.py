@@ -49,9 +49,9 @@ def start_job(parallelism: int):
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(parallelism)
     env.engine_config.spare_workers = 8  # the warm pool covers the largest step of the schedule
-    env.from_source(ChannelSource("w1", W1), None, "w1").key_by(0).sum([1, 2]).name("sum").sink_to(
-        DiscardingSink()
-    )
+    env.from_source(ChannelSource("w1", W1, durable=False), None, "w1").key_by(0).sum([1, 2]).name(
+        "sum"
+    ).sink_to(DiscardingSink())
     client = env.execute_async(f"rescale p{parallelism}")
     return client, channels.open_writer(client, "w1")
 

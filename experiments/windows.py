@@ -168,7 +168,7 @@ def stretch_job(kind: str, parallelism: int, sink=None):
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(parallelism)
     windowed = (
-        env.from_source(ChannelSource("w2", W2_TYPE), strategy(), "w2")
+        env.from_source(ChannelSource("w2", W2_TYPE, durable=False), strategy(), "w2")
         .key_by("f0")
         .window(TumblingEventTimeWindows(WINDOW))
     )

@@ -62,6 +62,7 @@ class ChannelAppender:
         # producer: it computes the key groups and appends to the operator's gate directly.
         self._key_field = reply.get("key_field")
         self._max_parallelism = reply.get("max_parallelism")
+        self._producer = reply.get("producer", 0)
         if self._key_field is not None:
             _hash_kernels.warm_up()  # compile (or load) the key-group kernels now, not on the first write
 
@@ -89,7 +90,7 @@ class ChannelAppender:
                     KG_COLUMN, pa.array(key_groups_of(column, self._max_parallelism), pa.uint16())
                 )
             try:
-                self._gate.append_batch(batch)
+                self._gate.append_batch(batch, producer=self._producer)
             except GateClosed:
                 raise RuntimeError(f"the job reading channel {self.name!r} has stopped") from None
 

@@ -14,6 +14,8 @@ from stretch import channels
 from stretch.common import Types
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from stretch.runtime.channel_log import ChannelLog
+from stretch.runtime.state_dir import channel_dir
 
 PAIR = Types.TUPLE([Types.STRING(), Types.LONG()])
 
@@ -116,3 +118,53 @@ def test_channel_errors_are_clear():
         assert list(channels.open_reader(client, "totals")) == [("a", 1)]
     finally:
         client.wait()
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_input_channels_keep_a_durable_log_in_gate_order_across_runs(direct):
+    """What writers append is logged in the order the job reads it; a second run of the same job
+    name continues the log's offsets."""
+    name = f"logged input {'direct' if direct else 'via a source task'}"
+    sent_by_run, starts = [], []
+    for run in range(2):
+        env = StreamExecutionEnvironment.get_execution_environment()
+        env.set_parallelism(2)
+        clicks = env.from_source(ChannelSource("clicks", PAIR), None, "clicks")
+        (clicks.key_by(0) if direct else clicks.key_by(lambda r: r[0])).sum(1).sink_to(ChannelSink("totals"))
+        client = env.execute_async(name)
+        plan = client._coordinator.plan
+        assert any(s.direct for s in plan.stages) == direct
+        log = ChannelLog(channel_dir(name, "clicks"), create=False)
+        starts.append(log.end_offset)
+        writer = channels.open_writer(client, "clicks")
+        sent = [
+            [(f"u{(run * 7 + i * 3 + j) % 5}", run * 1000 + i * 10 + j) for j in range(1 + i % 4)]
+            for i in range(30)
+        ]
+        for batch in sent:
+            writer.write(batch)
+        writer.end()
+        assert len(list(channels.open_reader(client, "totals"))) == sum(map(len, sent))
+        assert client.wait().name == "FINISHED"
+        sent_by_run.append([r for b in sent for r in b])
+    log = ChannelLog(channel_dir(name, "clicks"), create=False)
+    assert log.ended and starts[1] == starts[0] + 30
+    for run, start in enumerate(starts):
+        end = start + 30
+        logged = [(r["f0"], r["f1"]) for b in log.read(start, end) for r in b.to_pylist()]
+        assert logged == sent_by_run[run]
+
+
+def test_an_input_channel_that_is_not_durable_keeps_no_log():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.from_source(ChannelSource("clicks", PAIR, durable=False), None, "clicks").key_by(lambda r: r[0]).sum(
+        1
+    ).sink_to(ChannelSink("totals"))
+    client = env.execute_async("input without a log")
+    writer = channels.open_writer(client, "clicks")
+    writer.write([("a", 1), ("a", 2)])
+    writer.end()
+    assert list(channels.open_reader(client, "totals")) == [("a", 1), ("a", 3)]
+    assert client.wait().name == "FINISHED"
+    assert not channel_dir("input without a log", "clicks").exists()
+    assert channel_dir("input without a log", "totals").exists()

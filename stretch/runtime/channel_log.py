@@ -80,6 +80,13 @@ class ChannelLog:
     # ---- writing (the job) -----------------------------------------------------------------
     def append(self, batch: pa.RecordBatch) -> int:
         """Append one batch; returns its offset."""
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        return self.append_ipc(sink.getvalue())
+
+    def append_ipc(self, data) -> int:
+        """Append one batch given as a complete Arrow IPC stream (as gates hold them)."""
         offset = self.end_offset
         if self._segment is None or self._segment[1].tell() >= self.segment_bytes:
             if self._segment is not None:
@@ -87,10 +94,6 @@ class ChannelLog:
             fd = os.open(self._path(offset), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self._segment = (offset, os.fdopen(fd, "ab", buffering=0))
         first, f = self._segment
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema) as writer:
-            writer.write_batch(batch)
-        data = sink.getvalue()
         position = f.tell()
         f.write(data)
         with open(self._index, "ab", buffering=0) as index:

@@ -31,6 +31,7 @@ from stretch.runtime.control_socket import ControlServer, runtime_dir
 from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
 from stretch.runtime.event_time import MAX_WATERMARK, producer_id
 from stretch.runtime.gate import Gate, Kind
+from stretch.runtime.input_logger import InputLogger
 from stretch.runtime.publisher import ChannelPublisher
 from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
@@ -118,6 +119,7 @@ class Coordinator:
         self.direct_channels: dict = {}  # channel name -> source stage whose writers feed a gate
         self.output_channels: dict[str, _OutputChannel] = {}
         self.job_dir: JobDir | None = None  # held while the job runs, if it keeps channel logs
+        self._loggers: list[InputLogger] = []
         self._ended_channels: set[str] = set()
         self._server: ControlServer | None = None
         self._zygote: Zygote | None = None
@@ -172,8 +174,8 @@ class Coordinator:
         res = JobResources(prefix, self.control.segment.name, len(keyed), plan.max_parallelism)
         for gate_id in plan.gate_producers:
             consumer = next(s for s in plan.stages if s.input_gate == gate_id)
-            g = Gate.create(
-                prefix, "gate", cfg.gate_slots, cfg.gate_bytes, max_readers=consumer.max_parallelism
+            g = Gate.create(  # a reader slot per instance, and one for an input channel's log
+                prefix, "gate", cfg.gate_slots, cfg.gate_bytes, max_readers=consumer.max_parallelism + 1
             )
             self.gates[gate_id] = g
             res.gates[gate_id] = g.name
@@ -188,10 +190,7 @@ class Coordinator:
             res.sink_gates[sink.id] = g.name
             self._segments.append(g.segment)
             if isinstance(sink.sink, ChannelSink):
-                if self.job_dir is None:
-                    self.job_dir = JobDir(self.job_name, self.job_id)
-                log = ChannelLog(self.job_dir.channel(sink.sink.name), cfg.channel_retention_bytes)
-                log.resume()
+                log = self._channel_log(sink.sink.name)
                 tail = LogTail.create(prefix, log.end_offset)
                 self._segments.append(tail.segment)
                 self.output_channels[sink.sink.name] = _OutputChannel(
@@ -199,14 +198,28 @@ class Coordinator:
                 )
         for stage in plan.stages:
             name = getattr(stage.source, "channel_name", None)
+            durable = getattr(stage.source, "durable", False)
             if name is not None and stage.direct:
                 self.direct_channels[name] = stage
+                gate = self.gates[stage.chain[0].gate]
+                if durable:
+                    self._loggers.append(
+                        InputLogger(
+                            name,
+                            gate,
+                            gate.max_readers - 1,
+                            self._channel_log(name),
+                            producer_id(stage.id, 0),
+                        )
+                    )
             elif name is not None:
                 g = Gate.create(prefix, "channel", cfg.gate_slots, cfg.gate_bytes)
                 g.open_reader(0, 0)
                 self.input_channels[name] = g
                 res.channels[name] = g.name
                 self._segments.append(g.segment)
+                if durable:
+                    self._loggers.append(InputLogger(name, g, 1, self._channel_log(name)))
         for op_index, stage in enumerate(keyed):
             arena = Arena.create(prefix, stage.max_parallelism)
             self.arenas[stage.id] = arena
@@ -245,6 +258,8 @@ class Coordinator:
                 runner = SinkRunner(sink, self.sink_gates[sink.id], self, writer)
                 self._sink_runners.append(runner)
                 runner.start()
+        for logger in self._loggers:
+            logger.start()
         self.status = JobStatus.RUNNING
         if cfg.elasticity is not None:
             self.controller = ElasticController(self, cfg.elasticity)
@@ -518,6 +533,14 @@ class Coordinator:
         except (KeyError, ValueError, RuntimeError) as e:
             conn.send({"ok": False, "error": str(e.args[0]) if e.args else str(e)})
 
+    def _channel_log(self, name: str) -> ChannelLog:
+        """A channel's durable log in the job's directory, continued by this run."""
+        if self.job_dir is None:
+            self.job_dir = JobDir(self.job_name, self.job_id)
+        log = ChannelLog(self.job_dir.channel(name), self.config.channel_retention_bytes)
+        log.resume()
+        return log
+
     def _state_request(self, operator) -> dict:
         """Where another process reads an operator's keyed state (queryable state)."""
         try:
@@ -562,6 +585,7 @@ class Coordinator:
                     "type": t.to_json() if t else None,
                     "key_field": step.key.field,
                     "max_parallelism": step.key.max_parallelism,
+                    "producer": producer_id(stage.id, 0),
                 }
             if name in self.input_channels and msg.get("role") == "writer":
                 source = next(
@@ -683,6 +707,11 @@ class Coordinator:
             self._server.close()
         for r in self._sink_runners:
             r.join(self.config.shutdown_timeout)
+        for logger in self._loggers:  # they read gates: done before the gates go
+            logger.join(self.config.shutdown_timeout)
+            if logger.is_alive():
+                logger.gate.close()
+                logger.join()
         if self.controller is not None:
             self.controller.join(self.config.shutdown_timeout)
         deadline = time.monotonic() + self.config.shutdown_timeout

@@ -313,12 +313,18 @@ class Gate:
         kind = Kind(int(s[1]))
         batch = None
         if kind is Kind.DATA:
-            start = int(s[2]) % self.data_capacity
-            data = self._data_buffer.slice(start, int(s[3]))
+            data = self._payload(s)
             if copy:
                 data = pa.py_buffer(data.to_pybytes())
             batch = pa.ipc.open_stream(data).read_next_batch()
         return Entry(seq, kind, batch, int(s[4]), int(s[5]), int(s[6]))
+
+    def payload(self, seq: int) -> pa.Buffer:
+        """A data entry's Arrow IPC stream bytes, as appended (a view, like ``read``'s batch)."""
+        return self._payload(self._slots[seq % self.slot_capacity])
+
+    def _payload(self, slot) -> pa.Buffer:
+        return self._data_buffer.slice(int(slot[2]) % self.data_capacity, int(slot[3]))
 
     def advance(self, reader: int, seq: int) -> None:
         """Move a reader's cursor to `seq` (everything below is consumed) and wake producers."""

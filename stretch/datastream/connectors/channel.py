@@ -22,11 +22,16 @@ def _check_name(name: str) -> str:
 
 
 class ChannelSource(Source):
-    """The job's input is the channel ``name``; records must match ``type_info`` when given."""
+    """The job's input is the channel ``name``; records must match ``type_info`` when given.
 
-    def __init__(self, name: str, type_info: TypeInformation | None = None):
+    ``durable``: the job logs what writers append under its state directory, in the order it
+    reads it (``stretch.runtime.input_logger``); ``False`` saves that copy of every batch.
+    """
+
+    def __init__(self, name: str, type_info: TypeInformation | None = None, durable: bool = True):
         self.channel_name = _check_name(name)
         self.type_info = type_info
+        self.durable = durable
 
     def create_reader(self, context=None):
         from stretch.runtime.gate import Kind
