@@ -99,11 +99,13 @@ class _ChannelOptions:
 
 class StretchStreamReader(_ChannelOptions, DataSourceStreamReader):
     """``spark.readStream.format("stretch")``; option ``startingOffsets``: ``run`` (default: the
-    first result of the job's current run), ``earliest`` (all the log retained) or an offset."""
+    first result of the job's current run), ``earliest`` (all the log retained) or an offset;
+    option ``query``: a stable name under which the log keeps what this query has not committed
+    (Spark does not tell a source its checkpoint location)."""
 
     def __init__(self, options, schema):
         super().__init__(options, schema)
-        self.reader_id = options.get("query") or options.get("checkpointLocation")
+        self.reader_id = options.get("query")
         self.starting = options.get("startingOffsets", "run")
 
     def initialOffset(self) -> dict:

@@ -7,8 +7,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,6 +17,7 @@ from stretch.common import Types
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.spark import StretchDataSource
+from tests.spark.processes import kill_when
 
 RECORD = Types.TUPLE([Types.LONG(), Types.LONG()])  # user, amount
 
@@ -183,19 +182,6 @@ def test_a_failed_task_that_spark_retries_publishes_its_rows_once(spark, tmp_pat
     assert len(job.out) == len(rows)
 
 
-def _children_of(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rfind(")") + 2 :].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
 def test_a_killed_writing_query_restarts_from_its_checkpoint_without_loss_or_duplicates(spark, tmp_path):
     source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
     rows = files(source, parts=6, rows=400, seed=5)
@@ -213,19 +199,9 @@ def test_a_killed_writing_query_restarts_from_its_checkpoint_without_loss_or_dup
     other = subprocess.Popen(
         [sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    try:
-        deadline = time.monotonic() + 120
-        while job.client.describe()["operators"][0]["records_in"] < 400:  # a micro-batch is in
-            assert time.monotonic() < deadline and other.poll() is None
-            time.sleep(0.05)
-        jvms = _children_of(other.pid)
-    finally:
-        other.kill()  # kill -9, wherever the query is
-        other.wait()
-    deadline = time.monotonic() + 60
-    while any(Path(f"/proc/{pid}").exists() for pid in jvms):  # its JVM ends with it
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    kill_when(
+        other, lambda: job.client.describe()["operators"][0]["records_in"] >= 400
+    )  # a micro-batch is in
     stream_into(spark, job.name, source, checkpoint)  # the same query, restarted
     assert job.finish() == reference(spark, source)
     assert len(job.out) == len(rows)

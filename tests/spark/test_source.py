@@ -3,12 +3,19 @@ offsets (continuing from its checkpoint) and in batch, checked against plain PyS
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from stretch import channels
 from stretch.common import Row, Types
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from stretch.runtime.channel_log import ChannelLog
+from stretch.runtime.state_dir import channel_dir
+from tests.spark.processes import kill_when
 
 TOTALS = Types.ROW_NAMED(["user", "total"], [Types.LONG(), Types.LONG()])
 
@@ -45,6 +52,7 @@ def read_stream(spark, job: str, checkpoint, target):
         spark.readStream.format("stretch")
         .option("job", job)
         .option("channel", "totals")
+        .option("query", "totals to parquet")
         .load()
         .writeStream.format("parquet")
         .option("path", str(target))
@@ -69,6 +77,8 @@ def test_streaming_read_continues_from_its_checkpoint(spark, tmp_path):
     writer.write(sent)
     wait_for_output(client, 1)  # some results are out; more may follow
     read_stream(spark, "spark source streaming", tmp_path / "ckpt", tmp_path / "out")
+    log = ChannelLog(channel_dir("spark source streaming", "totals"), create=False)
+    first_read = log.end_offset  # at least (more results may have come meanwhile)
     sent += rows(1)
     writer.write(rows(1))
     writer.end()
@@ -76,6 +86,8 @@ def test_streaming_read_continues_from_its_checkpoint(spark, tmp_path):
     read_stream(spark, "spark source streaming", tmp_path / "ckpt", tmp_path / "out")  # the rest
     got = [(r["user"], r["total"]) for r in spark.read.parquet(str(tmp_path / "out")).collect()]
     assert sorted(got) == sorted(running_totals(sent))  # every result once
+    # the named query's commits reached the log (Spark commits a batch when the next one runs)
+    assert first_read <= log.commits()["totals to parquet"] <= log.end_offset
 
 
 def test_batch_read_of_a_channel_while_and_after_the_job_runs(spark, tmp_path):
@@ -127,3 +139,46 @@ def test_batch_read_of_an_operators_keyed_state_while_it_runs(spark):
         spark.read.format("stretch").option("job", "spark state read").option("state", "nope").load()
     writer.end()
     assert client.wait().name == "FINISHED"
+
+
+def test_a_killed_reading_query_restarts_from_its_checkpoint_without_loss_or_duplicates(spark, tmp_path):
+    client, writer = start("spark source kill")
+    sent = rows(0, 1000)
+    for i in range(0, len(sent), 100):
+        writer.write(sent[i : i + 100])
+    out, checkpoint = tmp_path / "out", tmp_path / "ckpt"
+    script = textwrap.dedent(f"""
+        from pyspark.sql import SparkSession
+        from stretch.spark import StretchDataSource
+        spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+        spark.dataSource.register(StretchDataSource)
+        (spark.readStream.format("stretch").option("job", "spark source kill").option("channel", "totals")
+            .option("startingOffsets", "earliest").load()
+            .writeStream.format("parquet").option("path", {str(out)!r})
+            .option("checkpointLocation", {str(checkpoint)!r})
+            .trigger(processingTime="200 milliseconds").start().awaitTermination())
+    """)
+    other = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    kill_when(other, (checkpoint / "commits" / "0").exists)  # once it has written some results
+    more = rows(1, 1000)
+    for i in range(0, len(more), 100):  # results it never saw
+        writer.write(more[i : i + 100])
+    sent += more
+    writer.end()
+    assert client.wait().name == "FINISHED"
+    query = (
+        spark.readStream.format("stretch")
+        .option("job", "spark source kill")
+        .option("channel", "totals")
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    got = [(r["user"], r["total"]) for r in spark.read.parquet(str(out)).collect()]
+    assert sorted(got) == sorted(running_totals(sent))
