@@ -43,6 +43,14 @@ def cmd_jobs(args) -> int:
     return 0
 
 
+def cmd_metrics(args) -> int:
+    reply = request(_find(args.job)["socket"], {"op": "metrics"})
+    if not reply.get("ok"):
+        raise SystemExit(f"stretch: {reply.get('error')}")
+    print(reply["text"], end="")
+    return 0
+
+
 def cmd_status(args) -> int:
     job = _find(args.job)
     before = request(job["socket"], {"op": "status"})
@@ -144,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--interval", type=float, default=0.5, help="seconds over which rates are measured")
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser("metrics", help="a running job's metrics, in Prometheus' text format")
+    p.add_argument("job", help="job id (or a unique prefix) or job name")
+    p.set_defaults(func=cmd_metrics)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -103,6 +103,16 @@ class StreamExecutionEnvironment:
         )
         return self
 
+    def enable_metrics(self, port: int = 0, host: str = "127.0.0.1") -> StreamExecutionEnvironment:
+        """Serve the job's metrics for Prometheus at ``http://host:port/metrics`` (port 0: any free
+        one; ``stretch jobs --json`` and the job's info show it). Loopback unless told otherwise;
+        ``stretch metrics JOB`` prints the same without any endpoint."""
+        from stretch.runtime.metrics import _prometheus
+
+        _prometheus()  # fail here, not when the job starts, without the metrics extra
+        self.engine_config.metrics = (host, int(port))
+        return self
+
     # ---- sources -----------------------------------------------------------------------
     def _source(self, source: Source, name: str, type_info=None, watermark_strategy=None) -> DataStream:
         spec = {"source": source, "watermark_strategy": watermark_strategy}

@@ -24,6 +24,7 @@ I_STALL_NS, I_MAX_STALL_NS = 8, 9  # time spent waiting for previous owners at e
 I_LAST_STALL_NS, I_LAST_GAINED = 10, 11  # the latest marker: how long it waited, whether it gained
 I_ACTIVE = 12  # the epoch whose ownership the instance processes under (after its handoff waits)
 I_ACTIVE_AT_NS = 13  # CLOCK_MONOTONIC time it became active under that epoch
+I_WATERMARK = 14  # the instance's input watermark (event time, ms); 0 before the first
 I_WORDS = 16
 # Instance states.
 FREE, RUNNING, DONE = 0, 1, 2

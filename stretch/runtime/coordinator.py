@@ -49,6 +49,7 @@ class EngineConfig:
     gate_bytes: int = 32 << 20
     sink_gate_bytes: int = 32 << 20
     channel_retention_bytes: int = 1 << 30  # an output channel's log keeps at most this much
+    metrics: tuple[str, int] | None = None  # (host, port) of the Prometheus endpoint, if any
     spare_workers: int = 4  # warm, idle workers kept for rescales (replenished after each)
     elasticity: ElasticityConfig | None = None
     shutdown_timeout: float = 10.0
@@ -120,6 +121,7 @@ class Coordinator:
         self.output_channels: dict[str, _OutputChannel] = {}
         self.job_dir: JobDir | None = None  # held while the job runs, if it keeps channel logs
         self._loggers: list[InputLogger] = []
+        self._metrics = None  # (server, thread, port) of the Prometheus endpoint
         self._ended_channels: set[str] = set()
         self._server: ControlServer | None = None
         self._zygote: Zygote | None = None
@@ -245,6 +247,10 @@ class Coordinator:
         self._stage_blobs = {s.id: cloudpickle.dumps(s) for s in plan.stages}
         self.publisher.create()
         self._server = ControlServer(self.socket_path, self._token, self._on_message, self._on_close)
+        if cfg.metrics is not None:
+            from stretch.runtime.metrics import serve
+
+            self._metrics = serve(self, *cfg.metrics)
         self._write_info()
         self._zygote = Zygote(str(self.socket_path), self._token)
         for _ in range(len(self._pending) + cfg.spare_workers):
@@ -281,6 +287,8 @@ class Coordinator:
             "started": self.started_at,
             "operators": [s.name for s in self.plan.stages if s.kind == "keyed"],
         }
+        if self._metrics is not None:
+            info["metrics"] = f"http://{self.config.metrics[0]}:{self._metrics[2]}/metrics"
         tmp = self.info_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(info))
         tmp.replace(self.info_path)
@@ -361,6 +369,10 @@ class Coordinator:
                 self._assign(w)
         elif op == "status":
             conn.send(self.describe())
+        elif op == "metrics":
+            from stretch.runtime.metrics import render
+
+            conn.send({"ok": True, "text": render(self)})
         elif op == "state":
             conn.send(self._state_request(msg.get("operator")))
         elif op in ("channel", "channel_end"):
@@ -676,6 +688,7 @@ class Coordinator:
                             "epoch": int(inst[i, cbk.I_EPOCH]),
                             "position": int(inst[i, cbk.I_GATE_SEQ]),
                             "max_stall_ns": int(inst[i, cbk.I_MAX_STALL_NS]),
+                            "watermark": int(inst[i, cbk.I_WATERMARK]) or None,
                         }
                         for i in range(p)
                     ],
@@ -705,6 +718,9 @@ class Coordinator:
             self._zygote.stop()
         if self._server is not None:
             self._server.close()
+        if self._metrics is not None:
+            self._metrics[0].shutdown()
+            self._metrics[0].server_close()
         for r in self._sink_runners:
             r.join(self.config.shutdown_timeout)
         for logger in self._loggers:  # they read gates: done before the gates go

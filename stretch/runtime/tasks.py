@@ -243,6 +243,7 @@ class KeyedInstanceTask(Task):
             return
         self.tracker.current = max(self.tracker.current, watermark)
         operator.watermark = watermark
+        self.stats[cbk.I_WATERMARK] = watermark
         chain.push(operator.fire(EVENT, watermark))
         chain.emit(Kind.WATERMARK, watermark)
         self.stats[cbk.I_RECORDS_OUT] = self._records_out

@@ -1,0 +1,98 @@
+"""A job's metrics for Prometheus (``prometheus-client``), read from the control block when
+scraped, so that keeping them costs the job nothing between scrapes.
+
+Per operator: parallelism, gate depth, state bytes, rescales (count and durations); per instance:
+records in and out, busy time, and the lag of its watermark behind the wall clock. Rates and busy
+fractions are what Prometheus' ``rate()`` makes of the counters. Served only when asked
+(``env.enable_metrics(port)``), on loopback unless told otherwise; ``stretch metrics JOB`` prints
+the same text through the job's control socket without any listener.
+"""
+
+from __future__ import annotations
+
+import time
+
+from stretch.runtime.event_time import MAX_WATERMARK
+
+
+def _prometheus():
+    try:
+        import prometheus_client
+    except ImportError:  # pragma: no cover - an install without the metrics extra
+        raise ImportError("metrics need prometheus-client: pip install 'stretch[metrics]'") from None
+    return prometheus_client
+
+
+class JobCollector:
+    """A prometheus-client collector over one job's coordinator."""
+
+    def __init__(self, coordinator):
+        self.coordinator = coordinator
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+        c = self.coordinator
+        d = c.describe()
+        job = d["name"]
+        op_labels = ["job", "operator"]
+        inst_labels = ["job", "operator", "instance"]
+        parallelism = GaugeMetricFamily(
+            "stretch_parallelism", "Instances of a keyed operator", labels=op_labels
+        )
+        depth = GaugeMetricFamily(
+            "stretch_gate_depth", "Batches waiting in an operator's input gate", labels=op_labels
+        )
+        state = GaugeMetricFamily(
+            "stretch_state_bytes", "Shared memory held by an operator's state", labels=op_labels
+        )
+        records_in = CounterMetricFamily(
+            "stretch_records_in", "Records an instance took in", labels=inst_labels
+        )
+        records_out = CounterMetricFamily(
+            "stretch_records_out", "Records an instance put out", labels=inst_labels
+        )
+        busy = CounterMetricFamily(
+            "stretch_busy_seconds", "Time an instance spent processing", labels=inst_labels
+        )
+        lag = GaugeMetricFamily(
+            "stretch_watermark_lag_seconds", "Wall clock minus an instance's watermark", labels=inst_labels
+        )
+        rescales = SummaryMetricFamily(
+            "stretch_rescale_seconds", "Live rescales of an operator", labels=op_labels
+        )
+        now_ms = time.time() * 1000
+        for op in d["operators"]:
+            labels = [job, op["name"]]
+            parallelism.add_metric(labels, op["parallelism"])
+            depth.add_metric(labels, op["gate_depth"])
+            state.add_metric(labels, op["state_bytes"])
+            done = [r for r in c.rescales if r["operator"] == op["name"]]
+            rescales.add_metric(labels, len(done), sum(r["elapsed_ms"] for r in done) / 1000)
+            for inst in op["instances"]:
+                il = [*labels, str(inst["index"])]
+                records_in.add_metric(il, inst["records_in"])
+                records_out.add_metric(il, inst["records_out"])
+                busy.add_metric(il, inst["busy_ns"] / 1e9)
+                wm = inst.get("watermark")
+                if wm is not None and wm < MAX_WATERMARK:
+                    lag.add_metric(il, (now_ms - wm) / 1000)
+        yield from (parallelism, depth, state, records_in, records_out, busy, lag, rescales)
+
+
+def registry_of(coordinator):
+    prometheus_client = _prometheus()
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(JobCollector(coordinator))
+    return registry
+
+
+def render(coordinator) -> str:
+    """The job's metrics in Prometheus' text format."""
+    return _prometheus().generate_latest(registry_of(coordinator)).decode()
+
+
+def serve(coordinator, host: str, port: int):
+    """Start the HTTP endpoint; returns (server, thread, the port it listens on)."""
+    server, thread = _prometheus().start_http_server(port, addr=host, registry=registry_of(coordinator))
+    return server, thread, server.server_port
