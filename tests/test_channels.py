@@ -134,7 +134,7 @@ def test_input_channels_keep_a_durable_log_in_gate_order_across_runs(direct):
         client = env.execute_async(name)
         plan = client._coordinator.plan
         assert any(s.direct for s in plan.stages) == direct
-        log = ChannelLog(channel_dir(name, "clicks"), create=False)
+        log = ChannelLog(channel_dir(name, "clicks", "in"), create=False)
         starts.append(log.end_offset)
         writer = channels.open_writer(client, "clicks")
         sent = [
@@ -147,7 +147,7 @@ def test_input_channels_keep_a_durable_log_in_gate_order_across_runs(direct):
         assert len(list(channels.open_reader(client, "totals"))) == sum(map(len, sent))
         assert client.wait().name == "FINISHED"
         sent_by_run.append([r for b in sent for r in b])
-    log = ChannelLog(channel_dir(name, "clicks"), create=False)
+    log = ChannelLog(channel_dir(name, "clicks", "in"), create=False)
     assert log.ended and starts[1] == starts[0] + 30
     for run, start in enumerate(starts):
         end = start + 30
@@ -166,5 +166,14 @@ def test_an_input_channel_that_is_not_durable_keeps_no_log():
     writer.end()
     assert list(channels.open_reader(client, "totals")) == [("a", 1), ("a", 3)]
     assert client.wait().name == "FINISHED"
-    assert not channel_dir("input without a log", "clicks").exists()
+    assert not channel_dir("input without a log", "clicks", "in").exists()
     assert channel_dir("input without a log", "totals").exists()
+
+
+def test_two_sinks_into_one_channel_are_refused():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    ds = env.from_collection([("a", 1)], PAIR)
+    ds.sink_to(ChannelSink("same"))
+    ds.map(lambda r: r, PAIR).sink_to(ChannelSink("same"))
+    with pytest.raises(Exception, match="two sinks write to channel 'same'"):
+        env.execute("two sinks one channel")

@@ -15,6 +15,7 @@ the log outgrows ``max_bytes``.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -37,9 +38,12 @@ class ChannelLog:
         """``create=False`` opens an existing log only (readers), else LookupError."""
         self.dir = Path(directory)
         self._index = self.dir / "index"
-        if create:
+        if create:  # the appending side
             self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._index.touch(mode=0o600, exist_ok=True)
+            size = self._index.stat().st_size
+            if size % (8 * _ENTRY):  # an entry torn by a crash: the batch never counted
+                os.truncate(self._index, size - size % (8 * _ENTRY))
         elif not self._index.exists():
             raise LookupError(f"no channel log at {self.dir}")
         self.max_bytes = max_bytes
@@ -93,12 +97,12 @@ class ChannelLog:
                 self._segment[1].close()
             fd = os.open(self._path(offset), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self._segment = (offset, os.fdopen(fd, "ab", buffering=0))
+            self._retain()  # at each new segment: whole segments are what retention deletes
         first, f = self._segment
         position = f.tell()
         f.write(data)
         with open(self._index, "ab", buffering=0) as index:
             index.write(np.array([first, position, data.size], dtype=np.int64).tobytes())
-        self._retain()
         return offset
 
     def resume(self) -> None:
@@ -137,8 +141,9 @@ class ChannelLog:
         """Segment ``first`` mapped at least ``needed`` bytes long (it grows while it is the last)."""
         m = self._maps.get(first)
         if m is None or m.size() < needed:
-            if m is not None:
-                m.close()
+            for old in self._maps.values():  # only the segment being read stays mapped
+                old.close()
+            self._maps.clear()
             m = self._maps[first] = pa.memory_map(str(self._path(first)))
         return m
 
@@ -151,21 +156,23 @@ class ChannelLog:
 
     def register(self, reader: str, offset: int | None = None) -> None:
         """A reader whose uncommitted batches are kept (from ``offset``, default the start)."""
-        commits = self.commits()
-        commits.setdefault(reader, self.start_offset if offset is None else offset)
-        self._save(commits)
+        start = self.start_offset if offset is None else offset
+        self._update(lambda commits: commits.setdefault(reader, start))
 
     def commit(self, reader: str, offset: int) -> None:
-        """``reader`` is done with every batch below ``offset``."""
-        commits = self.commits()
-        commits[reader] = max(commits.get(reader, 0), offset)
-        self._save(commits)
-        self._retain()
+        """``reader`` is done with every batch below ``offset`` (the job deletes what every
+        reader is done with when it next starts a segment; readers never delete)."""
+        self._update(lambda commits: commits.__setitem__(reader, max(commits.get(reader, 0), offset)))
 
-    def _save(self, commits: dict) -> None:
-        tmp = self.dir / "commits.json.tmp"
-        tmp.write_text(json.dumps(commits))
-        tmp.replace(self.dir / "commits.json")
+    def _update(self, change) -> None:
+        """Read, change and replace commits.json under a lock: readers may commit at once."""
+        with open(self.dir / "commits.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            commits = self.commits()
+            change(commits)
+            tmp = self.dir / f"commits.json.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(commits))
+            tmp.replace(self.dir / "commits.json")
 
     def _retain(self) -> None:
         """Delete whole segments every reader committed past, then the oldest beyond the bound."""
@@ -176,7 +183,7 @@ class ChannelLog:
         sizes = {s: self._path(s).stat().st_size for s in segments}
         total = sum(sizes.values())
         for i, s in enumerate(segments):
-            if s == current:
+            if s == current or i == len(segments) - 1:  # never the segment being appended to
                 break
             following = segments[i + 1] if i + 1 < len(segments) else self.end_offset
             if (floor is not None and following <= floor) or total > self.max_bytes:
@@ -190,7 +197,7 @@ class LogTail:
     """The live end of a channel log, in shared memory: readers on this machine sleep on a futex
     until the job appends, instead of polling the files. It lives as long as the job's run."""
 
-    _END, _STATE, _FUTEX, _SLEEPING = 0, 8, 16, 20
+    _END, _STATE, _FUTEX, _SLEEPING, _PID = 0, 8, 16, 20, 24
     RUNNING, ENDED, FAILED = 0, 1, 2
     _POLL = 0.05
 
@@ -204,6 +211,7 @@ class LogTail:
 
         tail = cls(Segment.create(prefix, "tail", 64))
         tail.region.store64(cls._END, end)
+        tail.region.store64(cls._PID, os.getpid())
         return tail
 
     @classmethod
@@ -222,7 +230,14 @@ class LogTail:
 
     @property
     def state(self) -> int:
-        return self.region.load64(self._STATE)
+        """RUNNING, ENDED or FAILED; FAILED also when the job's process died without saying so."""
+        state = self.region.load64(self._STATE)
+        if state == self.RUNNING:
+            try:
+                os.kill(self.region.load64(self._PID), 0)
+            except ProcessLookupError:
+                return self.FAILED
+        return state
 
     def publish(self, end: int, state: int = RUNNING) -> None:
         r = self.region
@@ -241,7 +256,7 @@ class LogTail:
         try:
             while True:
                 seen = r.load32(self._FUTEX)
-                if r.load64(self._END) > offset or r.load64(self._STATE) != self.RUNNING:
+                if r.load64(self._END) > offset or self.state != self.RUNNING:
                     return True
                 left = self._POLL if deadline is None else min(self._POLL, deadline - time.monotonic())
                 if left <= 0:

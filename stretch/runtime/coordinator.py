@@ -192,7 +192,9 @@ class Coordinator:
             res.sink_gates[sink.id] = g.name
             self._segments.append(g.segment)
             if isinstance(sink.sink, ChannelSink):
-                log = self._channel_log(sink.sink.name)
+                if sink.sink.name in self.output_channels:
+                    raise ValueError(f"two sinks write to channel {sink.sink.name!r}: give each its own name")
+                log = self._channel_log(sink.sink.name, "out")
                 tail = LogTail.create(prefix, log.end_offset)
                 self._segments.append(tail.segment)
                 self.output_channels[sink.sink.name] = _OutputChannel(
@@ -210,7 +212,7 @@ class Coordinator:
                             name,
                             gate,
                             gate.max_readers - 1,
-                            self._channel_log(name),
+                            self._channel_log(name, "in"),
                             producer_id(stage.id, 0),
                         )
                     )
@@ -221,7 +223,7 @@ class Coordinator:
                 res.channels[name] = g.name
                 self._segments.append(g.segment)
                 if durable:
-                    self._loggers.append(InputLogger(name, g, 1, self._channel_log(name)))
+                    self._loggers.append(InputLogger(name, g, 1, self._channel_log(name, "in")))
         for op_index, stage in enumerate(keyed):
             arena = Arena.create(prefix, stage.max_parallelism)
             self.arenas[stage.id] = arena
@@ -370,9 +372,12 @@ class Coordinator:
         elif op == "status":
             conn.send(self.describe())
         elif op == "metrics":
-            from stretch.runtime.metrics import render
+            try:
+                from stretch.runtime.metrics import render
 
-            conn.send({"ok": True, "text": render(self)})
+                conn.send({"ok": True, "text": render(self)})
+            except Exception as e:  # e.g. no prometheus-client: an error for the asker, not the job
+                conn.send({"ok": False, "error": f"{type(e).__name__}: {e}"})
         elif op == "state":
             conn.send(self._state_request(msg.get("operator")))
         elif op in ("channel", "channel_end"):
@@ -545,11 +550,11 @@ class Coordinator:
         except (KeyError, ValueError, RuntimeError) as e:
             conn.send({"ok": False, "error": str(e.args[0]) if e.args else str(e)})
 
-    def _channel_log(self, name: str) -> ChannelLog:
+    def _channel_log(self, name: str, direction: str) -> ChannelLog:
         """A channel's durable log in the job's directory, continued by this run."""
         if self.job_dir is None:
             self.job_dir = JobDir(self.job_name, self.job_id)
-        log = ChannelLog(self.job_dir.channel(name), self.config.channel_retention_bytes)
+        log = ChannelLog(self.job_dir.channel(name, direction), self.config.channel_retention_bytes)
         log.resume()
         return log
 

@@ -20,7 +20,6 @@ class InputLogger(threading.Thread):
         """``producer``: log only this producer's entries (a gate that other stages also feed)."""
         super().__init__(name=f"stretch-log-{name}", daemon=True)
         self.gate, self.reader, self.log, self.producer = gate, reader, log, producer
-        self.run_start = log.end_offset
         gate.open_reader(reader, 0)
 
     def run(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,7 +28,7 @@ class ChannelPublisher:
         self._lock = threading.Lock()
         self._published: dict[tuple[str, str], int] = {}  # (channel, query) -> last batch id
         self._appenders: dict[str, ChannelAppender] = {}
-        self.published_at: list[float] = []  # monotonic time each transaction began publishing
+        self.published_at: deque[float] = deque(maxlen=100_000)  # when recent transactions began
 
     def create(self) -> None:
         self.staging.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -39,19 +40,27 @@ class ChannelPublisher:
         paths = [self._staged(f) for f in files]
         try:
             with self._lock:
-                if self._published.get((name, query), -1) >= batch_id:
-                    return {"ok": True, "duplicate": True}
+                last = self._published.get((name, query), -1)
+                if batch_id == last:
+                    return {"ok": True, "duplicate": True}  # Spark replays the batch it last committed
+                if batch_id < last:
+                    raise ValueError(
+                        f"query {query!r} went back from micro-batch {last} to {batch_id}: its checkpoint "
+                        "was reset; give the restarted query a new name (option 'query') or a new checkpoint"
+                    )
                 appender = self._appenders.get(name)
                 if appender is None:
                     reply = self._join_writer(name)
                     if not reply.get("ok"):
                         return reply
                     appender = self._appenders[name] = ChannelAppender(name, reply)
-                self.published_at.append(time.monotonic())
+                batches = []  # every file read before any batch is appended: all or nothing
                 for path in paths:
                     with pa.memory_map(str(path)) as source:
-                        for batch in pa.ipc.open_stream(source):
-                            appender.write(batch)
+                        batches += [b for b in pa.ipc.open_stream(source)]
+                self.published_at.append(time.monotonic())
+                for batch in batches:
+                    appender.write(batch)
                 self._published[(name, query)] = batch_id
                 return {"ok": True, "duplicate": False}
         finally:

@@ -24,15 +24,16 @@ def job_dir(job_name: str) -> Path:
     return state_root() / "jobs" / safe
 
 
-def channel_dir(job_name: str, channel: str) -> Path:
-    return job_dir(job_name) / "channels" / channel
+def channel_dir(job_name: str, channel: str, direction: str = "out") -> Path:
+    """An output (``out``) or input (``in``) channel's log: the two may share a name."""
+    return job_dir(job_name) / "channels" / direction / channel
 
 
 class JobDir:
     """A run's hold on its job's directory: exclusive while the run lasts (a lock file), so two
     runs never append to one log. A run that finds its name's directory held by another running
-    job works in a private directory of its own, ``<name>.run-<job id>``, kept after the run for
-    its readers until the next run of that name starts."""
+    job works in a private directory of its own, ``<name>.run-<job id>``, which its JobClient's
+    readers still find after the run, until the next run of that name starts."""
 
     def __init__(self, job_name: str, job_id: str):
         shared = job_dir(job_name)
@@ -70,8 +71,8 @@ class JobDir:
             finally:
                 os.close(fd)
 
-    def channel(self, name: str) -> Path:
-        return self.path / "channels" / name
+    def channel(self, name: str, direction: str) -> Path:
+        return self.path / "channels" / direction / name
 
     def release(self) -> None:
         if self._lock is not None:

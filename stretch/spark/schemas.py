@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 
 from stretch.channels import _join
@@ -66,8 +68,17 @@ def spark_type(t: pa.DataType) -> str | None:
 
 
 def spark_ddl(schema: pa.Schema) -> str:
-    """``name TYPE, ...`` for Spark; channel fields of other types are passed as binary."""
-    return ", ".join(f"`{f.name}` {spark_type(f.type) or 'BINARY'}" for f in schema)
+    """``name TYPE, ...`` for Spark; fields of other types (lists, maps, records) are JSON text."""
+    return ", ".join(f"`{f.name}` {spark_type(f.type) or 'STRING'}" for f in schema)
+
+
+def spark_values(column: pa.Array) -> pa.Array:
+    """A column as Spark reads it: as is where Spark has the type, else as JSON text."""
+    if spark_type(column.type) is not None:
+        return column
+    return pa.array(
+        [None if v is None else json.dumps(v, default=str) for v in column.to_pylist()], pa.string()
+    )
 
 
 def check_fits(spark_schema, channel: pa.Schema, where: str) -> None:

@@ -17,6 +17,7 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 
 from stretch.channels import _reader_join
 from stretch.runtime.channel_log import ChannelLog
+from stretch.spark.schemas import spark_values
 
 _ARROW = {
     "bigint": pa.int64(),
@@ -45,7 +46,7 @@ class LogRange(InputPartition):
 
 def _arrow_schema(spark_schema) -> pa.Schema:
     return pa.schema(
-        [(f.name, _ARROW.get(f.dataType.simpleString(), pa.binary())) for f in spark_schema.fields]
+        [(f.name, _ARROW.get(f.dataType.simpleString(), pa.string())) for f in spark_schema.fields]
     )
 
 
@@ -54,7 +55,7 @@ def read_range(partition: LogRange, schema: pa.Schema):
     log = ChannelLog(partition.directory, create=False)
     try:
         for batch in log.read(partition.start, partition.end):
-            columns = [c.cast(f.type) for c, f in zip(batch.columns, schema)]
+            columns = [spark_values(c).cast(f.type) for c, f in zip(batch.columns, schema)]
             yield pa.RecordBatch.from_arrays(columns, schema=schema)
     finally:
         log.close()

@@ -8,7 +8,6 @@ Each key group is read under its seqlock, so every row is a consistent snapshot 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -17,7 +16,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from stretch.channels import _socket_of
 from stretch.runtime.control_socket import request
-from stretch.spark.schemas import spark_ddl, spark_type
+from stretch.spark.schemas import spark_ddl, spark_values
 from stretch.state.arena import Arena
 from stretch.state.keyed_table import KeyedTable
 from stretch.state.queryable import read_key_group, read_state
@@ -37,15 +36,6 @@ def locate(job: str, operator: str) -> dict:
     return reply
 
 
-def _readable(column: pa.Array) -> pa.Array:
-    """Spark-typed as is, or as JSON text (lists, maps, records)."""
-    if spark_type(column.type) is not None:
-        return column
-    return pa.array(
-        [None if v is None else json.dumps(v, default=str) for v in column.to_pylist()], pa.string()
-    )
-
-
 def state_schema(job: str, operator: str) -> str:
     reply = locate(job, operator)
     arena = Arena.attach(reply["arena"])
@@ -57,7 +47,10 @@ def state_schema(job: str, operator: str) -> str:
         )
         return spark_ddl(
             pa.schema(
-                [(n, _readable(c.combine_chunks()).type) for n, c in zip(sample.column_names, sample.columns)]
+                [
+                    (n, spark_values(c.combine_chunks()).type)
+                    for n, c in zip(sample.column_names, sample.columns)
+                ]
             )
         )
     finally:
@@ -81,7 +74,7 @@ class StretchStateReader(DataSourceReader):
         arena = Arena.attach(partition.arena)
         try:
             table = read_state(KeyedTable(arena), range(partition.first, partition.last))
-            columns = [_readable(table.column(n).combine_chunks()) for n in self.names]
+            columns = [spark_values(table.column(n).combine_chunks()) for n in self.names]
             if table.num_rows:
                 yield pa.RecordBatch.from_arrays(columns, names=self.names)
         finally:

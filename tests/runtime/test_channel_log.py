@@ -40,20 +40,35 @@ def test_offsets_ranges_and_reopen(tmp_path):
 
 def test_segments_go_when_every_reader_committed_past_them(tmp_path):
     log = ChannelLog(tmp_path, segment_bytes=4096)
-    log.register("spark-a")
-    log.register("spark-b")
+    reader = ChannelLog(tmp_path, create=False)  # a reader, as a Spark executor opens it
+    reader.register("spark-a")
+    reader.register("spark-b")
     model = [batch(i) for i in range(30)]
-    for b in model:
+    for b in model[:20]:
         log.append(b)
-    log.commit("spark-a", 20)
-    assert log.start_offset == 0  # spark-b still needs everything
-    log.commit("spark-b", 12)
+    reader.commit("spark-a", 20)
+    reader.commit("spark-b", 12)
+    assert reader.start_offset == 0  # readers never delete: the job does, at its next segment
+    for b in model[20:]:
+        log.append(b)
     assert 0 < log.start_offset <= 12
-    assert list(log.read(12)) == model[12:]
+    assert list(reader.read(12)) == model[12:]
     with pytest.raises(LookupError, match="no longer retained"):
-        list(log.read(0))
-    log.commit("spark-b", 5)  # commits never move back
-    assert log.commits() == {"spark-a": 20, "spark-b": 12}
+        list(reader.read(0))
+    reader.commit("spark-b", 5)  # commits never move back
+    assert reader.commits() == {"spark-a": 20, "spark-b": 12}
+
+
+def test_a_reader_that_caught_up_never_loses_what_comes_next(tmp_path):
+    log = ChannelLog(tmp_path, segment_bytes=1 << 20)
+    reader = ChannelLog(tmp_path, create=False)
+    reader.register("q")
+    model = [batch(i) for i in range(6)]
+    for b in model[:3]:
+        log.append(b)
+    reader.commit("q", 3)
+    log.append(model[3])
+    assert list(reader.read(3)) == model[3:4]
 
 
 def test_size_bound_drops_the_oldest_segments(tmp_path):

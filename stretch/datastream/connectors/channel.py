@@ -10,6 +10,7 @@ during the run and after it.
 from __future__ import annotations
 
 import time
+from collections import deque
 
 from stretch.common.typeinfo import TypeInformation
 from stretch.datastream.connectors.base import Sink, SinkWriter, Source
@@ -71,7 +72,7 @@ class ChannelLogWriter(SinkWriter):
 
     def __init__(self, log, tail):
         self.log, self.tail = log, tail
-        self.appended_at: list[float] = []  # monotonic time of each append (for latency plots)
+        self.appended_at: deque[float] = deque(maxlen=100_000)  # recent appends (latency plots)
 
     def write(self, batch, producer: int) -> None:
         data = [i for i, n in enumerate(batch.schema.names) if not n.startswith("__")]
