@@ -2,9 +2,10 @@
 
 Outside writers that may retry (Spark tasks, replayed micro-batches) do not append to a channel
 directly: they stage Arrow IPC files in the job's staging directory, and one commit request per
-transaction, named ``(query, batch id)``, publishes all of its files in order. A transaction whose
-batch id is not above the query's last published one was published before and is only cleaned up,
-so a batch that Spark replays after a failure does not reach the job twice.
+transaction, named ``(query, batch id)``, publishes all of its files in order. A transaction with
+the query's last published batch id is Spark replaying it after a failure: it is only cleaned up,
+so it does not reach the job twice. A lower batch id means the query's checkpoint was reset, and
+is refused rather than dropped.
 """
 
 from __future__ import annotations
