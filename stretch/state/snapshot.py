@@ -1,0 +1,137 @@
+"""Key-group snapshots: an operator's state (timers included) as Arrow IPC, restorable anywhere.
+
+A key group's structures are addressed by byte offsets held in its header, and every structure
+addresses its contents relative to itself, so a key group is relocatable: a snapshot stores the
+header and the live bytes of each structure it points to; a restore allocates each structure
+afresh in the target arena and rewrites the header's offsets. Snapshots hold key groups, not
+instances, so a checkpoint taken at one parallelism restores at any other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from stretch.state import _table_kernels as K
+from stretch.state.arena import Arena
+from stretch.state.keyed_table import KeyedTable, KeyMode, row_width
+
+_BATCH_BYTES = 64 << 20
+SCHEMA = pa.schema(
+    [
+        ("key_group", pa.int32()),
+        ("word", pa.int32()),  # the header word holding this block's offset; -1: the header itself
+        ("capacity", pa.int64()),  # bytes to allocate on restore (the block's size in the arena)
+        ("data", pa.large_binary()),  # the block's live bytes
+    ]
+)
+
+
+def _blocks(table: KeyedTable, kg: int, registry: list[dict]):
+    """(header word, capacity bytes, live bytes) of every structure of key group `kg`."""
+    h = table.headers[kg]
+    n = int(h[K.H_NKEYS])
+    byte_keys = table.mode() not in (None, KeyMode.INT64)
+    width = 16 if byte_keys else 8
+    yield K.H_INDEX_OFF, int(h[K.H_INDEX_CAP]) * 4, int(h[K.H_INDEX_CAP]) * 4
+    yield K.H_KEYS_OFF, int(h[K.H_KEYS_CAP]) * width, n * width
+    if byte_keys:
+        yield K.H_KHASH_OFF, int(h[K.H_KEYS_CAP]) * 8, n * 8
+        yield K.H_KHEAP_OFF, int(h[K.H_KHEAP_CAP]), int(h[K.H_KHEAP_USED])
+    for sid, entry in enumerate(registry):
+        base = K.STATE_BASE + sid * K.STATE_WORDS
+        c = h[base : base + K.STATE_WORDS]
+        cap = int(c[K.S_DATA_CAP])
+        if entry["storage"] == "heap":  # timer heaps: (timestamp, row) pairs
+            yield base + K.S_DATA_OFF, cap * 16, int(c[K.S_HEAP_USED]) * 16
+            continue
+        w = row_width(entry)
+        yield base + K.S_DATA_OFF, cap * w, min(n, cap) * w
+        yield base + K.S_VALID_OFF, cap, min(n, cap)
+        yield base + K.S_HEAP_OFF, int(c[K.S_HEAP_CAP]), int(c[K.S_HEAP_USED])
+
+
+def snapshot_key_groups(table: KeyedTable, key_groups, path: Path) -> int:
+    """Write the given key groups to an Arrow IPC file; returns its size in bytes.
+
+    The caller owns these key groups and does not write them meanwhile (an instance at a barrier).
+    Batches are cut at about 64 MiB, so writing needs little memory besides the state itself.
+    """
+    a8 = table.arena.a8
+    registry = table.arena.registry()
+    tmp = path.with_name(path.name + ".tmp")
+    with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_file(f, SCHEMA) as writer:
+        rows: list[tuple] = []
+        pending = 0
+        for kg in map(int, key_groups):
+            if not table.headers[kg, K.H_NKEYS]:
+                continue
+            header = table.headers[kg].copy()
+            rows.append((kg, -1, K.KG_WORDS * 8, header))
+            for word, cap, live in _blocks(table, kg, registry):
+                off = int(header[word])
+                header[word] = 0  # set again on restore, where the block is allocated
+                if off and cap:
+                    rows.append((kg, word, cap, a8[off : off + live]))
+                    pending += live
+            if pending >= _BATCH_BYTES:
+                writer.write_batch(_batch(rows))
+                rows, pending = [], 0
+        if rows:
+            writer.write_batch(_batch(rows))
+    tmp.replace(path)
+    return path.stat().st_size
+
+
+def _batch(rows: list[tuple]) -> pa.RecordBatch:
+    kgs, words, caps, data = zip(*rows)
+    return pa.record_batch(
+        [
+            pa.array(kgs, pa.int32()),
+            pa.array(words, pa.int32()),
+            pa.array(caps, pa.int64()),
+            pa.array([memoryview(d).cast("B") for d in data], pa.large_binary()),
+        ],
+        schema=SCHEMA,
+    )
+
+
+def restore_key_groups(arena: Arena, path: Path) -> int:
+    """Load a snapshot file into a fresh arena (its key groups must be empty); returns key groups."""
+    with pa.memory_map(str(path)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    headers = arena.headers
+    restored = 0
+    for batch in table.to_batches():
+        kgs = batch.column(0).to_numpy()
+        words = batch.column(1).to_numpy()
+        caps = batch.column(2).to_numpy()
+        data = batch.column(3)
+        for i in range(batch.num_rows):
+            kg, word = int(kgs[i]), int(words[i])
+            raw = data[i].as_buffer()
+            if word < 0:
+                header = np.frombuffer(raw, dtype=np.int64).copy()
+                header[K.H_VERSION] = 0
+                headers[kg] = header
+                restored += 1
+                continue
+            off = arena.alloc(int(caps[i]))
+            arena.a8[off : off + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+            headers[kg, word] = off
+    return restored
+
+
+def describe_arena(arena: Arena) -> dict:
+    """What a restore needs besides the key groups: the key type and the declared states."""
+    return {"key_mode": arena.key_mode(), "registry": arena.registry()}
+
+
+def prepare_arena(arena: Arena, description: dict) -> None:
+    """Declare a snapshot's key type and states (in their ids' order) in a fresh arena."""
+    if description["key_mode"]:
+        arena.claim_key_mode(description["key_mode"])
+    for entry in description["registry"]:
+        arena.register_state(entry)
