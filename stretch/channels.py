@@ -163,7 +163,7 @@ class ChannelReader:
     def read_batch(self, timeout: float | None = None) -> pa.RecordBatch | None:
         """The next batch, None at the end of the stream; TimeoutError if none came in time."""
         while True:
-            if self.offset < self.log.end_offset:
+            if self.offset < self.log.readable_end:
                 (batch,) = self.log.read(self.offset, self.offset + 1)
                 self.offset += 1
                 return batch
@@ -171,11 +171,11 @@ class ChannelReader:
             if tail is None or tail.state == LogTail.ENDED:
                 if tail is None and not self.log.ended:
                     raise RuntimeError(f"the job producing channel {self.name!r} stopped before its end")
-                if self.offset >= self.log.end_offset:
+                if self.offset >= self.log.readable_end:
                     return None
                 continue
             if tail.state == LogTail.FAILED:
-                if self.offset >= self.log.end_offset:
+                if self.offset >= self.log.readable_end:
                     raise RuntimeError(f"the job producing channel {self.name!r} stopped before its end")
                 continue
             if not tail.wait(self.offset, timeout):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -66,6 +67,18 @@ def cmd_status(args) -> int:
         print(json.dumps(status, indent=2))
         return 0
     print(f"job {status['job_id']}  {status['name']!r}  {status['status']}")
+    ck = status.get("checkpoints")
+    if ck is not None:
+        latest = ck["latest"]
+        line = (
+            f"checkpoint {latest['id']} ({latest['duration_ms']:.0f} ms, {latest['bytes'] / 1e6:,.1f} MB, "
+            f"{time.time() - latest['completed_at']:.1f} s ago)"
+            if latest
+            else "none yet"
+        )
+        print(
+            f"  checkpoints: {line}; {ck['completed']} completed, {ck['failed']} failed, {ck['recoveries']} recoveries"
+        )
     for op in status["operators"]:
         print(
             f"  operator {op['name']!r}: parallelism {op['parallelism']}, epoch {op['epoch']}, "
@@ -112,6 +125,31 @@ def cmd_scale(args) -> int:
     return 0
 
 
+def cmd_checkpoint(args) -> int:
+    job = _find(args.job)
+    try:
+        reply = request(job["socket"], {"op": "checkpoint"})
+    except (ConnectionError, OSError):
+        raise SystemExit(f"stretch: job {args.job!r} ended before answering") from None
+    if not reply.get("ok"):
+        raise SystemExit(f"stretch: {reply.get('error')}")
+    print(f"checkpoint {reply['id']} complete in {reply['duration_ms']:.1f} ms ({reply['bytes']:,} bytes)")
+    return 0
+
+
+def cmd_run(args) -> int:
+    """Run a job script; with --restore its job starts from its latest complete checkpoint."""
+    import runpy
+
+    from stretch.datastream.stream_execution_environment import RESTORE_ENV
+
+    if args.restore:
+        os.environ[RESTORE_ENV] = "1"
+    sys.argv = [args.script, *args.args]
+    runpy.run_path(args.script, run_name="__main__")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from stretch import demo
 
@@ -145,6 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("operator", help="operator name")
     p.add_argument("parallelism", type=int)
     p.set_defaults(func=cmd_scale)
+    p = sub.add_parser("checkpoint", help="take a checkpoint of a running job now")
+    p.add_argument("job", help="job id (or a unique prefix) or job name")
+    p.set_defaults(func=cmd_checkpoint)
+    p = sub.add_parser("run", help="run a job script (python file)")
+    p.add_argument("script")
+    p.add_argument("--restore", action="store_true", help="start from the job's latest complete checkpoint")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    p.set_defaults(func=cmd_run)
     p = sub.add_parser("jobs", help="list running jobs on this machine")
     p.set_defaults(func=cmd_jobs)
     p = sub.add_parser("status", help="describe a running job")

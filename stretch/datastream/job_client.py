@@ -113,6 +113,11 @@ class JobClient:
         """
         return RescaleReport(**self._coordinator.rescale(operator_name, parallelism))
 
+    def trigger_checkpoint(self) -> dict:
+        """Take a checkpoint now (the job must have checkpointing enabled); returns its report
+        (id, duration_ms, bytes) once it is complete."""
+        return self._coordinator.trigger_checkpoint()
+
     def describe(self) -> dict:
         """Operators, parallelism, epoch, gate depth and per-instance counters (as `stretch status`)."""
         return self._coordinator.describe()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from stretch.common.records import to_batch
@@ -28,6 +29,9 @@ class _CollectionSource(Source):
     def create_reader(self, context=None):
         for start in range(0, self.batch.num_rows, self.chunk_rows):
             yield self.batch.slice(start, self.chunk_rows)
+
+
+RESTORE_ENV = "STRETCH_RESTORE"  # set by `stretch run --restore`
 
 
 class StreamExecutionEnvironment:
@@ -113,6 +117,21 @@ class StreamExecutionEnvironment:
         self.engine_config.metrics = (host, int(port))
         return self
 
+    def enable_checkpointing(self, interval_ms: int | None = None) -> StreamExecutionEnvironment:
+        """Take a checkpoint every ``interval_ms`` (None: only when triggered), making the job
+        fault tolerant: a worker that dies is recovered from the latest checkpoint, and the job's
+        sinks and output channels publish each result exactly once, when the checkpoint covering
+        it completes. Sources must be replayable (every built-in source and durable channel is).
+        """
+        if interval_ms is not None and (not isinstance(interval_ms, int) or interval_ms <= 0):
+            raise ValueError(f"interval_ms must be a positive int or None, got {interval_ms!r}")
+        self.engine_config.checkpointing = True
+        self.engine_config.checkpoint_interval_ms = interval_ms
+        return self
+
+    def is_checkpointing_enabled(self) -> bool:
+        return self.engine_config.checkpointing
+
     # ---- sources -----------------------------------------------------------------------
     def _source(self, source: Source, name: str, type_info=None, watermark_strategy=None) -> DataStream:
         spec = {"source": source, "watermark_strategy": watermark_strategy}
@@ -144,20 +163,31 @@ class StreamExecutionEnvironment:
     def _add_sink(self, t: Transformation) -> None:
         self._sinks.append(t)
 
-    def _submit(self, sinks: list[Transformation], job_name: str | None) -> tuple[Coordinator, JobClient]:
+    def _submit(
+        self, sinks: list[Transformation], job_name: str | None, restore: bool | None = None
+    ) -> tuple[Coordinator, JobClient]:
         plan = compile_plan(sinks, self._parallelism, self._max_parallelism)
-        coordinator = Coordinator(plan, job_name or DEFAULT_JOB_NAME, self.engine_config)
+        if restore is None:
+            restore = os.environ.get(RESTORE_ENV) == "1"
+        if restore and not self.engine_config.checkpointing:
+            raise ValueError("restore needs checkpointing: call env.enable_checkpointing() first")
+        config = dataclasses.replace(self.engine_config, restore=restore)
+        coordinator = Coordinator(plan, job_name or DEFAULT_JOB_NAME, config)
         return coordinator, JobClient(coordinator)
 
-    def execute_async(self, job_name: str = DEFAULT_JOB_NAME) -> JobClient:
-        """Start the job and return at once; the JobClient follows, rescales or cancels it."""
+    def execute_async(self, job_name: str = DEFAULT_JOB_NAME, restore: bool | None = None) -> JobClient:
+        """Start the job and return at once; the JobClient follows, rescales or cancels it.
+
+        ``restore``: start from the latest complete checkpoint of the job of this name (a job whose
+        process died), at this job's parallelism. Default: ``stretch run --restore`` sets it.
+        """
         sinks, self._sinks = self._sinks, []
-        _, client = self._submit(sinks, job_name)
+        _, client = self._submit(sinks, job_name, restore)
         return client._start()
 
-    def execute(self, job_name: str | None = None) -> JobExecutionResult:
+    def execute(self, job_name: str | None = None, restore: bool | None = None) -> JobExecutionResult:
         """Run the job to completion (bounded inputs) and return its result; raises if it fails."""
-        client = self.execute_async(job_name or DEFAULT_JOB_NAME)
+        client = self.execute_async(job_name or DEFAULT_JOB_NAME, restore)
         try:
             client.wait()
         except KeyboardInterrupt:

@@ -66,6 +66,26 @@ class ChannelLog:
         return self._index.stat().st_size // (8 * _ENTRY)
 
     @property
+    def readable_end(self) -> int:
+        """Where readers stop: the end, or for a checkpointed job's output, the end of what its
+        latest complete checkpoint covers (batches after it may still be rolled back)."""
+        end = self.end_offset
+        try:
+            return min(end, int((self.dir / "committed").read_text()))
+        except (FileNotFoundError, ValueError):
+            return end
+
+    def set_committed(self, offset: int | None) -> None:
+        """Make readers stop at ``offset`` (None: at the end; a log written without checkpoints)."""
+        path = self.dir / "committed"
+        if offset is None:
+            path.unlink(missing_ok=True)
+            return
+        tmp = self.dir / "committed.tmp"
+        tmp.write_text(str(offset))
+        tmp.replace(path)
+
+    @property
     def start_offset(self) -> int:
         """The oldest offset still held."""
         segments = self._segments()
@@ -104,6 +124,22 @@ class ChannelLog:
         with open(self._index, "ab", buffering=0) as index:
             index.write(np.array([first, position, data.size], dtype=np.int64).tobytes())
         return offset
+
+    def truncate(self, offset: int) -> None:
+        """Drop the batches from ``offset`` on (output that a failed run appended but never
+        committed); the next append gets ``offset`` again."""
+        if offset >= self.end_offset:
+            return
+        first, position, _ = self._entries(offset, offset + 1)[0].tolist()
+        self.close()
+        for seg in self._segments():
+            if seg > first:
+                self._path(seg).unlink(missing_ok=True)
+        if position:
+            os.truncate(self._path(first), position)
+        else:
+            self._path(first).unlink(missing_ok=True)
+        os.truncate(self._index, offset * 8 * _ENTRY)
 
     def resume(self) -> None:
         """A new run appends to the log: it is no longer complete."""

@@ -25,6 +25,7 @@ I_LAST_STALL_NS, I_LAST_GAINED = 10, 11  # the latest marker: how long it waited
 I_ACTIVE = 12  # the epoch whose ownership the instance processes under (after its handoff waits)
 I_ACTIVE_AT_NS = 13  # CLOCK_MONOTONIC time it became active under that epoch
 I_WATERMARK = 14  # the instance's input watermark (event time, ms); 0 before the first
+I_CHECKPOINT = 15  # the latest checkpoint barrier the instance passed (its snapshot written)
 I_WORDS = 16
 # Instance states.
 FREE, RUNNING, DONE = 0, 1, 2
@@ -32,6 +33,11 @@ FREE, RUNNING, DONE = 0, 1, 2
 _OP_HEADER = 64  # epoch, parallelism, switch futex...
 _WM_BYTES = 64 * 1024  # the watermark tracking state saved at the latest epoch marker
 O_EPOCH, O_PARALLELISM, O_SWITCH_FUTEX = 0, 1, 2
+# Job-wide words after the operators' areas: checkpoint barriers (see runtime.checkpointing).
+_JOB_WORDS = 1024
+J_REQUEST, J_FUTEX, _J_STAGES = 0, 1, 16
+S_REACHED, S_RELEASED, S_POSITION = 0, 1, 2  # per stage, 4 words each
+MAX_STAGES = (_JOB_WORDS - _J_STAGES) // 4
 
 
 class ControlBlock:
@@ -49,7 +55,8 @@ class ControlBlock:
     @staticmethod
     def size(n_operators: int, max_parallelism: int) -> int:
         table_bytes = (TABLE_RING * max_parallelism * 2 + 63) // 64 * 64
-        return max(n_operators, 1) * (_OP_HEADER * 8 + table_bytes + MAX_INSTANCES * I_WORDS * 8 + _WM_BYTES)
+        per_op = _OP_HEADER * 8 + table_bytes + MAX_INSTANCES * I_WORDS * 8 + _WM_BYTES
+        return max(n_operators, 1) * per_op + _JOB_WORDS * 8
 
     @classmethod
     def create(cls, prefix: str, n_operators: int, max_parallelism: int) -> ControlBlock:
@@ -150,6 +157,45 @@ class ControlBlock:
 
     def epoch(self, op: int) -> int:
         return self.segment.region.load64(self.epoch_word(op))
+
+    # ---- checkpoint barriers -------------------------------------------------------------------
+    def _job_word(self, word: int) -> int:
+        return max(self.n_operators, 1) * self._op_bytes + word * 8
+
+    def stage_word(self, stage: int, word: int) -> int:
+        """Byte offset of a stage's checkpoint word (S_REACHED, S_RELEASED, S_POSITION)."""
+        if stage >= MAX_STAGES:
+            raise ValueError(f"a checkpointed job has at most {MAX_STAGES} stages")
+        return self._job_word(_J_STAGES + stage * 4 + word)
+
+    def load(self, offset: int) -> int:
+        return self.segment.region.load64(offset)
+
+    def signal(self, offset: int, value: int) -> None:
+        """Store a checkpoint word and wake everyone waiting on one (request, reached, released)."""
+        r = self.segment.region
+        r.store64(offset, value)
+        futex = self._job_word(J_FUTEX)
+        r.fetch_add32(futex, 1)
+        r.wake32(futex)
+
+    @property
+    def request_word(self) -> int:
+        return self._job_word(J_REQUEST)
+
+    def wait_checkpoint(self, ready, timeout: float) -> bool:
+        """Sleep until ``ready()`` (re-checked at every checkpoint signal); False on timeout."""
+        r = self.segment.region
+        futex = self._job_word(J_FUTEX)
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = r.load32(futex)
+            if ready():
+                return True
+            left = min(0.05, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            r.wait32(futex, seen, left)
 
     def close(self) -> None:
         self.segment.close()

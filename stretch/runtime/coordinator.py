@@ -9,10 +9,12 @@ workers read and write the gates directly.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import queue
 import secrets
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from stretch.plan.stages import JobPlan
 from stretch.runtime import control_block as cbk
 from stretch.runtime import shm
 from stretch.runtime.channel_log import ChannelLog, LogTail
+from stretch.runtime.checkpointing import Checkpointer, CheckpointStore
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.control_socket import ControlServer, runtime_dir
 from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
@@ -39,6 +42,7 @@ from stretch.runtime.state_dir import JobDir
 from stretch.runtime.zygote import Zygote
 from stretch.state.arena import Arena
 from stretch.state.key_groups import assignment as range_assignment
+from stretch.state.snapshot import prepare_arena, restore_key_groups
 
 
 @dataclass
@@ -51,6 +55,9 @@ class EngineConfig:
     channel_retention_bytes: int = 1 << 30  # an output channel's log keeps at most this much
     metrics: tuple[str, int] | None = None  # (host, port) of the Prometheus endpoint, if any
     spare_workers: int = 4  # warm, idle workers kept for rescales (replenished after each)
+    checkpointing: bool = False  # barriers, snapshots and transactional sinks (enable_checkpointing)
+    checkpoint_interval_ms: int | None = None  # periodic checkpoints; None: on demand only
+    restore: bool = False  # start from the job's latest complete checkpoint, if it has one
     elasticity: ElasticityConfig | None = None
     shutdown_timeout: float = 10.0
 
@@ -85,6 +92,15 @@ class Coordinator:
 
     def __init__(self, plan: JobPlan, job_name: str, config: EngineConfig | None = None):
         self.plan = plan
+        self.exclusive = threading.RLock()  # rescales, checkpoints and recoveries take turns
+        self.generation = 0  # bumped by each recovery: waiters of an earlier one give up
+        self.checkpointer: Checkpointer | None = None
+        self.recoveries: list[dict] = []  # reports of recoveries from worker failures
+        self.restored_from: int | None = None  # the checkpoint this run started from
+        self._positions: dict[int, int] = {}  # source stage id -> position to restart at
+        self._log_starts: dict[int, int] = {}  # channel source stage -> its log's end as the run began
+        self._channel_logs: dict[str, tuple[str, str]] = {}  # input channel -> (log directory, tail)
+        self._worker_ids = itertools.count()
         self.job_name = job_name
         self.job_id = secrets.token_hex(16)
         self.config = config or EngineConfig()
@@ -119,7 +135,8 @@ class Coordinator:
         self.input_channels: dict[str, Gate] = {}
         self.direct_channels: dict = {}  # channel name -> source stage whose writers feed a gate
         self.output_channels: dict[str, _OutputChannel] = {}
-        self.job_dir: JobDir | None = None  # held while the job runs, if it keeps channel logs
+        self.job_dir: JobDir | None = None  # held while the job runs, if it keeps logs or checkpoints
+        self._dataplane: list = []  # segments rebuilt by a recovery (see _build_dataplane)
         self._loggers: list[InputLogger] = []
         self._metrics = None  # (server, thread, port) of the Prometheus endpoint
         self._ended_channels: set[str] = set()
@@ -169,33 +186,35 @@ class Coordinator:
     def _start(self) -> None:
         shm.reap_dead_engines()
         cfg, plan = self.config, self.plan
-        prefix = shm.engine_prefix()
-        keyed = [s for s in plan.stages if s.kind == "keyed"]
-        self.control = ControlBlock.create(prefix, len(keyed), plan.max_parallelism)
-        self._segments.append(self.control)
-        res = JobResources(prefix, self.control.segment.name, len(keyed), plan.max_parallelism)
-        for gate_id in plan.gate_producers:
-            consumer = next(s for s in plan.stages if s.input_gate == gate_id)
-            g = Gate.create(  # a reader slot per instance, and one for an input channel's log
-                prefix, "gate", cfg.gate_slots, cfg.gate_bytes, max_readers=consumer.max_parallelism + 1
-            )
-            self.gates[gate_id] = g
-            res.gates[gate_id] = g.name
-            self._segments.append(g.segment)
+        self.prefix = shm.engine_prefix()
+        restore = None
+        if cfg.checkpointing:
+            for stage in plan.stages:
+                if getattr(stage.source, "channel_name", None) is not None:
+                    if not getattr(stage.source, "durable", False):
+                        raise ValueError(
+                            f"channel {stage.source.channel_name!r} is not durable, so a checkpointed job "
+                            "could not replay it: use ChannelSource(..., durable=True)"
+                        )
+                    stage.direct = False  # writers append to the channel's gate; the job reads its log
+            self.job_dir = JobDir(self.job_name, self.job_id)
+            store = CheckpointStore(self.job_dir.path / "checkpoints")
+            self.checkpointer = Checkpointer(self, store, cfg.checkpoint_interval_ms)
+            if cfg.restore:
+                restore = store.latest()
+                if restore is not None and restore["max_parallelism"] != plan.max_parallelism:
+                    raise ValueError(
+                        f"checkpoint {restore['id']} has max parallelism {restore['max_parallelism']}; "
+                        f"the job has {plan.max_parallelism}: key groups must match to restore"
+                    )
         for sink in plan.sinks:
-            if sink.runs_in == "instance":
-                res.sinks[sink.id] = sink
-                continue
-            g = Gate.create(prefix, "sink", cfg.gate_slots, cfg.sink_gate_bytes)
-            g.open_reader(0, 0)
-            self.sink_gates[sink.id] = g
-            res.sink_gates[sink.id] = g.name
-            self._segments.append(g.segment)
-            if isinstance(sink.sink, ChannelSink):
+            if sink.runs_in == "job" and isinstance(sink.sink, ChannelSink):
                 if sink.sink.name in self.output_channels:
                     raise ValueError(f"two sinks write to channel {sink.sink.name!r}: give each its own name")
                 log = self._channel_log(sink.sink.name, "out")
-                tail = LogTail.create(prefix, log.end_offset)
+                if restore is not None:  # output after the checkpoint is made again by this run
+                    log.truncate(restore["outputs"].get(sink.sink.name, log.end_offset))
+                tail = LogTail.create(self.prefix, log.end_offset)
                 self._segments.append(tail.segment)
                 self.output_channels[sink.sink.name] = _OutputChannel(
                     log, tail, log.end_offset, sink.type_info
@@ -205,47 +224,35 @@ class Coordinator:
             durable = getattr(stage.source, "durable", False)
             if name is not None and stage.direct:
                 self.direct_channels[name] = stage
-                gate = self.gates[stage.chain[0].gate]
-                if durable:
-                    self._loggers.append(
-                        InputLogger(
-                            name,
-                            gate,
-                            gate.max_readers - 1,
-                            self._channel_log(name, "in"),
-                            producer_id(stage.id, 0),
-                        )
-                    )
             elif name is not None:
-                g = Gate.create(prefix, "channel", cfg.gate_slots, cfg.gate_bytes)
-                g.open_reader(0, 0)
+                g = Gate.create(self.prefix, "channel", cfg.gate_slots, cfg.gate_bytes)
+                if not cfg.checkpointing:  # else the source reads the channel's log, not its gate
+                    g.open_reader(0, 0)
                 self.input_channels[name] = g
-                res.channels[name] = g.name
                 self._segments.append(g.segment)
                 if durable:
-                    self._loggers.append(InputLogger(name, g, 1, self._channel_log(name, "in")))
-        for op_index, stage in enumerate(keyed):
-            arena = Arena.create(prefix, stage.max_parallelism)
-            self.arenas[stage.id] = arena
-            res.arenas[stage.id] = arena.name
-            res.keyed_index[stage.id] = op_index
-            self._segments.append(arena)
-            self.control.publish(op_index, 0, range_assignment(stage.parallelism, stage.max_parallelism))
-            gate = self.gates[stage.input_gate]
-            for i in range(stage.parallelism):
-                gate.open_reader(i, 0)
-            self._pending.extend((stage.id, i, 0) for i in range(stage.parallelism))
-            self._parallelism[stage.id] = stage.parallelism
+                    log = self._channel_log(name, "in")
+                    tail = None
+                    if cfg.checkpointing:  # its source reads the log: from here, or a checkpoint's offset
+                        tail = LogTail.create(self.prefix, log.end_offset)
+                        self._segments.append(tail.segment)
+                        self._channel_logs[name] = (str(log.dir), tail.name)
+                        self._log_starts[stage.id] = log.end_offset
+                    self._loggers.append(InputLogger(name, g, 1, log, tail=tail))
+        self._build_dataplane(restore)
         for stage in plan.stages:
-            if stage.kind == "source":
-                self._parallelism[stage.id] = 1
-                if not stage.direct:
-                    self._pending.append((stage.id, 0, 0))
-        for gate_id, stage_ids in plan.gate_producers.items():
-            res.producers[gate_id] = [
-                producer_id(s, i) for s in stage_ids for i in range(self._parallelism.get(s, 1))
-            ]
-        self.resources = res
+            name = getattr(stage.source, "channel_name", None)
+            if name is not None and stage.direct and getattr(stage.source, "durable", False):
+                gate = self.gates[stage.chain[0].gate]
+                self._loggers.append(
+                    InputLogger(
+                        name,
+                        gate,
+                        gate.max_readers - 1,
+                        self._channel_log(name, "in"),
+                        producer_id(stage.id, 0),
+                    )
+                )
         self._stage_blobs = {s.id: cloudpickle.dumps(s) for s in plan.stages}
         self.publisher.create()
         self._server = ControlServer(self.socket_path, self._token, self._on_message, self._on_close)
@@ -262,8 +269,8 @@ class Coordinator:
                 channel = self.output_channels.get(getattr(sink.sink, "name", None))
                 writer = None
                 if channel is not None:
-                    writer = channel.writer = ChannelLogWriter(channel.log, channel.tail)
-                runner = SinkRunner(sink, self.sink_gates[sink.id], self, writer)
+                    writer = channel.writer = ChannelLogWriter(channel.log, channel.tail, cfg.checkpointing)
+                runner = SinkRunner(sink, self.sink_gates[sink.id], self, writer, cfg.checkpointing)
                 self._sink_runners.append(runner)
                 runner.start()
         for logger in self._loggers:
@@ -272,10 +279,86 @@ class Coordinator:
         if cfg.elasticity is not None:
             self.controller = ElasticController(self, cfg.elasticity)
             self.controller.start()
+        if self.checkpointer is not None:
+            self.checkpointer.start()
         self._started.set()
 
+    def _build_dataplane(self, restore: dict | None) -> None:
+        """Create the segments that workers use (control block, gates, sink gates, state arenas)
+        and the tasks to start, from a checkpoint's state and positions if ``restore``.
+
+        A recovery builds them anew and drops the old ones: nothing of a failed attempt is reused.
+        """
+        cfg, plan, prefix = self.config, self.plan, self.prefix
+        self._dataplane = []
+        keyed = [s for s in plan.stages if s.kind == "keyed"]
+        self.control = ControlBlock.create(prefix, len(keyed), plan.max_parallelism)
+        self._dataplane.append(self.control)
+        res = JobResources(prefix, self.control.segment.name, len(keyed), plan.max_parallelism)
+        if self.checkpointer is not None:
+            res.checkpoints = str(self.checkpointer.store.dir)
+        self.gates, self.sink_gates, self.arenas = {}, {}, {}
+        for gate_id in plan.gate_producers:
+            consumer = next(s for s in plan.stages if s.input_gate == gate_id)
+            g = Gate.create(  # a reader slot per instance, and one for an input channel's log
+                prefix, "gate", cfg.gate_slots, cfg.gate_bytes, max_readers=consumer.max_parallelism + 1
+            )
+            self.gates[gate_id] = g
+            res.gates[gate_id] = g.name
+            self._dataplane.append(g.segment)
+        for sink in plan.sinks:
+            if sink.runs_in == "instance":
+                res.sinks[sink.id] = sink
+                continue
+            g = Gate.create(prefix, "sink", cfg.gate_slots, cfg.sink_gate_bytes)
+            g.open_reader(0, 0)
+            self.sink_gates[sink.id] = g
+            res.sink_gates[sink.id] = g.name
+            self._dataplane.append(g.segment)
+        for name, g in self.input_channels.items():
+            res.channels[name] = g.name
+        self._pending = []
+        self._stages = {s.id: _StageState() for s in plan.stages}
+        self._finished_gates = set()
+        for op_index, stage in enumerate(keyed):
+            arena = Arena.create(prefix, stage.max_parallelism)
+            self.arenas[stage.id] = arena
+            res.arenas[stage.id] = arena.name
+            res.keyed_index[stage.id] = op_index
+            self._dataplane.append(arena)
+            saved = restore["operators"].get(stage.name) if restore is not None else None
+            if saved is not None:
+                prepare_arena(arena, saved)
+                directory = self.checkpointer.store.path(restore["id"])
+                for f in saved["files"]:
+                    if (directory / f).exists():
+                        restore_key_groups(arena, directory / f)
+            p = self._parallelism.get(stage.id, stage.parallelism)
+            self.control.publish(op_index, 0, range_assignment(p, stage.max_parallelism))
+            gate = self.gates[stage.input_gate]
+            for i in range(p):
+                gate.open_reader(i, 0)
+            self._pending.extend((stage.id, i, 0) for i in range(p))
+            self._parallelism[stage.id] = p
+        res.channel_logs = dict(self._channel_logs)
+        self._positions = dict(self._log_starts)  # channel sources start at the log's end
+        if restore is not None:
+            self._positions.update({int(k): v for k, v in restore["sources"].items()})
+        if restore is not None:
+            self.restored_from = restore["id"]
+        for stage in plan.stages:
+            if stage.kind == "source":
+                self._parallelism[stage.id] = 1
+                if not stage.direct:
+                    self._pending.append((stage.id, 0, 0))
+        for gate_id, stage_ids in plan.gate_producers.items():
+            res.producers[gate_id] = [
+                producer_id(s, i) for s in stage_ids for i in range(self._parallelism.get(s, 1))
+            ]
+        self.resources = res
+
     def _spawn_worker(self) -> _Worker:
-        wid = len(self._workers)
+        wid = next(self._worker_ids)
         w = self._workers[wid] = _Worker(wid)
         w.pid = self._zygote.fork(wid)
         return w
@@ -359,15 +442,16 @@ class Coordinator:
             self._assign(w)
         elif op in ("done", "stopped", "failed"):
             w = self._workers.get(conn.worker)
-            if w is not None:
-                w.task = None
+            if w is None:  # a worker of an attempt that a recovery ended
+                return
+            w.task = None
             if op == "failed":
                 self._fail(_job_error(msg["error"], self.plan.stages[msg["stage"]].name))
             elif op == "done" and msg.get("retired"):
                 self._stages[msg["stage"]].running.discard(msg["index"])  # its worker rejoins the pool
             elif op == "done":
                 self._instance_done(msg["stage"], msg["index"])
-            if w is not None and self.status is JobStatus.RUNNING:
+            if self.status is JobStatus.RUNNING:
                 self._assign(w)
         elif op == "status":
             conn.send(self.describe())
@@ -384,6 +468,8 @@ class Coordinator:
             conn.send(self._channel_request(op, msg))
         elif op == "scale":
             threading.Thread(target=self._scale_request, args=(conn, msg), daemon=True).start()
+        elif op == "checkpoint":
+            threading.Thread(target=self._checkpoint_request, args=(conn,), daemon=True).start()
         elif op in ("channel_publish", "channel_discard"):
             threading.Thread(target=self._publish_request, args=(conn, op, msg), daemon=True).start()
         else:
@@ -395,7 +481,15 @@ class Coordinator:
         stage_id, index, epoch = self._pending.pop(0)
         w.task = (stage_id, index)
         self._stages[stage_id].running.add(index)
-        w.conn.send({"op": "run", "stage": stage_id, "index": index, "epoch": epoch})
+        w.conn.send(
+            {
+                "op": "run",
+                "stage": stage_id,
+                "index": index,
+                "epoch": epoch,
+                "position": self._positions.get(stage_id, 0),
+            }
+        )
 
     def _idle_workers(self) -> list[_Worker]:
         return [w for w in self._workers.values() if w.conn is not None and w.task is None and not w.exited]
@@ -431,9 +525,101 @@ class Coordinator:
         w.exited = True
         if w.task is not None and self.status is JobStatus.RUNNING:
             stage = self.plan.stages[w.task[0]]
-            self._fail(
-                JobExecutionError(f"worker {w.pid} running operator {stage.name!r} exited unexpectedly")
+            message = f"worker {w.pid} running operator {stage.name!r} exited unexpectedly"
+            if self.checkpointer is None:
+                self._fail(JobExecutionError(message))
+            else:
+                self._recover(message)
+
+    # ---- recovery ---------------------------------------------------------------------------
+    def _recover(self, reason: str) -> None:
+        """A worker died: restart every task from the latest complete checkpoint.
+
+        Every worker is killed and every gate, arena and the control block are built anew; the
+        state comes from the checkpoint's key-group files, sources restart at its positions, and
+        the sinks drop what they had not committed. Readers of the output thus see each result
+        exactly once. Input channel gates and logs, which outside writers use, are kept.
+        """
+        t0 = time.monotonic()
+        self.status = JobStatus.RESTARTING
+        self.generation += 1  # a checkpoint or rescale under way gives up and lets go
+        while not self.exclusive.acquire(timeout=0.05):
+            self._refuse_rescales()
+        try:
+            workers = [w for w in self._workers.values() if w.pid]
+            for w in workers:
+                w.exited = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.pid, signal.SIGKILL)
+            self._workers.clear()
+            deadline = time.monotonic() + self.config.shutdown_timeout
+            while any(_alive(w.pid) for w in workers) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            old = self._dataplane
+            latest = self.checkpointer.store.latest()
+            self._build_dataplane(latest)
+            for runner in self._sink_runners:
+                name = getattr(runner.spec.sink, "name", None)
+                out = self.output_channels.get(name)
+                offset = None
+                if out is not None:
+                    offset = latest["outputs"].get(name, out.run_start) if latest else out.run_start
+                runner.replace_gate(self.sink_gates[runner.spec.id], offset, self.config.shutdown_timeout)
+            for seg in old:
+                with contextlib.suppress(Exception):
+                    seg.close()
+            for _ in range(len(self._pending) + self.config.spare_workers):
+                self._spawn_worker()
+            self.status = JobStatus.RUNNING
+            self.recoveries.append(
+                {
+                    "reason": reason,
+                    "checkpoint": latest["id"] if latest else None,
+                    "elapsed_ms": (time.monotonic() - t0) * 1000,
+                    "at": time.time(),
+                }
             )
+        finally:
+            self.exclusive.release()
+
+    def _refuse_rescales(self) -> None:
+        """While recovering: answer rescale requests (their callers hold the turn we wait for)."""
+        kept = []
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                break
+            if event[0] == "rescale":
+                event[3].put(RuntimeError("the job is recovering from a failure; retry the rescale"))
+            else:
+                kept.append(event)
+        for event in kept:
+            self._events.put(event)
+
+    # ---- checkpoints (see runtime.checkpointing) ------------------------------------------
+    def trigger_checkpoint(self) -> dict:
+        if self.checkpointer is None:
+            raise RuntimeError("checkpointing is off for this job: call env.enable_checkpointing() first")
+        return self.checkpointer.trigger()
+
+    def accepting_checkpoints(self) -> bool:
+        return self.status is JobStatus.RUNNING and not self._stopping
+
+    def parallelism_of(self, stage_id: int) -> int:
+        return self._parallelism[stage_id]
+
+    def stage_finished(self, stage_id: int) -> bool:
+        st = self._stages[stage_id]
+        return st.finished or (self.plan.stages[stage_id].kind == "source" and 0 in st.done)
+
+    @property
+    def sink_runners(self) -> list[SinkRunner]:
+        return self._sink_runners
+
+    def checkpoint_failed(self, error: BaseException) -> None:
+        self.checkpoint_failures = getattr(self, "checkpoint_failures", 0) + 1
+        self.last_checkpoint_error = f"{type(error).__name__}: {error}"
 
     def _fail(self, error: BaseException) -> None:
         if self.error is None:
@@ -475,41 +661,46 @@ class Coordinator:
                     break
             busy.wait()
         try:
-            if self.status is not JobStatus.RUNNING:
-                raise RuntimeError(f"the job is {self.status.name}; only a running job rescales")
-            ticket: queue.Queue = queue.Queue()
-            self._events.put(("rescale", stage.id, parallelism, ticket))
-            prepared = ticket.get()
-            if isinstance(prepared, BaseException):
-                raise prepared
-            op, epoch, old, instances = prepared
-            deadline = time.monotonic() + timeout
-            while True:
-                if self._stopping or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"rescale of {operator!r} did not complete (job {self.status.name})"
-                    ) from self.error
-                if self.control.wait_epochs(op, instances, epoch, timeout=0.05, word=cbk.I_ACTIVE):
-                    break
-            # completed when the last instance became active (its own clock reading), not when this
-            # thread got to run again: the report times the rescale, not the caller's scheduling
-            done_at = max(int(self.control.instances(op)[i, cbk.I_ACTIVE_AT_NS]) for i in instances)
-            elapsed = (done_at - t0) / 1e6
-            self._events.put(("replenish",))  # refill the warm pool now that the rescale is done
-            report = {
-                "operator": operator,
-                "epoch": epoch,
-                "old_parallelism": old,
-                "new_parallelism": parallelism,
-                "elapsed_ms": elapsed,
-                "state_bytes_copied": 0,
-            }
-            self.rescales.append({**report, "at": time.time()})
-            return report
+            with self.exclusive:
+                return self._rescale(stage, operator, parallelism, timeout, t0)
         finally:
             with self._rescale_lock:
                 del self._rescaling[stage.id]
             done.set()
+
+    def _rescale(self, stage, operator: str, parallelism: int, timeout: float, t0: int) -> dict:
+        if self.status is not JobStatus.RUNNING:
+            raise RuntimeError(f"the job is {self.status.name}; only a running job rescales")
+        generation = self.generation
+        ticket: queue.Queue = queue.Queue()
+        self._events.put(("rescale", stage.id, parallelism, ticket))
+        prepared = ticket.get()
+        if isinstance(prepared, BaseException):
+            raise prepared
+        op, epoch, old, instances = prepared
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._stopping or self.generation != generation or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"rescale of {operator!r} did not complete (job {self.status.name})"
+                ) from self.error
+            if self.control.wait_epochs(op, instances, epoch, timeout=0.05, word=cbk.I_ACTIVE):
+                break
+        # completed when the last instance became active (its own clock reading), not when this
+        # thread got to run again: the report times the rescale, not the caller's scheduling
+        done_at = max(int(self.control.instances(op)[i, cbk.I_ACTIVE_AT_NS]) for i in instances)
+        elapsed = (done_at - t0) / 1e6
+        self._events.put(("replenish",))  # refill the warm pool now that the rescale is done
+        report = {
+            "operator": operator,
+            "epoch": epoch,
+            "old_parallelism": old,
+            "new_parallelism": parallelism,
+            "elapsed_ms": elapsed,
+            "state_bytes_copied": 0,
+        }
+        self.rescales.append({**report, "at": time.time()})
+        return report
 
     def _prepare_rescale(self, stage_id: int, parallelism: int):
         """In the job thread: publish the next epoch, place its marker, start added instances."""
@@ -549,6 +740,15 @@ class Coordinator:
             conn.send({"ok": True, **report})
         except (KeyError, ValueError, RuntimeError) as e:
             conn.send({"ok": False, "error": str(e.args[0]) if e.args else str(e)})
+
+    def _checkpoint_request(self, conn) -> None:
+        """`stretch checkpoint` from another process."""
+        try:
+            reply = {"ok": True, **self.trigger_checkpoint()}
+        except Exception as e:
+            reply = {"ok": False, "error": str(e)}
+        with contextlib.suppress(Exception):
+            conn.send(reply)
 
     def _channel_log(self, name: str, direction: str) -> ChannelLog:
         """A channel's durable log in the job's directory, continued by this run."""
@@ -705,6 +905,22 @@ class Coordinator:
             "name": self.job_name,
             "status": self.status.name,
             "operators": ops,
+            "checkpoints": self._describe_checkpoints(),
+        }
+
+    def _describe_checkpoints(self) -> dict | None:
+        c = self.checkpointer
+        if c is None:
+            return None
+        return {
+            "interval_ms": c.interval_ms,
+            "completed": len(c.history),
+            "latest": c.history[-1] if c.history else None,
+            "failed": getattr(self, "checkpoint_failures", 0),
+            "restored_from": self.restored_from,
+            "recoveries": len(self.recoveries),
+            "last_recovery": self.recoveries[-1] if self.recoveries else None,
+            "directory": str(c.store.dir),
         }
 
     # ---- shutdown ------------------------------------------------------------------------------
@@ -712,6 +928,8 @@ class Coordinator:
         self._stopping = True
         if self.controller is not None:
             self.controller.stop.set()
+        if self.checkpointer is not None:
+            self.checkpointer.stop.set()
         if self.status is not JobStatus.FINISHED:
             self._stop_everything()
         for w in self._workers.values():
@@ -735,6 +953,8 @@ class Coordinator:
                 logger.join()
         if self.controller is not None:
             self.controller.join(self.config.shutdown_timeout)
+        if self.checkpointer is not None:
+            self.checkpointer.join(self.config.shutdown_timeout)
         deadline = time.monotonic() + self.config.shutdown_timeout
         while self._rescaling and time.monotonic() < deadline:  # rescale waiters read the control block
             time.sleep(0.01)
@@ -748,7 +968,7 @@ class Coordinator:
             out.log.close()
         if self.job_dir is not None:
             self.job_dir.release()
-        for seg in self._segments:
+        for seg in (*self._segments, *getattr(self, "_dataplane", ())):
             with contextlib.suppress(Exception):
                 seg.close()
         if self.resources is not None:

@@ -11,15 +11,24 @@ from __future__ import annotations
 
 import threading
 
-from stretch.runtime.channel_log import ChannelLog
+from stretch.runtime.channel_log import ChannelLog, LogTail
 from stretch.runtime.gate import Gate, GateClosed, Kind
 
 
 class InputLogger(threading.Thread):
-    def __init__(self, name: str, gate: Gate, reader: int, log: ChannelLog, producer: int | None = None):
-        """``producer``: log only this producer's entries (a gate that other stages also feed)."""
+    def __init__(
+        self,
+        name: str,
+        gate: Gate,
+        reader: int,
+        log: ChannelLog,
+        producer: int | None = None,
+        tail: LogTail | None = None,
+    ):
+        """``producer``: log only this producer's entries (a gate that other stages also feed).
+        ``tail``: where the log's end is published (a checkpointed job's source reads the log)."""
         super().__init__(name=f"stretch-log-{name}", daemon=True)
-        self.gate, self.reader, self.log, self.producer = gate, reader, log, producer
+        self.gate, self.reader, self.log, self.producer, self.tail = gate, reader, log, producer, tail
         gate.open_reader(reader, 0)
 
     def run(self) -> None:
@@ -30,11 +39,15 @@ class InputLogger(threading.Thread):
                     continue
                 entry = gate.read(seq)
                 if entry.kind is Kind.DATA and self.producer in (None, entry.arg0):
-                    self.log.append_ipc(gate.payload(seq))
+                    offset = self.log.append_ipc(gate.payload(seq))
+                    if self.tail is not None:
+                        self.tail.publish(offset + 1)
                 seq += 1
                 gate.advance(self.reader, seq)
                 if entry.kind is Kind.END_OF_STREAM:
                     self.log.end()
+                    if self.tail is not None:
+                        self.tail.publish(self.log.end_offset, LogTail.ENDED)
                     return
         except GateClosed:
             pass

@@ -20,3 +20,5 @@ class JobResources:
     channels: dict[str, str] = field(default_factory=dict)  # input channel name -> gate segment
     sinks: dict = field(default_factory=dict)  # sink id -> SinkSpec, for sinks chained into instances
     producers: dict[int, list[int]] = field(default_factory=dict)  # gate id -> initial watermark producers
+    checkpoints: str | None = None  # directory of the job's checkpoints, if it takes them
+    channel_logs: dict[str, tuple[str, str]] = field(default_factory=dict)  # input channel -> (log, tail)

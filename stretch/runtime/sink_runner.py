@@ -1,4 +1,10 @@
-"""Driver-side sinks: a thread per sink reads its sink gate in order and writes the records out."""
+"""Driver-side sinks: a thread per sink reads its sink gate in order and writes the records out.
+
+In a checkpointed job a sink is transactional: what arrives after checkpoint n-1's barrier is
+output only once checkpoint n completes (an output channel appends it to its log at once but moves
+the log's visible end at the commit; other sinks hold the batches until then). After a failure the
+uncommitted part is dropped and the sink continues on the rebuilt gate, where the job replays it.
+"""
 
 from __future__ import annotations
 
@@ -7,44 +13,128 @@ import threading
 from stretch.plan.stages import SinkSpec
 from stretch.runtime.gate import Gate, GateClosed, Kind
 
+_FINAL = 1 << 62
+
 
 class SinkRunner(threading.Thread):
     """Feeds one sink's writer from its gate until end of stream, then closes the writer."""
 
-    def __init__(self, spec: SinkSpec, gate: Gate, coordinator, writer=None):
+    def __init__(self, spec: SinkSpec, gate: Gate, coordinator, writer=None, transactional: bool = False):
         """``writer``: the job's own writer for sinks it serves itself (output channels)."""
         super().__init__(name=f"stretch-sink-{spec.name}", daemon=True)
         self.spec = spec
         self.writer = writer
         self.gate = gate
         self.coordinator = coordinator
+        self.transactional = transactional
+        self.reached = 0  # the latest checkpoint barrier read
+        self.finished = False
+        self._lock = threading.Lock()  # the writer, between this thread and commits
+        self._open: list = []  # batches since the latest barrier (held sinks)
+        self._staged: list[tuple[int, object]] = []  # (checkpoint, its batches or log offset)
+        self._next_gate: Gate | None = None
+        self._switched = threading.Event()  # the runner let go of the gate replace_gate replaced
+
+    # ---- called by the coordinator ----------------------------------------------------------
+    def output_offset(self, checkpoint: int) -> int | None:
+        """An output channel's log offset at this checkpoint's barrier (None for other sinks)."""
+        with self._lock:
+            return next((held for n, held in self._staged if n == checkpoint and self._channel), None)
+
+    def commit(self, checkpoint: int) -> None:
+        """Checkpoint ``checkpoint`` completed: output everything before its barrier."""
+        with self._lock:
+            done = [s for s in self._staged if s[0] <= checkpoint]
+            self._staged = [s for s in self._staged if s[0] > checkpoint]
+            for _, held in done:
+                if self._channel:
+                    self._active.commit(held)
+                else:
+                    for batch, producer in held:
+                        self._active.write(batch, producer)
+
+    def replace_gate(self, gate: Gate, committed_offset: int | None, timeout: float) -> None:
+        """The job rebuilt its gates after a failure: drop what was not committed, read ``gate``.
+
+        Returns once the runner no longer touches the old gate, so it may be unmapped.
+        """
+        self._rollback_to = committed_offset
+        self._switched.clear()
+        self._next_gate = gate
+        self.gate.close()
+        while not self._switched.wait(0.01) and self.is_alive() and timeout > 0:
+            timeout -= 0.01
+
+    # ---- the thread -------------------------------------------------------------------------
+    @property
+    def _channel(self) -> bool:
+        return hasattr(self._active, "commit")
 
     def run(self) -> None:
         error = None
-        writer = None
+        self._active = None
         try:
-            writer = self.writer or self.spec.sink.create_writer(self.spec.upstream_parallelism)
-            seq = 0
-            while True:
-                if not self.gate.wait(seq, timeout=0.2):
-                    continue
-                entry = self.gate.read(seq)
-                if entry.kind is Kind.DATA:
-                    writer.write(entry.batch, entry.arg0)
-                seq += 1
-                self.gate.advance(0, seq)
-                if entry.kind is Kind.END_OF_STREAM:
-                    break
-            writer.close()
-            writer = None
-        except GateClosed:
-            pass
+            self._active = self.writer or self.spec.sink.create_writer(self.spec.upstream_parallelism)
+            while not self._consume():
+                self._rollback()
+            with self._lock:
+                self._active.close()
+                self._active = None
         except BaseException as e:
             error = e
         finally:
-            if writer is not None:
+            if self._active is not None:
                 try:
-                    writer.abort()
+                    self._active.abort()
                 except Exception:
                     pass
+            self.finished = True
             self.coordinator.sink_finished(self.spec.id, error)
+
+    def _consume(self) -> bool:
+        """Read the gate to its end (True); False when the gate was replaced after a failure."""
+        gate, seq = self.gate, 0
+        try:
+            while True:
+                if not gate.wait(seq, timeout=0.2):
+                    continue
+                entry = gate.read(seq)
+                if entry.kind is Kind.DATA:
+                    self._write(entry.batch, entry.arg0)
+                elif entry.kind is Kind.CHECKPOINT:
+                    self._barrier(entry.arg0)
+                seq += 1
+                gate.advance(0, seq)
+                if entry.kind is Kind.END_OF_STREAM:  # everything upstream ended: all of it is final
+                    self._barrier(_FINAL)
+                    self.commit(_FINAL)
+                    return True
+        except GateClosed:
+            if self._next_gate is None:
+                raise
+            return False
+
+    def _write(self, batch, producer: int) -> None:
+        with self._lock:
+            if self.transactional and not self._channel:
+                self._open.append((batch, producer))
+            else:
+                self._active.write(batch, producer)
+
+    def _barrier(self, checkpoint: int) -> None:
+        with self._lock:
+            if self._channel:
+                self._staged.append((checkpoint, self._active.log.end_offset))
+            else:
+                self._staged.append((checkpoint, self._open))
+                self._open = []
+            self.reached = checkpoint
+
+    def _rollback(self) -> None:
+        with self._lock:
+            self._open, self._staged = [], []
+            if self._channel and self._rollback_to is not None:
+                self._active.rollback(self._rollback_to)
+            self.gate, self._next_gate = self._next_gate, None
+            self.reached = 0
+        self._switched.set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -28,6 +29,7 @@ class Assignment:
     stage: StageSpec
     index: int = 0
     epoch: int = 0
+    position: int = 0  # a source's records to skip: where the checkpoint it restarts from left it
 
 
 class Stopped(Exception):
@@ -98,7 +100,13 @@ class Task:
 
 
 class SourceTask(Task):
-    """Reads a source and pushes its batches through the chain into gates and sinks."""
+    """Reads a source and pushes its batches through the chain into gates and sinks.
+
+    Its position is the number of items (batches or record lists) it has read. At a checkpoint it
+    records the position and waits until the coordinator has put the barrier behind its output;
+    restarted from a checkpoint, it reads the same items again and skips that many (a seekable
+    source, such as a channel's log, starts there instead).
+    """
 
     def run(self) -> None:
         outputs = self.outputs(producer=1)
@@ -106,6 +114,11 @@ class SourceTask(Task):
         chain = Chain(self.stage.chain, self.stage.name, outputs)
         chain.open(InstanceRuntimeContext(self.stage.name, 0, lambda: 1, self.stage.max_parallelism))
         source_type = getattr(self.stage.source, "type_info", None)
+        position = self.position = self.a.position
+        skip = 0 if getattr(self.stage.source, "seekable", False) else position
+        barrier = (
+            Barrier(self.attached.control, self.stage.id, self.should_stop) if self.res.checkpoints else None
+        )
         reader = self.stage.source.create_reader(self)
         try:
             for item in reader:
@@ -113,14 +126,23 @@ class SourceTask(Task):
                     raise Stopped()
                 if item is None:  # the source waits for input: time passes all the same
                     chain.tick()
-                elif isinstance(item, list):
-                    chain.push(Records(items=item, type_info=source_type))
+                elif skip:
+                    skip -= 1
+                    continue
                 else:
-                    chain.push(Records(batch=item))
+                    if isinstance(item, list):
+                        chain.push(Records(items=item, type_info=source_type))
+                    else:
+                        chain.push(Records(batch=item))
+                    position += 1
+                if barrier is not None:
+                    barrier.source_reached(position)
         finally:
             close = getattr(reader, "close", None)
             if close is not None:
                 close()
+        if barrier is not None:
+            barrier.record_position(position)
         chain.finish()  # a bounded input ended: its watermark goes to the maximum
         chain.close()
 
@@ -223,6 +245,8 @@ class KeyedInstanceTask(Task):
                 if self.retired:
                     chain.emit(Kind.LEAVE)  # downstream stops waiting for this producer's watermark
                     break
+            elif entry.kind is Kind.CHECKPOINT:
+                self._checkpoint(entry.arg0, operator)
             elif entry.kind is Kind.END_OF_STREAM:
                 gate.advance(index, seq + 1)
                 self._advance(
@@ -236,6 +260,18 @@ class KeyedInstanceTask(Task):
         chain.close()
         stats[cbk.I_RECORDS_OUT] = self._records_out
         stats[cbk.I_STATE] = cbk.DONE
+
+    def _checkpoint(self, checkpoint: int, operator) -> None:
+        """At a barrier: write the key groups this instance owns, then wait for the release."""
+        from stretch.state.snapshot import snapshot_key_groups
+
+        directory = Path(self.res.checkpoints) / f"{checkpoint:010d}"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{self.stage.id}-{self.a.index}.arrow"
+        snapshot_key_groups(operator.table, operator.owned, path)
+        cb = self.attached.control
+        cb.signal(cb.instance_word(self.op_index, self.a.index, cbk.I_CHECKPOINT), checkpoint)
+        Barrier(cb, self.stage.id, self.should_stop).wait_release(checkpoint)
 
     def _advance(self, operator, chain: Chain, watermark: int | None) -> None:
         """The input watermark advanced: fire the event-time timers it passed, then forward it."""
@@ -297,6 +333,37 @@ class KeyedInstanceTask(Task):
         stats[cbk.I_LAST_GAINED] = int(gained.any())
         cb.announce(op, index, cbk.I_ACTIVE, epoch)
         return new
+
+
+class Barrier:
+    """A producer's side of a checkpoint barrier (see runtime.checkpointing)."""
+
+    def __init__(self, control: ControlBlock, stage: int, should_stop):
+        self.cb = control
+        self.stage = stage
+        self.should_stop = should_stop
+        self.passed = control.load(control.stage_word(stage, cbk.S_RELEASED))
+
+    def source_reached(self, position: int) -> None:
+        """Between two items: if a checkpoint was requested, record the position and pause."""
+        cb = self.cb
+        requested = cb.load(cb.request_word)
+        if requested <= self.passed:
+            return
+        self.record_position(position)
+        cb.signal(cb.stage_word(self.stage, cbk.S_REACHED), requested)
+        self.wait_release(requested)
+
+    def record_position(self, position: int) -> None:
+        self.cb.signal(self.cb.stage_word(self.stage, cbk.S_POSITION), position)
+
+    def wait_release(self, checkpoint: int) -> None:
+        """Until the barrier is behind this stage's output in every gate it feeds."""
+        word = self.cb.stage_word(self.stage, cbk.S_RELEASED)
+        while not self.cb.wait_checkpoint(lambda: self.cb.load(word) >= checkpoint, 0.1):
+            if self.should_stop():
+                raise Stopped()
+        self.passed = checkpoint
 
 
 def make_task(assignment: Assignment, attached: _Attached, should_stop) -> Task:

@@ -122,6 +122,7 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
                 stage = cloudpickle.loads(stages[msg["stage"]])
                 task = make_task(Assignment(attached.resources, stage), attached, stop.is_set)
             task.a.index, task.a.epoch = msg["index"], msg["epoch"]
+            task.a.position = msg.get("position", 0)
             task.run()
             reply({"op": "done", "retired": getattr(task, "retired", False), **tag})
             if msg["stage"] in attached.resources.keyed_index:  # park a fresh one for the next rescale

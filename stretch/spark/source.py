@@ -89,7 +89,7 @@ class _ChannelOptions:
         if name == "run":
             return self.run_start
         if name == "latest":
-            return log.end_offset
+            return log.readable_end
         try:
             return int(name)
         except ValueError:
@@ -117,7 +117,7 @@ class StretchStreamReader(_ChannelOptions, DataSourceStreamReader):
         return {"offset": start}
 
     def latestOffset(self, start=None, limit=None) -> dict:
-        return {"offset": self.log().end_offset}
+        return {"offset": self.log().readable_end}
 
     def partitions(self, start: dict, end: dict) -> list[LogRange]:
         return split(self.directory, start["offset"], end["offset"], self.parts)

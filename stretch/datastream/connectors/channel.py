@@ -29,12 +29,44 @@ class ChannelSource(Source):
     reads it (``stretch.runtime.input_logger``); ``False`` saves that copy of every batch.
     """
 
+    seekable = True  # in a checkpointed job its position is an offset of the channel's log
+
     def __init__(self, name: str, type_info: TypeInformation | None = None, durable: bool = True):
         self.channel_name = _check_name(name)
         self.type_info = type_info
         self.durable = durable
 
     def create_reader(self, context=None):
+        if context.res.checkpoints is not None:
+            return self._read_log(context)
+        return self._read_gate(context)
+
+    def _read_log(self, context):
+        """A checkpointed job reads the channel's log (which the job keeps from the channel's gate)
+        from its position on, so a recovery can go back to a checkpoint's offset."""
+        from stretch.runtime.channel_log import ChannelLog, LogTail
+
+        directory, tail_name = context.res.channel_logs[self.channel_name]
+        log, tail = ChannelLog(directory, create=False), LogTail.attach(tail_name)
+        offset = context.position
+        try:
+            while True:
+                end = tail.end
+                if offset < end:
+                    for batch in log.read(offset, end):
+                        offset += 1
+                        yield batch
+                elif tail.state != LogTail.RUNNING:
+                    return
+                elif not tail.wait(offset, timeout=0.1):
+                    if context.should_stop():
+                        return
+                    yield None  # nothing yet: lets watermark generators notice idleness
+        finally:
+            log.close()
+            tail.close()
+
+    def _read_gate(self, context):
         from stretch.runtime.gate import Kind
 
         gate = context.channel_gate(self.channel_name)
@@ -70,18 +102,31 @@ class ChannelLogWriter(SinkWriter):
     """The job's side of an output channel: appends each result batch to the channel's log and
     wakes the readers waiting on its live tail."""
 
-    def __init__(self, log, tail):
-        self.log, self.tail = log, tail
+    def __init__(self, log, tail, transactional: bool = False):
+        """``transactional``: readers see appended batches only once a checkpoint commits them."""
+        self.log, self.tail, self.transactional = log, tail, transactional
+        log.set_committed(log.end_offset if transactional else None)
         self.appended_at: deque[float] = deque(maxlen=100_000)  # recent appends (latency plots)
 
     def write(self, batch, producer: int) -> None:
         data = [i for i, n in enumerate(batch.schema.names) if not n.startswith("__")]
         if batch.num_rows:
             offset = self.log.append(batch.select(data) if len(data) < batch.num_columns else batch)
-            self.tail.publish(offset + 1)
+            if not self.transactional:
+                self.tail.publish(offset + 1)
             self.appended_at.append(time.monotonic())
 
+    def commit(self, offset: int) -> None:
+        """Readers may now read up to ``offset`` (a checkpoint covering it completed)."""
+        self.log.set_committed(offset)
+        self.tail.publish(offset)
+
+    def rollback(self, offset: int) -> None:
+        """Drop what was appended from ``offset`` on: a failed attempt's uncommitted output."""
+        self.log.truncate(offset)
+
     def close(self) -> None:
+        self.log.set_committed(None)
         self.log.end()
         self.log.close()
         self.tail.publish(self.log.end_offset, self.tail.ENDED)

@@ -1,0 +1,213 @@
+"""Checkpoints: barriers through the gates, key-group snapshots, and the record that completes them.
+
+Aligned barriers, placed by the coordinator, so a gate never needs alignment buffering:
+
+1. The coordinator raises the job's checkpoint request to n (a word of the control block).
+2. Each source, between two items, records its position, says it reached n, and pauses.
+3. For each gate, once every stage feeding it reached n (or ended), the coordinator appends barrier
+   n; a stage is released (goes on) once every gate and sink it feeds holds the barrier. A gate
+   thus holds, before barrier n, exactly the records its producers made before their checkpoint.
+4. A keyed instance reading barrier n writes the key groups it owns (Arrow IPC, states and timers
+   alike; see ``stretch.state.snapshot``), says it reached n, and pauses until its stage's release.
+5. A job-side sink reading barrier n notes where its output stands.
+6. When every instance and sink reached n, the metadata file is written (atomically): checkpoint
+   n is complete, and the sinks commit the output before barrier n.
+
+Checkpoints and rescales exclude each other (a rescale waits for a running checkpoint and the
+other way round), so each sees a fixed set of instances.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+from stretch.runtime import control_block as cbk
+from stretch.runtime.gate import Kind
+from stretch.state.snapshot import describe_arena
+
+METADATA = "_metadata.json"
+RETAINED = 2  # completed checkpoints kept on disk
+
+
+class CheckpointStore:
+    """A job's checkpoint directory: ``<n>/`` per checkpoint, complete once it has its metadata."""
+
+    def __init__(self, directory: Path):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def path(self, checkpoint: int) -> Path:
+        return self.dir / f"{checkpoint:010d}"
+
+    def completed(self) -> list[int]:
+        return sorted(int(p.parent.name) for p in self.dir.glob(f"*/{METADATA}"))
+
+    def latest(self) -> dict | None:
+        """The metadata of the newest complete checkpoint, or None."""
+        done = self.completed()
+        if not done:
+            return None
+        return json.loads((self.path(done[-1]) / METADATA).read_text())
+
+    def complete(self, checkpoint: int, metadata: dict) -> None:
+        tmp = self.path(checkpoint) / (METADATA + ".tmp")
+        tmp.write_text(json.dumps(metadata))
+        tmp.replace(self.path(checkpoint) / METADATA)
+        self.retain()
+
+    def retain(self) -> None:
+        """Keep the newest RETAINED complete checkpoints; drop older and abandoned ones."""
+        done = self.completed()
+        keep = set(done[-RETAINED:])
+        newest = done[-1] if done else 0
+        for p in self.dir.iterdir():
+            if p.is_dir() and p.name.isdigit() and int(p.name) not in keep and int(p.name) < newest:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+class CheckpointAborted(RuntimeError):
+    """The job failed, ended or recovered while a checkpoint was under way."""
+
+
+class Checkpointer:
+    """Takes the checkpoints of one running job (on demand, and periodically if configured)."""
+
+    def __init__(self, coordinator, store: CheckpointStore, interval_ms: int | None, timeout: float = 600.0):
+        self.co = coordinator
+        self.store = store
+        self.interval_ms = interval_ms
+        self.timeout = timeout
+        latest = store.completed()
+        self.last_id = latest[-1] if latest else 0  # ids keep growing across runs and restores
+        self.history: list[dict] = []  # reports of completed checkpoints, oldest first
+        self.stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.interval_ms:
+            self._thread = threading.Thread(target=self._periodic, name="stretch-checkpoints", daemon=True)
+            self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _periodic(self) -> None:
+        while not self.stop.wait(self.interval_ms / 1000):
+            try:
+                self.trigger()
+            except CheckpointAborted:
+                continue
+            except Exception as e:  # a checkpoint that fails does not fail the job; the next may work
+                self.co.checkpoint_failed(e)
+
+    # ---- one checkpoint -------------------------------------------------------------------------
+    def trigger(self) -> dict:
+        """Take a checkpoint now; returns its report once it is complete."""
+        with self.co.exclusive:
+            if not self.co.accepting_checkpoints():
+                raise CheckpointAborted(f"the job is {self.co.status.name}; no checkpoint taken")
+            self.last_id += 1
+            return self._take(self.last_id, self.co.generation)
+
+    def _take(self, n: int, generation: int) -> dict:
+        co, cb, plan = self.co, self.co.control, self.co.plan
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout
+        self.store.path(n).mkdir(parents=True, exist_ok=True)
+        keyed = {s.id: co.resources.keyed_index[s.id] for s in plan.stages if s.kind == "keyed"}
+        parallelism = {sid: co.parallelism_of(sid) for sid in keyed}
+        feeds: dict[int, list] = {s.id: [] for s in plan.stages}  # stage -> gates and sinks it feeds
+        targets = []
+        for gate_id, producers in plan.gate_producers.items():
+            targets.append((co.gates[gate_id], producers))
+            for p in producers:
+                feeds[p].append(gate_id)
+        runners = {r.spec.id: r for r in co.sink_runners}
+        for sink in plan.sinks:
+            if sink.id in co.sink_gates:
+                targets.append((co.sink_gates[sink.id], sink.producers))
+                for p in sink.producers:
+                    feeds[p].append(-1 - sink.id)
+
+        def stage_reached(sid: int) -> bool:
+            if co.stage_finished(sid):
+                return True
+            if sid in keyed:
+                inst = cb.instances(keyed[sid])
+                return all(
+                    inst[i, cbk.I_CHECKPOINT] >= n or inst[i, cbk.I_STATE] == cbk.DONE
+                    for i in range(parallelism[sid])
+                )
+            return cb.load(cb.stage_word(sid, cbk.S_REACHED)) >= n
+
+        placed: set[int] = set()
+        released: set[int] = set()
+        positions: dict[str, int] = {}
+        cb.signal(cb.request_word, n)
+        while True:
+            if co.generation != generation or not co.accepting_checkpoints():
+                raise CheckpointAborted(f"checkpoint {n} abandoned: the job is {co.status.name}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"checkpoint {n} did not complete within {self.timeout:.0f} s")
+            reached = {s.id for s in plan.stages if stage_reached(s.id)}
+            for gate, producers in targets:
+                if id(gate) not in placed and set(producers) <= reached:
+                    gate.append_control(Kind.CHECKPOINT, n)
+                    placed.add(id(gate))
+            for sid in reached - released:
+                outputs = [co.gates[g] if g >= 0 else co.sink_gates[-1 - g] for g in feeds[sid]]
+                if all(id(g) in placed for g in outputs):
+                    if sid not in keyed:
+                        positions[str(sid)] = cb.load(cb.stage_word(sid, cbk.S_POSITION))
+                    cb.signal(cb.stage_word(sid, cbk.S_RELEASED), n)
+                    released.add(sid)
+            if len(released) == len(plan.stages) and all(
+                r.reached >= n or r.finished for r in runners.values()
+            ):
+                break
+            cb.wait_checkpoint(lambda: False, 0.002)
+        outputs = {}
+        for r in runners.values():
+            name = getattr(r.spec.sink, "name", None)
+            offset = r.output_offset(n)
+            if name is not None and offset is not None:
+                outputs[name] = offset
+        directory = self.store.path(n)
+        size = sum(f.stat().st_size for f in directory.glob("*.arrow"))
+        duration_ms = (time.monotonic() - t0) * 1000
+        metadata = {
+            "id": n,
+            "job": co.job_name,
+            "completed_at": time.time(),
+            "duration_ms": duration_ms,
+            "bytes": size,
+            "max_parallelism": plan.max_parallelism,
+            "sources": positions,
+            "operators": {
+                plan.stages[sid].name: {
+                    "stage": sid,
+                    "parallelism": parallelism[sid],
+                    "files": [f"{sid}-{i}.arrow" for i in range(parallelism[sid])],
+                    **describe_arena(co.arenas[sid]),
+                }
+                for sid in keyed
+            },
+            "outputs": outputs,
+        }
+        self.store.complete(n, metadata)
+        for r in runners.values():
+            r.commit(n)
+        report = {
+            "id": n,
+            "duration_ms": duration_ms,
+            "bytes": size,
+            "completed_at": metadata["completed_at"],
+        }
+        self.history.append(report)
+        return report

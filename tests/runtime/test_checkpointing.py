@@ -1,0 +1,337 @@
+"""Checkpoints and recovery: kill -9 of any worker at any moment leaves the output exactly equal to
+a plain-Python reference; readers see only what a complete checkpoint covers; a job whose process
+died restarts from its latest checkpoint at another parallelism."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from stretch import channels
+from stretch.common import Duration, Time, Types, WatermarkStrategy
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from stretch.datastream.connectors.datagen import DataGeneratorSource, RateLimiterStrategy
+from stretch.datastream.window import TumblingEventTimeWindows
+from stretch.runtime.checkpointing import CheckpointStore
+from stretch.runtime.state_dir import job_dir
+
+PAIR = Types.TUPLE([Types.LONG(), Types.LONG()])
+TRIPLE = Types.TUPLE([Types.LONG(), Types.LONG(), Types.LONG()])
+KEYS = 61
+
+
+def _pairs(i: int, n: int) -> pa.RecordBatch:
+    idx = np.arange(i, i + n, dtype=np.int64)
+    return pa.record_batch([pa.array(idx % KEYS), pa.array(idx)], names=["f0", "f1"])
+
+
+def running_sums(env, n: int, rate: int):
+    """Running sum per key (a reduce): every record yields one output, so nothing may be lost or doubled."""
+    src = DataGeneratorSource(
+        batch_function=_pairs,
+        count=n,
+        rate_limiter_strategy=RateLimiterStrategy.per_second(rate),
+        batch_rows=1000,
+        type_info=PAIR,
+    )
+    reduced = (
+        env.from_source(src, None, "numbers").key_by(lambda r: r[0]).reduce(lambda a, b: (a[0], a[1] + b[1]))
+    )
+    return reduced.map(lambda r: r, output_type=PAIR).name("sums")
+
+
+def running_sums_reference(n: int) -> list:
+    acc, out = {}, []
+    for i in range(n):
+        acc[i % KEYS] = acc.get(i % KEYS, 0) + i
+        out.append((i % KEYS, acc[i % KEYS]))
+    return out
+
+
+def windowed_sums(env, n: int, rate: int):
+    """Event-time tumbling windows (state and timers in the arena), event time = record index ms."""
+    src = DataGeneratorSource(
+        generator_function=lambda i: (i % KEYS, i, i * 3),
+        count=n,
+        rate_limiter_strategy=RateLimiterStrategy.per_second(rate),
+        batch_rows=1000,
+        type_info=TRIPLE,
+    )
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(0)).with_timestamp_assigner(
+        "f1"
+    )
+    return (
+        env.from_source(src, strategy, "events")
+        .key_by(lambda r: r[0])
+        .window(TumblingEventTimeWindows.of(Time.milliseconds(500)))
+        .reduce(lambda a, b: (a[0], a[1], a[2] + b[2]), output_type=TRIPLE)
+        .name("windows")
+    )
+
+
+def windowed_sums_reference(n: int) -> list:
+    windows: dict = {}
+    for i in range(n):
+        key = (i % KEYS, i // 500)
+        first, total = windows.get(key, (i, 0))
+        windows[key] = (first, total + i * 3)
+    return [(k, first, total) for (k, _), (first, total) in windows.items()]
+
+
+PIPELINES = {
+    "running_sums": (running_sums, running_sums_reference),
+    "windows": (windowed_sums, windowed_sums_reference),
+}
+
+
+def _start(build, n: int, rate: int, parallelism: int = 2, interval_ms: int | None = 50, name=None):
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(parallelism)
+    env.enable_checkpointing(interval_ms)
+    build(env, n, rate).sink_to(ChannelSink("out"))
+    return env.execute_async(name or f"ckpt-{random.randrange(1 << 40):x}")
+
+
+def _output(client) -> list:
+    return sorted(tuple(r) for r in channels.open_reader(client, "out"))
+
+
+@pytest.mark.parametrize("trial", range(20))
+def test_kill_9_of_a_random_worker_at_a_random_moment_leaves_the_output_exact(trial):
+    rng = random.Random(trial)
+    pipeline = list(PIPELINES)[trial % 2]
+    build, reference = PIPELINES[pipeline]
+    n = 40_000
+    client = _start(build, n, rate=100_000)
+    co = client._coordinator
+    try:
+        time.sleep(rng.uniform(0.02, 0.35))
+        busy = [w for w in list(co._workers.values()) if w.task is not None and w.pid]
+        victim = rng.choice(busy)
+        os.kill(victim.pid, signal.SIGKILL)
+        assert client.wait(60).name == "FINISHED"
+    finally:
+        if not co.done:
+            client.cancel()
+            client.wait(30)
+    assert len(co.recoveries) == 1, (pipeline, victim.task, co.recoveries)
+    assert _output(client) == sorted(reference(n)), (pipeline, victim.task, co.recoveries)
+
+
+def test_a_worker_killed_again_during_recovery_is_recovered_too():
+    build, reference = PIPELINES["running_sums"]
+    n = 60_000
+    client = _start(build, n, rate=100_000)
+    co = client._coordinator
+    try:
+        for delay in (0.15, 0.05, 0.1):
+            time.sleep(delay)
+            busy = [w for w in list(co._workers.values()) if w.task is not None and w.pid]
+            if busy:
+                os.kill(random.choice(busy).pid, signal.SIGKILL)
+        assert client.wait(60).name == "FINISHED"
+    finally:
+        if not co.done:
+            client.cancel()
+            client.wait(30)
+    assert len(co.recoveries) >= 2
+    assert _output(client) == sorted(reference(n))
+
+
+def test_readers_see_output_only_once_a_checkpoint_covers_it():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.enable_checkpointing()  # on demand only
+    src = env.from_source(ChannelSource("in", PAIR), None, "in")
+    src.key_by(lambda r: r[0]).reduce(lambda a, b: (a[0], a[1] + b[1])).map(
+        lambda r: r, output_type=PAIR
+    ).sink_to(ChannelSink("out"))
+    client = env.execute_async(f"visible-{random.randrange(1 << 40):x}")
+    try:
+        reader = channels.open_reader(client, "out")
+        with channels.open_writer(client, "in") as writer:
+            writer.write([(k % 5, k) for k in range(100)])
+            co = client._coordinator
+            deadline = time.monotonic() + 30
+            while co.describe()["operators"][0]["records_in"] < 100:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            with pytest.raises(TimeoutError):  # processed, but not yet covered by a checkpoint
+                reader.read_batch(timeout=0.3)
+            report = client.trigger_checkpoint()
+            assert report["id"] >= 1 and report["bytes"] > 0
+            got = []
+            while len(got) < 100:
+                got.extend(_rows(reader.read_batch(timeout=10)))
+            writer.write([(k % 5, k) for k in range(100, 150)])
+        assert client.wait(60).name == "FINISHED"
+        while (batch := reader.read_batch(timeout=10)) is not None:
+            got.extend(_rows(batch))
+    finally:
+        if not client._coordinator.done:
+            client.cancel()
+            client.wait(30)
+    acc, expected = {}, []
+    for k in range(150):
+        acc[k % 5] = acc.get(k % 5, 0) + k
+        expected.append((k % 5, acc[k % 5]))
+    assert sorted(got) == sorted(expected)
+
+
+def _rows(batch: pa.RecordBatch) -> list[tuple]:
+    return [tuple(r.values()) for r in batch.to_pylist()]
+
+
+def test_checkpoints_and_rescales_requested_together_interleave():
+    build, reference = PIPELINES["windows"]
+    n = 60_000
+    client = _start(build, n, rate=60_000, interval_ms=None)
+    errors = []
+
+    def checkpoints():
+        for _ in range(8):
+            try:
+                client.trigger_checkpoint()
+            except Exception as e:  # the job may end first
+                if not client._coordinator.done:
+                    errors.append(e)
+            time.sleep(0.02)
+
+    def rescales():
+        for p in (3, 1, 4, 2):
+            try:
+                client.rescale("windows", p)
+            except RuntimeError as e:
+                if "consumed all its input" not in str(e):
+                    errors.append(e)
+            time.sleep(0.03)
+
+    threads = [threading.Thread(target=checkpoints), threading.Thread(target=rescales)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert client.wait(60).name == "FINISHED"
+    assert not errors
+    assert len(client._coordinator.checkpointer.history) >= 1
+    assert _output(client) == sorted(reference(n))
+
+
+JOB_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from stretch.datastream import StreamExecutionEnvironment
+    from tests.runtime.test_checkpointing import running_sums
+    from stretch.datastream.connectors.channel import ChannelSink
+
+    name, parallelism, n, rate = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(parallelism)
+    env.enable_checkpointing(50)
+    running_sums(env, n, rate).sink_to(ChannelSink("out"))
+    client = env.execute_async(name)
+    print("started", flush=True)
+    client.wait()
+    print("finished", flush=True)
+    """
+)
+
+
+def test_a_job_whose_process_died_restores_from_its_checkpoint_at_another_parallelism(tmp_path):
+    name = f"crash-{random.randrange(1 << 40):x}"
+    n = 200_000
+    script = tmp_path / "job.py"
+    script.write_text(JOB_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), name, "1", str(n), "100000"], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        store = CheckpointStore(job_dir(name) / "checkpoints")
+        deadline = time.monotonic() + 30
+        while len(store.completed()) < 2:  # let it get some way in
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)  # the coordinator dies; its workers follow it
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    latest = store.latest()
+    assert latest is not None and 0 < latest["sources"]["0"] < n // 1000
+    env2 = StreamExecutionEnvironment.get_execution_environment()
+    env2.set_parallelism(3)  # restored at another parallelism: key groups, not instances, are saved
+    env2.enable_checkpointing(50)
+    running_sums(env2, n, 400_000).sink_to(ChannelSink("out"))
+    client = env2.execute_async(name, restore=True)
+    assert client.wait(60).name == "FINISHED"
+    assert client._coordinator.restored_from == latest["id"]
+    # the whole log, both runs: the uncommitted tail of the dead run was replaced by this run's
+    got = sorted(tuple(r) for r in channels.open_reader(client, "out", from_offset=0))
+    assert got == sorted(running_sums_reference(n))
+
+
+def test_a_checkpointed_job_refuses_a_channel_it_could_not_replay():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.enable_checkpointing(100)
+    env.from_source(ChannelSource("in", PAIR, durable=False), None, "in").key_by(lambda r: r[0]).reduce(
+        lambda a, b: a
+    ).sink_to(ChannelSink("out"))
+    with pytest.raises(ValueError, match="durable=True"):
+        env.execute_async("not-durable")
+
+
+def test_trigger_checkpoint_needs_checkpointing_enabled():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.from_source(ChannelSource("in", PAIR), None, "in").key_by(lambda r: r[0]).reduce(
+        lambda a, b: a
+    ).sink_to(ChannelSink("out"))
+    client = env.execute_async("no-checkpoints")
+    try:
+        with pytest.raises(RuntimeError, match="enable_checkpointing"):
+            client.trigger_checkpoint()
+    finally:
+        client.cancel()
+        client.wait(30)
+
+
+def test_status_shows_the_latest_checkpoint_and_the_cli_takes_one():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.enable_checkpointing()
+    env.from_source(ChannelSource("in", PAIR), None, "in").key_by(lambda r: r[0]).reduce(
+        lambda a, b: a
+    ).sink_to(ChannelSink("out"))
+    name = f"cli-{random.randrange(1 << 40):x}"
+    client = env.execute_async(name)
+    try:
+        with channels.open_writer(client, "in") as writer:
+            writer.write([(k, k) for k in range(50)])
+            cli = [sys.executable, "-m", "stretch.cli"]
+            out = subprocess.run(
+                [*cli, "checkpoint", name], capture_output=True, text=True, timeout=60, check=False
+            )
+            assert out.returncode == 0, out.stderr
+            assert out.stdout.startswith("checkpoint 1 complete")
+            status = json.loads(
+                subprocess.run(
+                    [*cli, "status", name, "--json"], capture_output=True, text=True, timeout=60, check=True
+                ).stdout
+            )
+            assert status["checkpoints"]["latest"]["id"] == 1
+            assert status["checkpoints"]["completed"] == 1
+    finally:
+        client.wait(60)
