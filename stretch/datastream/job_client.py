@@ -186,6 +186,14 @@ class CloseableIterator:
 
     def _fill(self) -> None:
         c = self._coordinator
+        served = c.collected.get(self._sink)
+        if served is not None:  # a checkpointed job serves it: only committed results arrive
+            batch = served.queue.get()
+            if batch is None:
+                self._end()
+            else:
+                self._buffer, self._pos = from_batch(batch), 0
+            return
         try:
             while not self._gate.wait(self._seq, timeout=0.2):
                 if c.done:

@@ -130,6 +130,7 @@ class Coordinator:
         self.control: ControlBlock | None = None
         self.resources: JobResources | None = None
         self._sink_runners: list[SinkRunner] = []
+        self.collected: dict = {}  # sink id -> QueueWriter, for execute_and_collect in checkpointed jobs
         self.controller: ElasticController | None = None
         self.rescales: list[dict] = []  # every completed rescale's report, in order
         self.input_channels: dict[str, Gate] = {}
@@ -265,11 +266,13 @@ class Coordinator:
         for _ in range(len(self._pending) + cfg.spare_workers):
             self._spawn_worker()
         for sink in plan.sinks:
-            if sink.runs_in == "job":
+            if sink.runs_in == "job" or (sink.runs_in == "reader" and cfg.checkpointing):
                 channel = self.output_channels.get(getattr(sink.sink, "name", None))
                 writer = None
                 if channel is not None:
                     writer = channel.writer = ChannelLogWriter(channel.log, channel.tail, cfg.checkpointing)
+                elif sink.runs_in == "reader":  # execute_and_collect: committed batches only
+                    writer = self.collected[sink.id] = sink.sink.create_writer(sink.upstream_parallelism)
                 runner = SinkRunner(sink, self.sink_gates[sink.id], self, writer, cfg.checkpointing)
                 self._sink_runners.append(runner)
                 runner.start()

@@ -335,3 +335,23 @@ def test_status_shows_the_latest_checkpoint_and_the_cli_takes_one():
             assert status["checkpoints"]["completed"] == 1
     finally:
         client.wait(60)
+
+
+def test_execute_and_collect_of_a_checkpointed_job_yields_each_result_once_across_a_kill():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.enable_checkpointing(50)
+    n = 40_000
+    results = running_sums(env, n, 100_000).execute_and_collect(f"collect-{random.randrange(1 << 40):x}")
+    co = results._coordinator
+    got, killed, t0 = [], False, time.monotonic()
+    with results:
+        for r in results:
+            got.append(tuple(r))
+            if not killed and time.monotonic() - t0 > 0.15:
+                os.kill(
+                    random.choice([w for w in co._workers.values() if w.task is not None]).pid, signal.SIGKILL
+                )
+                killed = True
+    assert killed and len(co.recoveries) == 1
+    assert sorted(got) == sorted(running_sums_reference(n))

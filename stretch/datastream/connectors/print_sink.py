@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+
 import sys
 
 import pyarrow as pa
@@ -75,9 +77,29 @@ class PrintSink(Sink):
 
 
 class CollectSink(Sink):
-    """Marks the sink that ``execute_and_collect()`` reads itself."""
+    """Marks the sink that ``execute_and_collect()`` reads itself.
+
+    In a checkpointed job the job serves it instead (a transactional sink like any other): its
+    writer hands committed batches to the caller's iterator through a queue.
+    """
 
     runs_in = "reader"
 
     def create_writer(self, upstream_parallelism: int) -> SinkWriter:
-        raise RuntimeError("collect sinks are read by the caller's iterator")
+        return QueueWriter()
+
+
+class QueueWriter(SinkWriter):
+    """Committed batches for a reader in the job's process; None marks the end of the stream."""
+
+    def __init__(self):
+        self.queue: queue.Queue = queue.Queue()
+
+    def write(self, batch, producer: int) -> None:
+        self.queue.put(batch)
+
+    def close(self) -> None:
+        self.queue.put(None)
+
+    def abort(self) -> None:
+        self.queue.put(None)
