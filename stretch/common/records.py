@@ -839,6 +839,8 @@ def _decode(arr: pa.Array, t: TypeInformation) -> list:
     if category == "bigint":
         return [None if d is None else int(d) for d in arr.to_pylist()]
     if category == "instant":
+        if pa.types.is_timestamp(arr.type) and arr.type.unit != "us":  # counts of another unit
+            arr = arr.cast(pa.timestamp("us", tz=arr.type.tz), safe=False)
         micros = _plain_list(arr.cast(pa.int64()))
         of_micro = Instant.of_epoch_micro
         return [None if m is None else of_micro(m) for m in micros]

@@ -9,6 +9,7 @@ from stretch.common.records import to_batch
 from stretch.common.typeinfo import TypeInformation
 from stretch.datastream.connectors.arrow import ArrowSource
 from stretch.datastream.connectors.base import Source
+from stretch.datastream.connectors.channel import _check_name
 from stretch.datastream.data_stream import DataStream, _check_max_parallelism, _check_parallelism
 from stretch.datastream.job_client import CloseableIterator, JobClient, JobExecutionResult
 from stretch.plan.graph import Transformation
@@ -127,6 +128,24 @@ class StreamExecutionEnvironment:
             raise ValueError(f"interval_ms must be a positive int or None, got {interval_ms!r}")
         self.engine_config.checkpointing = True
         self.engine_config.checkpoint_interval_ms = interval_ms
+        return self
+
+    def set_error_policy(
+        self, policy: str, dead_letter_channel: str = "dead-letters"
+    ) -> StreamExecutionEnvironment:
+        """What a record that a user function raises on does to the job (beyond PyFlink).
+
+        ``"fail"`` (the default): the job fails with an error naming the operator, the function,
+        the key and the record, and the user's traceback. ``"dead_letter"``: the record, the error
+        and the time go to the output channel ``dead_letter_channel`` (read it like any channel)
+        and the job goes on. It covers map, flat_map, filter, key selectors and process_element.
+        """
+        if policy == "fail":
+            self.engine_config.dead_letter_channel = None
+        elif policy == "dead_letter":
+            self.engine_config.dead_letter_channel = _check_name(dead_letter_channel)
+        else:
+            raise ValueError(f"policy must be 'fail' or 'dead_letter', got {policy!r}")
         return self
 
     def is_checkpointing_enabled(self) -> bool:

@@ -8,6 +8,7 @@ with ``__key``/``__kg`` columns to the gate of the keyed operator.
 
 from __future__ import annotations
 
+import time
 import traceback
 
 import numpy as np
@@ -179,12 +180,71 @@ class Outputs:
         self.producer = producer  # 1-based instance index (print prefixes)
         self.producer_id = producer_id  # stage and instance, in watermark records
         self.count_out = count_out
+        self.dead_letter_gate = None  # the job's dead-letter policy: where rejected records go
+
+    def dead_letter(self, error: StepError) -> None:
+        """Under the dead-letter policy: the record, the error and the time go to the job's
+        dead-letter channel; the caller skips the record. Otherwise the error fails the job."""
+        if self.dead_letter_gate is None:
+            raise error
+        self.dead_letter_gate.append_batch(dead_letter_batch(error), producer=self.producer)
+
+
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        ("operator", pa.string()),
+        ("function", pa.string()),
+        ("record", pa.string()),
+        ("key", pa.string()),
+        ("error", pa.string()),
+        ("traceback", pa.string()),
+        ("time", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+
+
+def dead_letter_batch(error: StepError) -> pa.RecordBatch:
+    key = None if error.key is _NO_KEY else repr(error.key)
+    values = [
+        error.operator,
+        error.what,
+        repr(error.record),
+        key,
+        f"{type(error.cause).__name__}: {error.cause}",
+        error.user_traceback,
+        int(time.time() * 1000),
+    ]
+    return pa.record_batch(
+        [pa.array([v], f.type) for v, f in zip(values, DEAD_LETTER_SCHEMA)], DEAD_LETTER_SCHEMA
+    )
+
+
+def per_record(items: list, f, stage: str, what: str, outputs: Outputs) -> tuple[list, list[int]]:
+    """``f`` of each record, one by one, after a batch failed: the failing records go to dead
+    letters (or the first fails the job). Returns the results and the indexes they belong to."""
+    out, kept = [], []
+    for i, r in enumerate(items):
+        try:
+            out.append(f(r))
+        except Exception as e:
+            e.__suppress_context__ = True  # raised while handling the batch's failure: unrelated
+            err = StepError(stage, r, _NO_KEY, e, what)
+            err.__cause__ = e
+            outputs.dead_letter(err)
+            continue
+        kept.append(i)
+    return out, kept
+
+
+def _take(ts: np.ndarray | None, kept: list[int]) -> np.ndarray | None:
+    return None if ts is None else ts[np.asarray(kept, dtype=np.int64)]
 
 
 class _Node:
     def __init__(self, step: Step, stage_name: str, outputs: Outputs):
         self.step = step
         self.stage_name = stage_name
+        self.outputs = outputs
         self.children = [_make(c, stage_name, outputs) for c in step.children]
 
     def gates_below(self) -> list:
@@ -215,16 +275,33 @@ class _Map(_Node):
     def push(self, records: Records) -> None:
         f = call_of(self.step.fn, "map")
         items = records.items()
+        ts = records.timestamps()
         try:
             out = [f(r) for r in items]
-        except Exception as e:
-            raise StepError(self.stage_name, _culprit(items, f), _NO_KEY, e, "map function") from e
-        self.forward(Records(items=out, type_info=self.step.output_type, timestamps=records.timestamps()))
+        except Exception:
+            out, kept = per_record(items, f, self.stage_name, "map function", self.outputs)
+            ts = _take(ts, kept)
+        self.forward(Records(items=out, type_info=self.step.output_type, timestamps=ts))
 
 
 class _FlatMap(_Node):
     def push(self, records: Records) -> None:
         f = call_of(self.step.fn, "flat_map")
+        try:
+            self._push(records, f)
+        except StepError:
+            if self.outputs.dead_letter_gate is None:
+                raise
+            items = records.items()  # again, record by record, rejecting the ones that fail
+            results, kept = per_record(
+                items, lambda r: list(f(r) or ()), self.stage_name, "flat_map function", self.outputs
+            )
+            ts = records.timestamps()
+            out = [x for res in results for x in res]
+            out_ts = np.repeat(_take(ts, kept), [len(res) for res in results]) if ts is not None else None
+            self.forward(Records(items=out, type_info=self.step.output_type, timestamps=out_ts))
+
+    def _push(self, records: Records, f) -> None:
         out: list = []
         ext = out.extend
         record = None
@@ -252,8 +329,13 @@ class _Filter(_Node):
         items = records.items()
         try:
             mask = [bool(f(r)) for r in items]
-        except Exception as e:
-            raise StepError(self.stage_name, _culprit(items, f), _NO_KEY, e, "filter function") from e
+        except Exception:
+            results, kept = per_record(
+                items, lambda r: bool(f(r)), self.stage_name, "filter function", self.outputs
+            )
+            mask = [False] * len(items)  # rejected records do not pass
+            for i, ok in zip(kept, results):
+                mask[i] = ok
         ts = records.timestamps()
         keep_ts = ts[np.array(mask, dtype=bool)] if ts is not None else None
         if records._batch is not None:
@@ -433,6 +515,12 @@ class _ToGate(_Node):
         else:
             items = records.items()
             keys = self._keys(items)
+            if len(keys) < len(items):  # records whose key selector failed went to dead letters
+                kept = self._kept
+                items = [items[i] for i in kept]
+                records = Records(
+                    items=items, type_info=records.type_info, timestamps=_take(records.timestamps(), kept)
+                )
             kgs = self._key_groups(items, keys)
             extra = [key_column(keys, key.key_type)]
             batch = records.data_batch()
@@ -449,8 +537,9 @@ class _ToGate(_Node):
         sel = self.key.selector.get_key if isinstance(self.key.selector, KeySelector) else self.key.selector
         try:
             return [sel(r) for r in items]
-        except Exception as e:
-            raise StepError(self.stage_name, _culprit(items, sel), _NO_KEY, e, "key selector") from e
+        except Exception:
+            keys, self._kept = per_record(items, sel, self.stage_name, "key selector", self.outputs)
+            return keys
 
     def _key_groups(self, items: list, keys: list) -> np.ndarray:
         try:

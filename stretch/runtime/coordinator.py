@@ -24,7 +24,7 @@ import cloudpickle
 from stretch.common.job_status import JobStatus
 from stretch.datastream.connectors.channel import ChannelLogWriter, ChannelSink
 from stretch.errors import JobExecutionError, UserFunctionError
-from stretch.plan.stages import JobPlan
+from stretch.plan.stages import JobPlan, SinkSpec
 from stretch.runtime import control_block as cbk
 from stretch.runtime import shm
 from stretch.runtime.channel_log import ChannelLog, LogTail
@@ -58,6 +58,7 @@ class EngineConfig:
     checkpointing: bool = False  # barriers, snapshots and transactional sinks (enable_checkpointing)
     checkpoint_interval_ms: int | None = None  # periodic checkpoints; None: on demand only
     restore: bool = False  # start from the job's latest complete checkpoint, if it has one
+    dead_letter_channel: str | None = None  # the dead-letter policy: rejected records go here
     elasticity: ElasticityConfig | None = None
     shutdown_timeout: float = 10.0
 
@@ -92,6 +93,18 @@ class Coordinator:
 
     def __init__(self, plan: JobPlan, job_name: str, config: EngineConfig | None = None):
         self.plan = plan
+        self.config = config or EngineConfig()
+        self.dead_letter_sink: int | None = None
+        if self.config.dead_letter_channel is not None:  # a sink that every stage may write to
+            self.dead_letter_sink = len(plan.sinks)
+            plan.sinks.append(
+                SinkSpec(
+                    self.dead_letter_sink,
+                    "dead letters",
+                    ChannelSink(self.config.dead_letter_channel),
+                    [s.id for s in plan.stages],
+                )
+            )
         self.exclusive = threading.RLock()  # rescales, checkpoints and recoveries take turns
         self.generation = 0  # bumped by each recovery: waiters of an earlier one give up
         self.checkpointer: Checkpointer | None = None
@@ -103,7 +116,6 @@ class Coordinator:
         self._worker_ids = itertools.count()
         self.job_name = job_name
         self.job_id = secrets.token_hex(16)
-        self.config = config or EngineConfig()
         self.status = JobStatus.CREATED
         self.error: BaseException | None = None
         self.started_at = time.time()
@@ -298,6 +310,7 @@ class Coordinator:
         self.control = ControlBlock.create(prefix, len(keyed), plan.max_parallelism)
         self._dataplane.append(self.control)
         res = JobResources(prefix, self.control.segment.name, len(keyed), plan.max_parallelism)
+        res.dead_letter_sink = self.dead_letter_sink
         if self.checkpointer is not None:
             res.checkpoints = str(self.checkpointer.store.dir)
         self.gates, self.sink_gates, self.arenas = {}, {}, {}

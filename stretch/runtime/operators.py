@@ -212,34 +212,58 @@ class ProcessOperator(KeyedOperator):
         records = records_in.items()
         ts = records_in.timestamps()
         out: list = []
-        ext = out.extend
         pe = self.fn.process_element
         ctx = self.ctx
         ctx.ts = None
-        u = 0
-        record = None
+        slots = uidx.tolist()
+        stamps = ts.tolist() if ts is not None else None
+        counts: list[int] = []
+        start = 0
+        while start < len(records):  # resumed after a record that went to dead letters
+            start = self._process_from(start, records, slots, stamps, out, counts, pe, ctx)
+        out_ts = np.repeat(ts, counts).tolist() if ts is not None else None
+        b.end()
+        return split_outputs(out, out_ts, self.timestamped, self.spec.output_type)
+
+    def _process_from(self, start, records, slots, stamps, out, counts, pe, ctx) -> int:
+        """process_element of records[start:]; returns where to resume (after a rejected record).
+
+        Outputs carry the timestamp of the record that produced them, as in Flink (``counts``:
+        how many each record produced, when records have timestamps).
+        """
+        b = self.backend
+        ext = out.extend
+        i = start
         try:
-            if ts is None:
-                for u, record in zip(uidx.tolist(), records):
-                    b.current = u
-                    res = pe(record, ctx)
+            if stamps is None:
+                for i in range(start, len(records)):
+                    b.current = slots[i]
+                    res = pe(records[i], ctx)
                     if res is not None:
                         ext(res)
-                out_ts = None
-            else:  # outputs carry the timestamp of the record that produced them, as in Flink
-                counts = []
-                for u, record, ctx.ts in zip(uidx.tolist(), records, ts.tolist()):
-                    b.current = u
-                    res = pe(record, ctx)
+            else:
+                for i in range(start, len(records)):
+                    b.current = slots[i]
+                    ctx.ts = stamps[i]
                     before = len(out)
+                    res = pe(records[i], ctx)
                     if res is not None:
                         ext(res)
                     counts.append(len(out) - before)
-                out_ts = np.repeat(ts, counts).tolist()
         except Exception as e:
-            raise StepError(self.name, record, b.keys[u], e, "process_element") from e
-        b.end()
-        return split_outputs(out, out_ts, self.timestamped, self.spec.output_type)
+            err = StepError(self.name, records[i], b.keys[slots[i]], e, "process_element")
+            err.__cause__ = e
+            self.dead_letter(err)  # raises unless the job's policy is dead letters
+            if stamps is not None:
+                counts.append(0)
+            return i + 1
+        return len(records)
+
+    def dead_letter(self, error: StepError) -> None:
+        outputs = getattr(self, "outputs", None)
+        if outputs is None:
+            raise error
+        outputs.dead_letter(error)
 
     def next_timer(self, domain: int) -> int:
         store = self.backend.timer_store(create=False)

@@ -20,5 +20,6 @@ class JobResources:
     channels: dict[str, str] = field(default_factory=dict)  # input channel name -> gate segment
     sinks: dict = field(default_factory=dict)  # sink id -> SinkSpec, for sinks chained into instances
     producers: dict[int, list[int]] = field(default_factory=dict)  # gate id -> initial watermark producers
+    dead_letter_sink: int | None = None  # the sink of rejected records, under the dead-letter policy
     checkpoints: str | None = None  # directory of the job's checkpoints, if it takes them
     channel_logs: dict[str, tuple[str, str]] = field(default_factory=dict)  # input channel -> (log, tail)

@@ -89,7 +89,10 @@ class Task:
     def outputs(self, producer: int) -> Outputs:
         gates = {g: self.attached.gate(n) for g, n in self.res.gates.items()}
         sink_gates = {s: self.attached.gate(n) for s, n in self.res.sink_gates.items()}
-        return Outputs(gates, sink_gates, self.res.sinks, producer, self._count_out)
+        outputs = Outputs(gates, sink_gates, self.res.sinks, producer, self._count_out)
+        if self.res.dead_letter_sink is not None:
+            outputs.dead_letter_gate = sink_gates[self.res.dead_letter_sink]
+        return outputs
 
     def channel_gate(self, name: str) -> Gate:
         """An input channel's gate (for ChannelSource readers)."""
@@ -162,9 +165,11 @@ class KeyedInstanceTask(Task):
         stage = self.stage
         table = KeyedTable(self.attached.arena(self.res.arenas[stage.id]))
         outputs = self.outputs(producer=0)
+        operator = make_operator(stage.operator, stage.name, table)
+        operator.outputs = outputs  # for records its functions reject (the dead-letter policy)
         self._parts = (
             self.attached.gate(self.res.gates[stage.input_gate]),
-            make_operator(stage.operator, stage.name, table),
+            operator,
             outputs,
             Chain(stage.chain, stage.name, outputs),
         )

@@ -173,6 +173,18 @@ def test_instant_accepts_aware_datetimes():
     assert back == [Instant.of_epoch_milli(int(aware.timestamp() * 1000))]
 
 
+@pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
+def test_instants_read_from_arrow_timestamps_of_any_unit(unit):
+    millis = [1_795_356_163_813, 0, None]
+    batch = pa.record_batch(
+        {"t": pa.array(millis, pa.timestamp("ms", tz="UTC")).cast(pa.timestamp(unit, tz="UTC"), safe=False)}
+    )
+    expected = [
+        None if m is None else Instant.of_epoch_milli(m // 1000 * 1000 if unit == "s" else m) for m in millis
+    ]
+    assert [r[0] for r in from_batch(batch)] == expected
+
+
 def test_nested_row_inside_tuple():
     t = T.TUPLE(
         [

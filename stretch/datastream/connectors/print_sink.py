@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import queue
-
 import sys
 
 import pyarrow as pa
