@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from stretch.common.job_status import JobStatus
 from stretch.common.records import from_batch
+from stretch.runtime import termination
 from stretch.runtime.coordinator import Coordinator
 from stretch.runtime.gate import GateClosed, Kind
 from stretch.state.key_groups import key_group
@@ -79,6 +80,7 @@ class JobClient:
         )
 
     def _start(self) -> JobClient:
+        termination.register(self._coordinator)
         self._thread.start()
         self._coordinator.wait_started()
         if self._coordinator.done and self._coordinator.error is not None:

@@ -215,6 +215,8 @@ class KeyedInstanceTask(Task):
                 if self.should_stop():
                     raise Stopped()
                 continue
+            if self.should_stop():  # cancelled: stop now, not after draining the backlog
+                raise Stopped()
             entry = gate.read(seq)
             if entry.kind is Kind.DATA:
                 t0 = time.perf_counter_ns()
