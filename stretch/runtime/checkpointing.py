@@ -20,6 +20,7 @@ other way round), so each sees a fixed set of instances.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import time
@@ -39,6 +40,9 @@ class CheckpointStore:
     def __init__(self, directory: Path):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = self.dir.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:  # state may hold pickled values
+            raise PermissionError(f"{self.dir} must be owned by you and writable by nobody else")
 
     def path(self, checkpoint: int) -> Path:
         return self.dir / f"{checkpoint:010d}"
