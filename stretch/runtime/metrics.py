@@ -2,7 +2,8 @@
 scraped, so that keeping them costs the job nothing between scrapes.
 
 Per operator: parallelism, gate depth, state bytes, rescales (count and durations); per instance:
-records in and out, busy time, and the lag of its watermark behind the wall clock. Rates and busy
+records in and out, busy time, and the lag of its watermark behind the wall clock; per job, if it
+takes checkpoints: checkpoints (count, durations, latest size, failures) and recoveries. Rates and busy
 fractions are what Prometheus' ``rate()`` makes of the counters. Served only when asked
 (``env.enable_metrics(port)``), on loopback unless told otherwise; ``stretch metrics JOB`` prints
 the same text through the job's control socket without any listener.
@@ -78,6 +79,27 @@ class JobCollector:
                 if wm is not None and wm < MAX_WATERMARK:
                     lag.add_metric(il, (now_ms - wm) / 1000)
         yield from (parallelism, depth, state, records_in, records_out, busy, lag, rescales)
+        yield from self._checkpoints(job)
+
+    def _checkpoints(self, job: str):
+        """Checkpoints (count and durations, latest size) and recoveries, if the job takes them."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+        c = self.coordinator
+        if c.checkpointer is None:
+            return
+        history = list(c.checkpointer.history)
+        taken = SummaryMetricFamily("stretch_checkpoint_seconds", "Completed checkpoints", labels=["job"])
+        taken.add_metric([job], len(history), sum(h["duration_ms"] for h in history) / 1000)
+        size = GaugeMetricFamily("stretch_checkpoint_bytes", "Size of the latest checkpoint", labels=["job"])
+        size.add_metric([job], history[-1]["bytes"] if history else 0)
+        failed = CounterMetricFamily("stretch_checkpoint_failures", "Checkpoints that failed", labels=["job"])
+        failed.add_metric([job], getattr(c, "checkpoint_failures", 0))
+        recoveries = SummaryMetricFamily(
+            "stretch_recovery_seconds", "Recoveries from failed workers", labels=["job"]
+        )
+        recoveries.add_metric([job], len(c.recoveries), sum(r["elapsed_ms"] for r in c.recoveries) / 1000)
+        yield from (taken, size, failed, recoveries)
 
 
 def registry_of(coordinator):

@@ -4,11 +4,14 @@ endpoint (loopback) and through `stretch metrics` from a second process."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stretch import channels
@@ -16,6 +19,7 @@ from stretch.common import Duration, Types, WatermarkStrategy
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.runtime.control_socket import running_jobs
+from stretch.runtime.metrics import render
 
 RECORD = Types.TUPLE([Types.LONG(), Types.LONG()])  # key, event time (ms)
 
@@ -82,3 +86,34 @@ def test_metrics_count_what_the_job_did():
         writer.end()
     finally:
         client.wait()
+
+
+def test_checkpoint_and_recovery_metrics():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.enable_checkpointing()
+    env.from_source(ChannelSource("in", RECORD), None, "in").key_by(lambda r: r[0]).sum(1).name(
+        "sums"
+    ).sink_to(ChannelSink("out"))
+    client = env.execute_async("checkpoint metrics")
+    try:
+        with channels.open_writer(client, "in") as writer:
+            writer.write([(i % 7, i) for i in range(100)])
+            reports = [client.trigger_checkpoint() for _ in range(3)]
+            co = client._coordinator
+            os.kill(next(w.pid for w in co._workers.values() if w.task is not None), signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while not co.recoveries:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            found = samples(render(co))
+        job = (("job", "checkpoint metrics"),)
+        assert found[("stretch_checkpoint_seconds_count", job)] == 3
+        assert found[("stretch_checkpoint_seconds_sum", job)] == pytest.approx(
+            sum(r["duration_ms"] for r in reports) / 1000
+        )
+        assert found[("stretch_checkpoint_bytes", job)] == reports[-1]["bytes"] > 0
+        assert found[("stretch_checkpoint_failures_total", job)] == 0
+        assert found[("stretch_recovery_seconds_count", job)] == 1
+    finally:
+        client.wait(60)
