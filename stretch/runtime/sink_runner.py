@@ -58,6 +58,9 @@ class SinkRunner(threading.Thread):
 
         Returns once the runner no longer touches the old gate, so it may be unmapped.
         """
+        if self.finished:  # it already output everything: what the job replays into it is dropped
+            threading.Thread(target=_drain, args=(gate,), daemon=True).start()
+            return
         self._rollback_to = committed_offset
         self._switched.clear()
         self._next_gate = gate
@@ -138,3 +141,18 @@ class SinkRunner(threading.Thread):
             self.gate, self._next_gate = self._next_gate, None
             self.reached = 0
         self._switched.set()
+
+
+def _drain(gate: Gate) -> None:
+    """Read a gate to its end, keeping nothing (its producers must not block)."""
+    seq = 0
+    try:
+        while True:
+            if gate.wait(seq, timeout=0.2):
+                kind = gate.read(seq).kind
+                seq += 1
+                gate.advance(0, seq)
+                if kind is Kind.END_OF_STREAM:
+                    return
+    except (GateClosed, ValueError):  # the job ended (and unmapped the gate)
+        pass

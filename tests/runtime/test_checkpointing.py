@@ -355,3 +355,32 @@ def test_execute_and_collect_of_a_checkpointed_job_yields_each_result_once_acros
                 killed = True
     assert killed and len(co.recoveries) == 1
     assert sorted(got) == sorted(running_sums_reference(n))
+
+
+def test_a_branch_that_already_ended_keeps_its_output_exact_when_another_branch_recovers():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.enable_checkpointing(50)
+    short = DataGeneratorSource(batch_function=_pairs, count=3_000, batch_rows=1000, type_info=PAIR)
+    env.from_source(short, None, "short").key_by(lambda r: r[0]).reduce(lambda a, b: (a[0], a[1] + b[1])).map(
+        lambda r: r, output_type=PAIR
+    ).sink_to(ChannelSink("short"))
+    running_sums(env, 60_000, 100_000).sink_to(ChannelSink("out"))
+    client = env.execute_async(f"branches-{random.randrange(1 << 40):x}")
+    co = client._coordinator
+    short_sink = next(r for r in co.sink_runners if r.spec.sink.name == "short")
+    deadline = time.monotonic() + 30
+    while not short_sink.finished:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.1)
+    keyed = [
+        w for w in co._workers.values() if w.task is not None and co.plan.stages[w.task[0]].kind == "keyed"
+    ]
+    os.kill(keyed[-1].pid, signal.SIGKILL)
+    assert client.wait(60).name == "FINISHED"
+    assert len(co.recoveries) == 1
+    assert sorted(tuple(r) for r in channels.open_reader(client, "short")) == sorted(
+        running_sums_reference(3_000)
+    )
+    assert _output(client) == sorted(running_sums_reference(60_000))
