@@ -34,6 +34,44 @@ METADATA = "_metadata.json"
 RETAINED = 2  # completed checkpoints kept on disk
 
 
+def snapshot_file(root: Path, checkpoint: int, stage: int, instance: int) -> Path:
+    """Where an instance writes its key groups at a checkpoint."""
+    return root / f"{checkpoint:010d}" / f"{stage}-{instance}.arrow"
+
+
+class Barrier:
+    """A producer's side of a checkpoint barrier, in its worker (steps 2 and 4 above)."""
+
+    def __init__(self, control, stage: int):
+        self.cb = control
+        self.stage = stage
+        self.passed = control.load(control.stage_word(stage, cbk.S_RELEASED))
+
+    def source_reached(self, position: int, should_stop) -> bool:
+        """Between two items: if a checkpoint was requested, record the position and pause.
+        False if the task was told to stop meanwhile."""
+        cb = self.cb
+        requested = cb.load(cb.request_word)
+        if requested <= self.passed:
+            return True
+        self.record_position(position)
+        cb.signal(cb.stage_word(self.stage, cbk.S_REACHED), requested)
+        return self.wait_release(requested, should_stop)
+
+    def record_position(self, position: int) -> None:
+        self.cb.signal(self.cb.stage_word(self.stage, cbk.S_POSITION), position)
+
+    def wait_release(self, checkpoint: int, should_stop) -> bool:
+        """Until the barrier is behind this stage's output in every gate it feeds (False: told to
+        stop meanwhile)."""
+        word = self.cb.stage_word(self.stage, cbk.S_RELEASED)
+        while not self.cb.wait_checkpoint(lambda: self.cb.load(word) >= checkpoint, 0.1):
+            if should_stop():
+                return False
+        self.passed = checkpoint
+        return True
+
+
 class CheckpointStore:
     """A job's checkpoint directory: ``<n>/`` per checkpoint, complete once it has its metadata."""
 
@@ -45,7 +83,7 @@ class CheckpointStore:
             raise PermissionError(f"{self.dir} must be owned by you and writable by nobody else")
 
     def path(self, checkpoint: int) -> Path:
-        return self.dir / f"{checkpoint:010d}"
+        return snapshot_file(self.dir, checkpoint, 0, 0).parent
 
     def completed(self) -> list[int]:
         return sorted(int(p.parent.name) for p in self.dir.glob(f"*/{METADATA}"))
@@ -117,7 +155,18 @@ class Checkpointer:
             if not self.co.accepting_checkpoints():
                 raise CheckpointAborted(f"the job is {self.co.status.name}; no checkpoint taken")
             self.last_id += 1
-            return self._take(self.last_id, self.co.generation)
+            n, generation = self.last_id, self.co.generation
+            try:
+                return self._take(n, generation)
+            except BaseException:
+                if self.co.generation == generation and self.co.accepting_checkpoints():
+                    self._release_all(n)  # a failed checkpoint must not leave producers paused
+                raise
+
+    def _release_all(self, n: int) -> None:
+        cb = self.co.control
+        for stage in self.co.plan.stages:
+            cb.signal(cb.stage_word(stage.id, cbk.S_RELEASED), n)
 
     def _take(self, n: int, generation: int) -> dict:
         co, cb, plan = self.co, self.co.control, self.co.plan
@@ -197,7 +246,7 @@ class Checkpointer:
                 plan.stages[sid].name: {
                     "stage": sid,
                     "parallelism": parallelism[sid],
-                    "files": [f"{sid}-{i}.arrow" for i in range(parallelism[sid])],
+                    "files": [snapshot_file(self.store.dir, n, sid, i).name for i in range(parallelism[sid])],
                     **describe_arena(co.arenas[sid]),
                 }
                 for sid in keyed

@@ -110,6 +110,8 @@ class Coordinator:
         self.checkpointer: Checkpointer | None = None
         self.recoveries: list[dict] = []  # reports of recoveries from worker failures
         self.restored_from: int | None = None  # the checkpoint this run started from
+        self.checkpoint_failures = 0  # periodic checkpoints that failed (the job went on)
+        self.last_checkpoint_error: str | None = None
         self._positions: dict[int, int] = {}  # source stage id -> position to restart at
         self._log_starts: dict[int, int] = {}  # channel source stage -> its log's end as the run began
         self._channel_logs: dict[str, tuple[str, str]] = {}  # input channel -> (log directory, tail)
@@ -253,6 +255,8 @@ class Coordinator:
                         self._log_starts[stage.id] = log.end_offset
                     self._loggers.append(InputLogger(name, g, 1, log, tail=tail))
         self._build_dataplane(restore)
+        if restore is not None:
+            self.restored_from = restore["id"]
         for stage in plan.stages:
             name = getattr(stage.source, "channel_name", None)
             if name is not None and stage.direct and getattr(stage.source, "durable", False):
@@ -360,8 +364,6 @@ class Coordinator:
         self._positions = dict(self._log_starts)  # channel sources start at the log's end
         if restore is not None:
             self._positions.update({int(k): v for k, v in restore["sources"].items()})
-        if restore is not None:
-            self.restored_from = restore["id"]
         for stage in plan.stages:
             if stage.kind == "source":
                 self._parallelism[stage.id] = 1
@@ -634,7 +636,7 @@ class Coordinator:
         return self._sink_runners
 
     def checkpoint_failed(self, error: BaseException) -> None:
-        self.checkpoint_failures = getattr(self, "checkpoint_failures", 0) + 1
+        self.checkpoint_failures += 1
         self.last_checkpoint_error = f"{type(error).__name__}: {error}"
 
     def _fail(self, error: BaseException) -> None:
@@ -932,7 +934,8 @@ class Coordinator:
             "interval_ms": c.interval_ms,
             "completed": len(c.history),
             "latest": c.history[-1] if c.history else None,
-            "failed": getattr(self, "checkpoint_failures", 0),
+            "failed": self.checkpoint_failures,
+            "last_error": self.last_checkpoint_error,
             "restored_from": self.restored_from,
             "recoveries": len(self.recoveries),
             "last_recovery": self.recoveries[-1] if self.recoveries else None,
@@ -984,7 +987,7 @@ class Coordinator:
             out.log.close()
         if self.job_dir is not None:
             self.job_dir.release()
-        for seg in (*self._segments, *getattr(self, "_dataplane", ())):
+        for seg in (*self._segments, *self._dataplane):
             with contextlib.suppress(Exception):
                 seg.close()
         if self.resources is not None:

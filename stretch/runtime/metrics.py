@@ -94,7 +94,7 @@ class JobCollector:
         size = GaugeMetricFamily("stretch_checkpoint_bytes", "Size of the latest checkpoint", labels=["job"])
         size.add_metric([job], history[-1]["bytes"] if history else 0)
         failed = CounterMetricFamily("stretch_checkpoint_failures", "Checkpoints that failed", labels=["job"])
-        failed.add_metric([job], getattr(c, "checkpoint_failures", 0))
+        failed.add_metric([job], c.checkpoint_failures)
         recoveries = SummaryMetricFamily(
             "stretch_recovery_seconds", "Recoveries from failed workers", labels=["job"]
         )

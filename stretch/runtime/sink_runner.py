@@ -32,7 +32,9 @@ class SinkRunner(threading.Thread):
         self._lock = threading.Lock()  # the writer, between this thread and commits
         self._open: list = []  # batches since the latest barrier (held sinks)
         self._staged: list[tuple[int, object]] = []  # (checkpoint, its batches or log offset)
+        self._active = None  # the writer in use while the thread runs
         self._next_gate: Gate | None = None
+        self._rollback_to: int | None = None
         self._switched = threading.Event()  # the runner let go of the gate replace_gate replaced
 
     # ---- called by the coordinator ----------------------------------------------------------
@@ -46,12 +48,16 @@ class SinkRunner(threading.Thread):
         with self._lock:
             done = [s for s in self._staged if s[0] <= checkpoint]
             self._staged = [s for s in self._staged if s[0] > checkpoint]
-            for _, held in done:
-                if self._channel:
-                    self._active.commit(held)
-                else:
-                    for batch, producer in held:
-                        self._active.write(batch, producer)
+            try:
+                for _, held in done:
+                    if self._channel:
+                        self._active.commit(held)
+                    else:
+                        for batch, producer in held:
+                            self._active.write(batch, producer)
+            except Exception as e:  # the sink's own failure: it fails the job, as it would unheld
+                self.coordinator.sink_finished(self.spec.id, e)
+                raise
 
     def replace_gate(self, gate: Gate, committed_offset: int | None, timeout: float) -> None:
         """The job rebuilt its gates after a failure: drop what was not committed, read ``gate``.
@@ -75,7 +81,6 @@ class SinkRunner(threading.Thread):
 
     def run(self) -> None:
         error = None
-        self._active = None
         try:
             self._active = self.writer or self.spec.sink.create_writer(self.spec.upstream_parallelism)
             while not self._consume():

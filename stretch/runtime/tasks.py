@@ -11,6 +11,7 @@ import numpy as np
 from stretch.plan.stages import StageSpec
 from stretch.runtime import control_block as cbk
 from stretch.runtime.chain import KG_COLUMN, Chain, Outputs, Records
+from stretch.runtime.checkpointing import Barrier, snapshot_file
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker, producer_id
 from stretch.runtime.gate import Gate, Kind
@@ -18,6 +19,7 @@ from stretch.runtime.operators import InstanceRuntimeContext, make_operator
 from stretch.runtime.resources import JobResources
 from stretch.state.arena import Arena
 from stretch.state.keyed_table import KeyedTable, writable
+from stretch.state.snapshot import snapshot_key_groups
 from stretch.state.timers import EVENT, PROCESSING
 
 
@@ -119,9 +121,7 @@ class SourceTask(Task):
         source_type = getattr(self.stage.source, "type_info", None)
         position = self.position = self.a.position
         skip = 0 if getattr(self.stage.source, "seekable", False) else position
-        barrier = (
-            Barrier(self.attached.control, self.stage.id, self.should_stop) if self.res.checkpoints else None
-        )
+        barrier = Barrier(self.attached.control, self.stage.id) if self.res.checkpoints else None
         reader = self.stage.source.create_reader(self)
         try:
             for item in reader:
@@ -138,8 +138,8 @@ class SourceTask(Task):
                     else:
                         chain.push(Records(batch=item))
                     position += 1
-                if barrier is not None:
-                    barrier.source_reached(position)
+                if barrier is not None and not barrier.source_reached(position, self.should_stop):
+                    raise Stopped()
         finally:
             close = getattr(reader, "close", None)
             if close is not None:
@@ -270,15 +270,13 @@ class KeyedInstanceTask(Task):
 
     def _checkpoint(self, checkpoint: int, operator) -> None:
         """At a barrier: write the key groups this instance owns, then wait for the release."""
-        from stretch.state.snapshot import snapshot_key_groups
-
-        directory = Path(self.res.checkpoints) / f"{checkpoint:010d}"
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{self.stage.id}-{self.a.index}.arrow"
+        path = snapshot_file(Path(self.res.checkpoints), checkpoint, self.stage.id, self.a.index)
+        path.parent.mkdir(parents=True, exist_ok=True)
         snapshot_key_groups(operator.table, operator.owned, path)
         cb = self.attached.control
         cb.signal(cb.instance_word(self.op_index, self.a.index, cbk.I_CHECKPOINT), checkpoint)
-        Barrier(cb, self.stage.id, self.should_stop).wait_release(checkpoint)
+        if not Barrier(cb, self.stage.id).wait_release(checkpoint, self.should_stop):
+            raise Stopped()
 
     def _advance(self, operator, chain: Chain, watermark: int | None) -> None:
         """The input watermark advanced: fire the event-time timers it passed, then forward it."""
@@ -340,37 +338,6 @@ class KeyedInstanceTask(Task):
         stats[cbk.I_LAST_GAINED] = int(gained.any())
         cb.announce(op, index, cbk.I_ACTIVE, epoch)
         return new
-
-
-class Barrier:
-    """A producer's side of a checkpoint barrier (see runtime.checkpointing)."""
-
-    def __init__(self, control: ControlBlock, stage: int, should_stop):
-        self.cb = control
-        self.stage = stage
-        self.should_stop = should_stop
-        self.passed = control.load(control.stage_word(stage, cbk.S_RELEASED))
-
-    def source_reached(self, position: int) -> None:
-        """Between two items: if a checkpoint was requested, record the position and pause."""
-        cb = self.cb
-        requested = cb.load(cb.request_word)
-        if requested <= self.passed:
-            return
-        self.record_position(position)
-        cb.signal(cb.stage_word(self.stage, cbk.S_REACHED), requested)
-        self.wait_release(requested)
-
-    def record_position(self, position: int) -> None:
-        self.cb.signal(self.cb.stage_word(self.stage, cbk.S_POSITION), position)
-
-    def wait_release(self, checkpoint: int) -> None:
-        """Until the barrier is behind this stage's output in every gate it feeds."""
-        word = self.cb.stage_word(self.stage, cbk.S_RELEASED)
-        while not self.cb.wait_checkpoint(lambda: self.cb.load(word) >= checkpoint, 0.1):
-            if self.should_stop():
-                raise Stopped()
-        self.passed = checkpoint
 
 
 def make_task(assignment: Assignment, attached: _Attached, should_stop) -> Task:
