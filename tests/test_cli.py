@@ -97,3 +97,34 @@ def test_scale_from_a_second_process_and_its_errors():
         client.cancel()
     ended = stretch("scale", job, "totals", "2", check=False)
     assert ended.returncode != 0 and "no running job" in ended.stderr
+
+
+RESTORE_SCRIPT = """
+import sys
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors.channel import ChannelSink
+from tests.runtime.test_checkpointing import running_sums
+
+env = StreamExecutionEnvironment.get_execution_environment()
+env.set_parallelism(int(sys.argv[2]))
+env.enable_checkpointing(50)
+running_sums(env, 30_000, 200_000).sink_to(ChannelSink("out"))
+client = env.execute_async(sys.argv[1])
+client.wait()
+print("restored from", client._coordinator.restored_from, "checkpoints", len(client._coordinator.checkpointer.history))
+"""
+
+
+def test_run_a_job_script_and_run_it_again_from_its_latest_checkpoint(tmp_path):
+    from stretch.runtime.checkpointing import CheckpointStore
+    from stretch.runtime.state_dir import job_dir
+
+    script = tmp_path / "job.py"
+    script.write_text(RESTORE_SCRIPT)
+    name = f"cli-restore-{tmp_path.name}"
+    first = stretch("run", str(script), name, "2")
+    assert first.stdout.startswith("restored from None"), first.stderr
+    latest = CheckpointStore(job_dir(name) / "checkpoints").latest()
+    assert latest is not None
+    again = stretch("run", "--restore", str(script), name, "3")
+    assert again.stdout.startswith(f"restored from {latest['id']}"), again.stderr

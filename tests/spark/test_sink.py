@@ -3,10 +3,13 @@ micro-batch, checked against plain PySpark batch code on the same rows."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -40,9 +43,11 @@ def files(directory, parts: int, rows: int, seed: int = 0):
 class Job:
     """Running totals per user; the results read back from the output channel by a thread."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, checkpoint_ms: int | None = None):
         env = StreamExecutionEnvironment.get_execution_environment()
         env.set_parallelism(2)
+        if checkpoint_ms:
+            env.enable_checkpointing(checkpoint_ms)
         env.from_source(ChannelSource("in", RECORD), None, "in").key_by(lambda r: r[0]).sum(1).sink_to(
             ChannelSink("out")
         )
@@ -84,6 +89,31 @@ def test_round_trip_in_several_micro_batches(spark, tmp_path):
     assert len(query.recentProgress) >= 4  # one file per micro-batch
     assert job.finish() == reference(spark, tmp_path / "in")
     assert len(job.out) == len(rows)  # one result per row: nothing twice, nothing lost
+
+
+def test_a_checkpointed_job_that_loses_a_worker_mid_stream_keeps_spark_exactly_once(spark, tmp_path):
+    """Spark -> a checkpointed job -> Spark: a worker killed with SIGKILL while micro-batches
+    arrive; the job recovers, and both the channel reader and Spark's read of the output see
+    every running total once."""
+    rows = files(tmp_path / "in", parts=6, rows=400, seed=3)
+    job = Job("spark exactly once", checkpoint_ms=50)
+    co = job.client._coordinator
+
+    def kill_once():
+        while co.describe()["operators"][0]["records_in"] < 400 and not co.done:
+            time.sleep(0.01)
+        busy = [w for w in list(co._workers.values()) if w.task is not None and w.pid]
+        os.kill(busy[-1].pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_once, daemon=True)
+    killer.start()
+    stream_into(spark, job.name, tmp_path / "in", tmp_path / "ckpt")
+    killer.join(60)
+    assert job.finish() == reference(spark, tmp_path / "in")
+    assert len(co.recoveries) == 1
+    assert len(job.out) == len(rows)  # one result per row: nothing twice, nothing lost
+    back = spark.read.format("stretch").option("job", job.name).option("channel", "out").load()
+    assert sorted(tuple(r) for r in back.collect()) == sorted(job.out)
 
 
 def test_a_restarted_query_continues_from_its_checkpoint(spark, tmp_path):
