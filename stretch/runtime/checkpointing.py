@@ -28,7 +28,7 @@ from pathlib import Path
 
 from stretch.runtime import control_block as cbk
 from stretch.runtime.gate import Kind
-from stretch.state.snapshot import describe_arena
+from stretch.state.snapshot import describe_arena, write_snapshot
 
 METADATA = "_metadata.json"
 RETAINED = 2  # completed checkpoints kept on disk
@@ -37,6 +37,16 @@ RETAINED = 2  # completed checkpoints kept on disk
 def snapshot_file(root: Path, checkpoint: int, stage: int, instance: int) -> Path:
     """Where an instance writes its key groups at a checkpoint."""
     return root / f"{checkpoint:010d}" / f"{stage}-{instance}.arrow"
+
+
+def write_snapshot_or_report(batches, path: Path) -> None:
+    """An instance's snapshot thread: the file, or next to it why it could not be written (so the
+    coordinator fails the checkpoint instead of waiting for it)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_snapshot(batches, path)
+    except Exception as e:
+        path.with_name(path.name + ".failed").write_text(f"{type(e).__name__}: {e}")
 
 
 class Barrier:
@@ -225,6 +235,7 @@ class Checkpointer:
             ):
                 break
             cb.wait_checkpoint(lambda: False, 0.002)
+        files = self._await_files(n, generation, keyed, parallelism, deadline)
         outputs = {}
         for r in runners.values():
             name = getattr(r.spec.sink, "name", None)
@@ -246,7 +257,7 @@ class Checkpointer:
                 plan.stages[sid].name: {
                     "stage": sid,
                     "parallelism": parallelism[sid],
-                    "files": [snapshot_file(self.store.dir, n, sid, i).name for i in range(parallelism[sid])],
+                    "files": files[sid],
                     **describe_arena(co.arenas[sid]),
                 }
                 for sid in keyed
@@ -264,3 +275,27 @@ class Checkpointer:
         }
         self.history.append(report)
         return report
+
+    def _await_files(self, n: int, generation: int, keyed: dict, parallelism: dict, deadline: float) -> dict:
+        """Each instance that passed barrier n writes its copy of its key groups in the background:
+        wait for every file (instances that ended before the barrier wrote none)."""
+        co, cb = self.co, self.co.control
+        expected = {
+            sid: [i for i in range(parallelism[sid]) if cb.instances(op)[i, cbk.I_CHECKPOINT] >= n]
+            for sid, op in keyed.items()
+        }
+        for sid, instances in expected.items():
+            for i in instances:
+                path = snapshot_file(self.store.dir, n, sid, i)
+                failed = path.with_name(path.name + ".failed")
+                while not path.exists():
+                    if failed.exists():
+                        raise RuntimeError(f"checkpoint {n}: {failed.read_text()}")
+                    if co.generation != generation or not co.accepting_checkpoints():
+                        raise CheckpointAborted(f"checkpoint {n} abandoned: the job is {co.status.name}")
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"checkpoint {n}: {path.name} was not written in time")
+                    time.sleep(0.002)
+        return {
+            sid: [snapshot_file(self.store.dir, n, sid, i).name for i in ids] for sid, ids in expected.items()
+        }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 from stretch.plan.stages import StageSpec
 from stretch.runtime import control_block as cbk
 from stretch.runtime.chain import KG_COLUMN, Chain, Outputs, Records
-from stretch.runtime.checkpointing import Barrier, snapshot_file
+from stretch.runtime.checkpointing import Barrier, snapshot_file, write_snapshot_or_report
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker, producer_id
 from stretch.runtime.gate import Gate, Kind
@@ -19,7 +20,7 @@ from stretch.runtime.operators import InstanceRuntimeContext, make_operator
 from stretch.runtime.resources import JobResources
 from stretch.state.arena import Arena
 from stretch.state.keyed_table import KeyedTable, writable
-from stretch.state.snapshot import snapshot_key_groups
+from stretch.state.snapshot import copy_key_groups
 from stretch.state.timers import EVENT, PROCESSING
 
 
@@ -269,10 +270,11 @@ class KeyedInstanceTask(Task):
         stats[cbk.I_STATE] = cbk.DONE
 
     def _checkpoint(self, checkpoint: int, operator) -> None:
-        """At a barrier: write the key groups this instance owns, then wait for the release."""
+        """At a barrier: copy the key groups this instance owns, then wait for the release; the
+        copy is written to the checkpoint's directory meanwhile and after (asynchronously)."""
         path = snapshot_file(Path(self.res.checkpoints), checkpoint, self.stage.id, self.a.index)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        snapshot_key_groups(operator.table, operator.owned, path)
+        batches = copy_key_groups(operator.table, operator.owned)
+        threading.Thread(target=write_snapshot_or_report, args=(batches, path), daemon=True).start()
         cb = self.attached.control
         cb.signal(cb.instance_word(self.op_index, self.a.index, cbk.I_CHECKPOINT), checkpoint)
         if not Barrier(cb, self.stage.id).wait_release(checkpoint, self.should_stop):

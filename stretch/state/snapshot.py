@@ -53,36 +53,50 @@ def _blocks(table: KeyedTable, kg: int, registry: list[dict]):
         yield base + K.S_HEAP_OFF, int(c[K.S_HEAP_CAP]), int(c[K.S_HEAP_USED])
 
 
-def snapshot_key_groups(table: KeyedTable, key_groups, path: Path) -> int:
-    """Write the given key groups to an Arrow IPC file; returns its size in bytes.
+def copy_key_groups(table: KeyedTable, key_groups) -> list[pa.RecordBatch]:
+    """The given key groups' structures, copied out of the arena into Arrow batches.
 
-    The caller owns these key groups and does not write them meanwhile (an instance at a barrier).
-    Batches are cut at about 64 MiB, so writing needs little memory besides the state itself.
+    The caller owns these key groups and does not write them meanwhile (an instance at a barrier);
+    once this returns it may go on, and the batches be written at leisure (``write_snapshot``).
+    Batches are cut at about 64 MiB.
     """
     a8 = table.arena.a8
     registry = table.arena.registry()
+    batches: list[pa.RecordBatch] = []
+    rows: list[tuple] = []
+    pending = 0
+    for kg in map(int, key_groups):
+        if not table.headers[kg, K.H_NKEYS]:
+            continue
+        header = table.headers[kg].copy()
+        rows.append((kg, -1, K.KG_WORDS * 8, header))
+        for word, cap, live in _blocks(table, kg, registry):
+            off = int(header[word])
+            header[word] = 0  # set again on restore, where the block is allocated
+            if off and cap:
+                rows.append((kg, word, cap, a8[off : off + live]))
+                pending += live
+        if pending >= _BATCH_BYTES:
+            batches.append(_batch(rows))
+            rows, pending = [], 0
+    if rows:
+        batches.append(_batch(rows))
+    return batches
+
+
+def write_snapshot(batches: list[pa.RecordBatch], path: Path) -> int:
+    """Write copied key groups to an Arrow IPC file, atomically; returns its size in bytes."""
     tmp = path.with_name(path.name + ".tmp")
     with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_file(f, SCHEMA) as writer:
-        rows: list[tuple] = []
-        pending = 0
-        for kg in map(int, key_groups):
-            if not table.headers[kg, K.H_NKEYS]:
-                continue
-            header = table.headers[kg].copy()
-            rows.append((kg, -1, K.KG_WORDS * 8, header))
-            for word, cap, live in _blocks(table, kg, registry):
-                off = int(header[word])
-                header[word] = 0  # set again on restore, where the block is allocated
-                if off and cap:
-                    rows.append((kg, word, cap, a8[off : off + live]))
-                    pending += live
-            if pending >= _BATCH_BYTES:
-                writer.write_batch(_batch(rows))
-                rows, pending = [], 0
-        if rows:
-            writer.write_batch(_batch(rows))
+        for batch in batches:
+            writer.write_batch(batch)
     tmp.replace(path)
     return path.stat().st_size
+
+
+def snapshot_key_groups(table: KeyedTable, key_groups, path: Path) -> int:
+    """Copy and write in one go (see copy_key_groups and write_snapshot)."""
+    return write_snapshot(copy_key_groups(table, key_groups), path)
 
 
 def _batch(rows: list[tuple]) -> pa.RecordBatch:

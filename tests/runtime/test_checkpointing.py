@@ -213,8 +213,8 @@ def test_checkpoints_and_rescales_requested_together_interleave():
         for p in (3, 1, 4, 2):
             try:
                 client.rescale("windows", p)
-            except RuntimeError as e:
-                if "consumed all its input" not in str(e):
+            except RuntimeError as e:  # the job may have read all its input, or ended
+                if "consumed all its input" not in str(e) and client._coordinator.status.name != "FINISHED":
                     errors.append(e)
             time.sleep(0.03)
 
