@@ -514,9 +514,10 @@ class _ToGate(_Node):
                 ]
         else:
             items = records.items()
-            keys = self._keys(items)
-            if len(keys) < len(items):  # records whose key selector failed went to dead letters
-                kept = self._kept
+            keys, kept = self._keys(items)
+            if kept is not None:  # records whose key selector failed went to dead letters
+                if not kept:
+                    return
                 items = [items[i] for i in kept]
                 records = Records(
                     items=items, type_info=records.type_info, timestamps=_take(records.timestamps(), kept)
@@ -533,13 +534,13 @@ class _ToGate(_Node):
         self.outputs.count_out(batch.num_rows)
         self.gate.append_batch(batch, producer=self.outputs.producer)
 
-    def _keys(self, items: list) -> list:
+    def _keys(self, items: list) -> tuple[list, list[int] | None]:
+        """Each record's key, and which records have one (None: all of them)."""
         sel = self.key.selector.get_key if isinstance(self.key.selector, KeySelector) else self.key.selector
         try:
-            return [sel(r) for r in items]
+            return [sel(r) for r in items], None
         except Exception:
-            keys, self._kept = per_record(items, sel, self.stage_name, "key selector", self.outputs)
-            return keys
+            return per_record(items, sel, self.stage_name, "key selector", self.outputs)
 
     def _key_groups(self, items: list, keys: list) -> np.ndarray:
         try:
