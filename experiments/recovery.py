@@ -9,7 +9,9 @@
   ``recovery_p50_ms``: from the kill until the job runs again (new workers, state restored from
   the latest checkpoint, sources rewound).
 - Checkpoint time with ~100 MB and ~1 GB of keyed state (vectorized ``sum`` over that many distinct
-  keys, fed while the checkpoints are taken): medians of ``--checkpoints`` on-demand checkpoints.
+  keys, fed while the checkpoints are taken): medians of ``--checkpoints`` on-demand checkpoints,
+  and how long the operator's instances stood still in each (``checkpoint_pause_p50_ms``: from the
+  first instance at the barrier until the operator's release; the files are written after).
 - ``throughput_overhead_pct``: W1 (keyed running count+sum, vectorized, parallelism 2) generated in
   the job, with a checkpoint every second against none; medians of ``--repeats`` runs each.
 - ``leaked_segments``: shared-memory segments of this process left after everything (must be 0).
@@ -117,6 +119,7 @@ def checkpoint_times(keys: int, checkpoints: int) -> dict:
     return {
         "state_bytes": state,
         "checkpoint_ms": [r["duration_ms"] for r in reports],
+        "pause_ms": [r["pause_ms"] for r in reports],
         "checkpoint_bytes": reports[-1]["bytes"],
     }
 
@@ -216,6 +219,7 @@ def main() -> None:
     }
     for label, s in sizes.items():
         result[f"checkpoint_p50_ms_{label}"] = round(statistics.median(s["checkpoint_ms"]), 1)
+        result[f"checkpoint_pause_p50_ms_{label}"] = round(statistics.median(s["pause_ms"]), 1)
         result[f"state_bytes_{label}"] = s["state_bytes"]
         result[f"checkpoint_bytes_{label}"] = s["checkpoint_bytes"]
     result.update(

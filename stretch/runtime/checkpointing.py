@@ -212,6 +212,7 @@ class Checkpointer:
         placed: set[int] = set()
         released: set[int] = set()
         positions: dict[str, int] = {}
+        pause_ms = 0.0  # the longest an operator's instances stood still (first pause to release)
         cb.signal(cb.request_word, n)
         while True:
             if co.generation != generation or not co.accepting_checkpoints():
@@ -230,6 +231,11 @@ class Checkpointer:
                         positions[str(sid)] = cb.load(cb.stage_word(sid, cbk.S_POSITION))
                     cb.signal(cb.stage_word(sid, cbk.S_RELEASED), n)
                     released.add(sid)
+                    if sid in keyed:  # from its first instance at the barrier until now
+                        inst = cb.instances(keyed[sid])[: parallelism[sid]]
+                        at = inst[inst[:, cbk.I_CHECKPOINT] >= n, cbk.I_BARRIER_AT_NS]
+                        if at.size:
+                            pause_ms = max(pause_ms, (time.monotonic_ns() - int(at.min())) / 1e6)
             if len(released) == len(plan.stages) and all(
                 r.reached >= n or r.finished for r in runners.values()
             ):
@@ -270,6 +276,7 @@ class Checkpointer:
         report = {
             "id": n,
             "duration_ms": duration_ms,
+            "pause_ms": pause_ms,
             "bytes": size,
             "completed_at": metadata["completed_at"],
         }

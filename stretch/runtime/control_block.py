@@ -25,8 +25,9 @@ I_LAST_STALL_NS, I_LAST_GAINED = 10, 11  # the latest marker: how long it waited
 I_ACTIVE = 12  # the epoch whose ownership the instance processes under (after its handoff waits)
 I_ACTIVE_AT_NS = 13  # CLOCK_MONOTONIC time it became active under that epoch
 I_WATERMARK = 14  # the instance's input watermark (event time, ms); 0 before the first
-I_CHECKPOINT = 15  # the latest checkpoint barrier the instance passed (its snapshot written)
-I_WORDS = 16
+I_CHECKPOINT = 15  # the latest checkpoint barrier the instance passed (its key groups copied)
+I_BARRIER_AT_NS = 16  # CLOCK_MONOTONIC time it read that barrier (it stands still from then)
+I_WORDS = 24
 # Instance states.
 FREE, RUNNING, DONE = 0, 1, 2
 

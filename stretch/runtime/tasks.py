@@ -272,6 +272,7 @@ class KeyedInstanceTask(Task):
     def _checkpoint(self, checkpoint: int, operator) -> None:
         """At a barrier: copy the key groups this instance owns, then wait for the release; the
         copy is written to the checkpoint's directory meanwhile and after (asynchronously)."""
+        self.stats[cbk.I_BARRIER_AT_NS] = time.monotonic_ns()
         path = snapshot_file(Path(self.res.checkpoints), checkpoint, self.stage.id, self.a.index)
         batches = copy_key_groups(operator.table, operator.owned)
         threading.Thread(target=write_snapshot_or_report, args=(batches, path), daemon=True).start()
