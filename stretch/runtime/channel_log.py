@@ -50,6 +50,7 @@ class ChannelLog:
         self.segment_bytes = segment_bytes
         self._segment: tuple[int, object] | None = None  # (first offset, open file) being appended to
         self._maps: dict[int, pa.MemoryMappedFile] = {}  # segments mapped for reading
+        self.pinned: int | None = None  # retention keeps every batch from here on (a checkpoint's)
 
     # ---- offsets ---------------------------------------------------------------------------
     def _entries(self, start: int, end: int) -> np.ndarray:
@@ -211,7 +212,8 @@ class ChannelLog:
             tmp.replace(self.dir / "commits.json")
 
     def _retain(self) -> None:
-        """Delete whole segments every reader committed past, then the oldest beyond the bound."""
+        """Delete whole segments every reader committed past, then the oldest beyond the bound;
+        never one holding a pinned offset or any after it."""
         segments = self._segments()
         current = self._segment[0] if self._segment is not None else None
         commits = self.commits()
@@ -222,6 +224,8 @@ class ChannelLog:
             if s == current or i == len(segments) - 1:  # never the segment being appended to
                 break
             following = segments[i + 1] if i + 1 < len(segments) else self.end_offset
+            if self.pinned is not None and following > self.pinned:
+                break
             if (floor is not None and following <= floor) or total > self.max_bytes:
                 self._path(s).unlink(missing_ok=True)
                 total -= sizes[s]

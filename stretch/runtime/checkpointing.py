@@ -271,6 +271,7 @@ class Checkpointer:
             "outputs": outputs,
         }
         self.store.complete(n, metadata)
+        co.checkpoint_completed(metadata)
         for r in runners.values():
             r.commit(n)
         report = {

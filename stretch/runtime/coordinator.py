@@ -115,6 +115,7 @@ class Coordinator:
         self._positions: dict[int, int] = {}  # source stage id -> position to restart at
         self._log_starts: dict[int, int] = {}  # channel source stage -> its log's end as the run began
         self._channel_logs: dict[str, tuple[str, str]] = {}  # input channel -> (log directory, tail)
+        self._input_logs: dict[int, ChannelLog] = {}  # channel source stage -> the log it reads
         self._worker_ids = itertools.count()
         self.job_name = job_name
         self.job_id = secrets.token_hex(16)
@@ -253,10 +254,13 @@ class Coordinator:
                         self._segments.append(tail.segment)
                         self._channel_logs[name] = (str(log.dir), tail.name)
                         self._log_starts[stage.id] = log.end_offset
+                        self._input_logs[stage.id] = log
                     self._loggers.append(InputLogger(name, g, 1, log, tail=tail))
         self._build_dataplane(restore)
         if restore is not None:
             self.restored_from = restore["id"]
+        for stage_id, log in self._input_logs.items():  # what a recovery would read again
+            log.pinned = self._positions[stage_id]
         for stage in plan.stages:
             name = getattr(stage.source, "channel_name", None)
             if name is not None and stage.direct and getattr(stage.source, "durable", False):
@@ -620,6 +624,11 @@ class Coordinator:
         if self.checkpointer is None:
             raise RuntimeError("checkpointing is off for this job: call env.enable_checkpointing() first")
         return self.checkpointer.trigger()
+
+    def checkpoint_completed(self, metadata: dict) -> None:
+        """Input logs may now let go of what comes before the checkpoint's offsets."""
+        for stage_id, log in self._input_logs.items():
+            log.pinned = metadata["sources"].get(str(stage_id), log.pinned)
 
     def accepting_checkpoints(self) -> bool:
         return self.status is JobStatus.RUNNING and not self._stopping

@@ -83,6 +83,46 @@ def test_size_bound_drops_the_oldest_segments(tmp_path):
     assert list(log.read(start)) == model[start:]
 
 
+def test_the_size_bound_keeps_everything_from_a_pinned_offset(tmp_path):
+    """A checkpointed job pins its input log at the latest checkpoint's offset: a recovery must
+    be able to read from there, however much arrived since."""
+    log = ChannelLog(tmp_path, max_bytes=20_000, segment_bytes=4096)
+    model = [batch(i) for i in range(100)]
+    log.pinned = 10
+    for b in model:
+        log.append(b)
+    assert log.start_offset <= 10
+    assert list(log.read(10)) == model[10:]
+    log.pinned = 60  # the next checkpoint: what comes before it may go
+    log.append(batch(100))
+    model.append(batch(100))
+    assert 10 < log.start_offset <= 60
+    assert list(log.read(60)) == model[60:]
+
+
+def test_truncate_drops_the_end_and_the_next_append_reuses_its_offsets(tmp_path):
+    log = ChannelLog(tmp_path, segment_bytes=4096)
+    model = [batch(i) for i in range(40)]
+    for b in model:
+        log.append(b)
+    log.truncate(23)
+    assert log.end_offset == 23
+    assert log.append(batch(99)) == 23
+    assert list(log.read(20)) == [*model[20:23], batch(99)]
+    log.truncate(0)
+    assert log.end_offset == 0 and list(log.read(0)) == []
+
+
+def test_readers_stop_at_the_committed_offset(tmp_path):
+    log = ChannelLog(tmp_path, segment_bytes=4096)
+    for i in range(10):
+        log.append(batch(i))
+    log.set_committed(6)
+    assert ChannelLog(tmp_path, create=False).readable_end == 6
+    log.set_committed(None)
+    assert ChannelLog(tmp_path, create=False).readable_end == 10
+
+
 def test_another_process_reads_while_the_job_appends(tmp_path):
     log = ChannelLog(tmp_path, segment_bytes=4096)
     model = [batch(i) for i in range(12)]
