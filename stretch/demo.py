@@ -120,6 +120,17 @@ def run(
 def _pipeline(spark, work: Path, events, files, parallelism, schedule, plot, out) -> dict:
     client = start_job(parallelism)
     started = time.monotonic()
+    back = (  # started first, so that the monitor is watching by the time the input flows
+        spark.readStream.format("stretch")
+        .option("job", JOB)
+        .option("channel", "per_user")
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(work / "results"))
+        .option("checkpointLocation", str(work / "checkpoints" / "back"))
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
     into = (
         spark.readStream.schema("user BIGINT, ts BIGINT, amount DOUBLE")
         .option("maxFilesPerTrigger", 1)  # a micro-batch's files are published in Spark's partition order
@@ -129,17 +140,6 @@ def _pipeline(spark, work: Path, events, files, parallelism, schedule, plot, out
         .option("channel", "clicks")
         .option("checkpointLocation", str(work / "checkpoints" / "into"))
         .trigger(availableNow=True)
-        .start()
-    )
-    back = (
-        spark.readStream.format("stretch")
-        .option("job", JOB)
-        .option("channel", "per_user")
-        .load()
-        .writeStream.format("parquet")
-        .option("path", str(work / "results"))
-        .option("checkpointLocation", str(work / "checkpoints" / "back"))
-        .trigger(processingTime="500 milliseconds")
         .start()
     )
     out(f"  Spark -> stretch job {JOB!r} (parallelism {parallelism}) -> Spark, rescaling live to {schedule}")
@@ -217,33 +217,50 @@ def _offset_read(query) -> int:
 
 def _monitor(client, into, events, schedule, started, out) -> list[tuple]:
     """Sample the job twice a second while Spark feeds it; rescale live as the input passes
-    evenly spaced marks."""
+    evenly spaced marks. Rescales the input outran (a small run on a busy machine) are made once
+    Spark has delivered everything, while the job still holds its open windows."""
     samples = []  # (t, events/s, parallelism, backlog batches)
     last_in, last_t = 0, time.monotonic()
-    seen = 0
     pending = list(schedule)
     marks = [events * (i + 1) // (len(schedule) + 1) for i in range(len(schedule))]
-    while into.isActive:
-        time.sleep(0.5)
-        now = time.monotonic()
-        op = client.describe()["operators"][0]
-        records = op["records_in"]
-        rate = (records - last_in) / (now - last_t)
-        samples.append((now - started, rate, op["parallelism"], op["gate_depth"]))
-        out(
-            f"  {now - started:5.1f}s  {rate:>10,.0f} clicks/s  parallelism {op['parallelism']}  gate depth {op['gate_depth']}"
-        )
-        last_in, last_t = records, now
-        if pending and records >= marks[len(schedule) - len(pending)]:
-            p = pending.pop(0)
-            threading.Thread(target=client.rescale, args=("per-user windows", p), daemon=True).start()
+    rescaling: threading.Thread | None = None
+    seen = 0
+
+    def report_rescales(now: float) -> None:
+        nonlocal seen
         for r in client._coordinator.rescales[seen:]:
             out(
                 f"  {now - started:5.1f}s  rescaled live {r['old_parallelism']} -> {r['new_parallelism']} in "
                 f"{r['elapsed_ms']:.2f} ms, {r['state_bytes_copied']} state bytes copied"
             )
-        seen = len(client._coordinator.rescales)
+            seen += 1
+
+    while into.isActive:
+        time.sleep(0.1)
+        now = time.monotonic()
+        op = client.describe()["operators"][0]
+        records = op["records_in"]
+        idle = rescaling is None or not rescaling.is_alive()
+        if pending and idle and records >= marks[len(schedule) - len(pending)]:
+            rescaling = threading.Thread(
+                target=client.rescale, args=("per-user windows", pending.pop(0)), daemon=True
+            )
+            rescaling.start()
+        if now - last_t >= 0.5:
+            rate = (records - last_in) / (now - last_t)
+            samples.append((now - started, rate, op["parallelism"], op["gate_depth"]))
+            out(
+                f"  {now - started:5.1f}s  {rate:>10,.0f} clicks/s  parallelism {op['parallelism']}  "
+                f"gate depth {op['gate_depth']}"
+            )
+            last_in, last_t = records, now
+        report_rescales(now)
     into.awaitTermination()
+    if rescaling is not None:
+        rescaling.join()
+    for p in pending:
+        client.rescale("per-user windows", p)
+    report_rescales(time.monotonic())
     return samples
 
 
