@@ -7,6 +7,11 @@ the engine's workers import the function interfaces from this package without ne
 from importlib import import_module
 
 from stretch.common.job_status import JobStatus
+from stretch.datastream.checkpoint_config import (
+    CheckpointConfig,
+    CheckpointingMode,
+    ExternalizedCheckpointRetention,
+)
 from stretch.datastream.functions import (
     AggregateFunction,
     CoGroupFunction,
@@ -55,10 +60,13 @@ def __getattr__(name: str):
 
 __all__ = [
     "AggregateFunction",
+    "CheckpointConfig",
+    "CheckpointingMode",
     "CloseableIterator",
     "CoGroupFunction",
     "DataStream",
     "DataStreamSink",
+    "ExternalizedCheckpointRetention",
     "FilterFunction",
     "FlatMapFunction",
     "JobClient",

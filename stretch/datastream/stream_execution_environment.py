@@ -7,6 +7,7 @@ import os
 
 from stretch.common.records import to_batch
 from stretch.common.typeinfo import TypeInformation
+from stretch.datastream.checkpoint_config import CheckpointConfig, CheckpointingMode
 from stretch.datastream.connectors.arrow import ArrowSource
 from stretch.datastream.connectors.base import Source
 from stretch.datastream.connectors.channel import _check_name
@@ -43,6 +44,7 @@ class StreamExecutionEnvironment:
         self._max_parallelism = DEFAULT_MAX_PARALLELISM
         self._sinks: list[Transformation] = []
         self.engine_config = EngineConfig()
+        self._checkpoint_config = CheckpointConfig(self.engine_config)
 
     @staticmethod
     def get_execution_environment(configuration=None) -> StreamExecutionEnvironment:
@@ -118,17 +120,30 @@ class StreamExecutionEnvironment:
         self.engine_config.metrics = (host, int(port))
         return self
 
-    def enable_checkpointing(self, interval_ms: int | None = None) -> StreamExecutionEnvironment:
-        """Take a checkpoint every ``interval_ms`` (None: only when triggered), making the job
-        fault tolerant: a worker that dies is recovered from the latest checkpoint, and the job's
-        sinks and output channels publish each result exactly once, when the checkpoint covering
-        it completes. Sources must be replayable (every built-in source and durable channel is).
+    def enable_checkpointing(
+        self, interval: int | None = None, mode: CheckpointingMode | None = None
+    ) -> StreamExecutionEnvironment:
+        """Take a checkpoint every ``interval`` ms (None, beyond PyFlink: only when triggered),
+        making the job fault tolerant: a worker that dies is recovered from the latest checkpoint,
+        and the job's sinks and output channels publish each result exactly once, when the
+        checkpoint covering it completes. Sources must be replayable (every built-in source and
+        durable channel is). More settings: ``get_checkpoint_config()``.
         """
-        if interval_ms is not None and (not isinstance(interval_ms, int) or interval_ms <= 0):
-            raise ValueError(f"interval_ms must be a positive int or None, got {interval_ms!r}")
+        if interval is not None:
+            self._checkpoint_config.set_checkpoint_interval(interval)
+        if mode is not None:
+            self._checkpoint_config.set_checkpointing_mode(mode)
         self.engine_config.checkpointing = True
-        self.engine_config.checkpoint_interval_ms = interval_ms
         return self
+
+    def get_checkpoint_config(self) -> CheckpointConfig:
+        return self._checkpoint_config
+
+    def get_checkpoint_interval(self) -> int:
+        return self._checkpoint_config.get_checkpoint_interval()
+
+    def get_checkpointing_mode(self) -> CheckpointingMode:
+        return self._checkpoint_config.get_checkpointing_mode()
 
     def set_error_policy(
         self, policy: str, dead_letter_channel: str = "dead-letters"
@@ -190,7 +205,9 @@ class StreamExecutionEnvironment:
             restore = os.environ.get(RESTORE_ENV) == "1"
         if restore and not self.engine_config.checkpointing:
             raise ValueError("restore needs checkpointing: call env.enable_checkpointing() first")
-        config = dataclasses.replace(self.engine_config, restore=restore)
+        config = dataclasses.replace(  # a snapshot: later changes to the environment leave the job be
+            self.engine_config, restore=restore, checkpoint=dataclasses.replace(self.engine_config.checkpoint)
+        )
         coordinator = Coordinator(plan, job_name or DEFAULT_JOB_NAME, config)
         return coordinator, JobClient(coordinator)
 

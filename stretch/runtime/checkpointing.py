@@ -19,11 +19,13 @@ other way round), so each sees a fixed set of instances.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from stretch.runtime import control_block as cbk
@@ -121,6 +123,17 @@ class CheckpointStore:
                 shutil.rmtree(p, ignore_errors=True)
 
 
+@dataclass
+class CheckpointSettings:
+    """How a job takes checkpoints (set through ``env.get_checkpoint_config()``, Flink's meanings)."""
+
+    interval_ms: int | None = None  # from the start of one periodic checkpoint to the next; None: on demand
+    timeout_ms: int = 600_000  # a checkpoint not complete by then fails
+    min_pause_ms: int = 0  # from the end of one checkpoint to the start of the next
+    tolerable_failures: int | None = None  # consecutive failed checkpoints before the job fails; None: any
+    delete_on_cancel: bool = False  # a cancelled job removes its checkpoints (else they stay to restore)
+
+
 class CheckpointAborted(RuntimeError):
     """The job failed, ended or recovered while a checkpoint was under way."""
 
@@ -128,11 +141,11 @@ class CheckpointAborted(RuntimeError):
 class Checkpointer:
     """Takes the checkpoints of one running job (on demand, and periodically if configured)."""
 
-    def __init__(self, coordinator, store: CheckpointStore, interval_ms: int | None, timeout: float = 600.0):
+    def __init__(self, coordinator, store: CheckpointStore, settings: CheckpointSettings):
         self.co = coordinator
         self.store = store
-        self.interval_ms = interval_ms
-        self.timeout = timeout
+        self.settings = settings
+        self.timeout = settings.timeout_ms / 1000
         latest = store.completed()
         self.last_id = latest[-1] if latest else 0  # ids keep growing across runs and restores
         self.history: list[dict] = []  # reports of completed checkpoints, oldest first
@@ -140,7 +153,7 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self.interval_ms:
+        if self.settings.interval_ms:
             self._thread = threading.Thread(target=self._periodic, name="stretch-checkpoints", daemon=True)
             self._thread.start()
 
@@ -150,13 +163,15 @@ class Checkpointer:
             self._thread.join(timeout)
 
     def _periodic(self) -> None:
-        while not self.stop.wait(self.interval_ms / 1000):
-            try:
+        """Start a checkpoint every interval, but never sooner than the minimum pause after the
+        previous one ended (so a slow checkpoint is followed by the next at once, as in Flink)."""
+        interval, min_pause = self.settings.interval_ms / 1000, self.settings.min_pause_ms / 1000
+        next_at = time.monotonic() + interval
+        while not self.stop.wait(max(0.0, next_at - time.monotonic())):
+            started = time.monotonic()
+            with contextlib.suppress(Exception):  # trigger() reported it; the next one may work
                 self.trigger()
-            except CheckpointAborted:
-                continue
-            except Exception as e:  # a checkpoint that fails does not fail the job; the next may work
-                self.co.checkpoint_failed(e)
+            next_at = max(started + interval, time.monotonic() + min_pause)
 
     # ---- one checkpoint -------------------------------------------------------------------------
     def trigger(self) -> dict:
@@ -168,9 +183,11 @@ class Checkpointer:
             n, generation = self.last_id, self.co.generation
             try:
                 return self._take(n, generation)
-            except BaseException:
+            except BaseException as e:
                 if self.co.generation == generation and self.co.accepting_checkpoints():
                     self._release_all(n)  # a failed checkpoint must not leave producers paused
+                    if not isinstance(e, CheckpointAborted):
+                        self.co.checkpoint_failed(e)
                 raise
 
     def _release_all(self, n: int) -> None:

@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import secrets
+import shutil
 import signal
 import threading
 import time
@@ -28,7 +29,7 @@ from stretch.plan.stages import JobPlan, SinkSpec
 from stretch.runtime import control_block as cbk
 from stretch.runtime import shm
 from stretch.runtime.channel_log import ChannelLog, LogTail
-from stretch.runtime.checkpointing import Checkpointer, CheckpointStore
+from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.control_socket import ControlServer, runtime_dir
 from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
@@ -56,7 +57,7 @@ class EngineConfig:
     metrics: tuple[str, int] | None = None  # (host, port) of the Prometheus endpoint, if any
     spare_workers: int = 4  # warm, idle workers kept for rescales (replenished after each)
     checkpointing: bool = False  # barriers, snapshots and transactional sinks (enable_checkpointing)
-    checkpoint_interval_ms: int | None = None  # periodic checkpoints; None: on demand only
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     restore: bool = False  # start from the job's latest complete checkpoint, if it has one
     dead_letter_channel: str | None = None  # the dead-letter policy: rejected records go here
     elasticity: ElasticityConfig | None = None
@@ -110,7 +111,8 @@ class Coordinator:
         self.checkpointer: Checkpointer | None = None
         self.recoveries: list[dict] = []  # reports of recoveries from worker failures
         self.restored_from: int | None = None  # the checkpoint this run started from
-        self.checkpoint_failures = 0  # periodic checkpoints that failed (the job went on)
+        self.checkpoint_failures = 0  # checkpoints that failed (the job went on)
+        self.checkpoint_failures_in_a_row = 0  # since the last complete one
         self.last_checkpoint_error: str | None = None
         self._positions: dict[int, int] = {}  # source stage id -> position to restart at
         self._log_starts: dict[int, int] = {}  # channel source stage -> its log's end as the run began
@@ -215,7 +217,7 @@ class Coordinator:
                     stage.direct = False  # writers append to the channel's gate; the job reads its log
             self.job_dir = JobDir(self.job_name, self.job_id)
             store = CheckpointStore(self.job_dir.path / "checkpoints")
-            self.checkpointer = Checkpointer(self, store, cfg.checkpoint_interval_ms)
+            self.checkpointer = Checkpointer(self, store, cfg.checkpoint)
             if cfg.restore:
                 restore = store.latest()
                 if restore is not None and restore["max_parallelism"] != plan.max_parallelism:
@@ -422,6 +424,8 @@ class Coordinator:
                 self._handle(event[1], event[2])
             elif kind == "closed":
                 self._worker_gone(event[1])
+            elif kind == "fail":
+                self._fail(event[1])
             elif kind == "sink_done":
                 if event[2] is not None:
                     self._fail(event[2])
@@ -627,6 +631,7 @@ class Coordinator:
 
     def checkpoint_completed(self, metadata: dict) -> None:
         """Input logs may now let go of what comes before the checkpoint's offsets."""
+        self.checkpoint_failures_in_a_row = 0
         for stage_id, log in self._input_logs.items():
             log.pinned = metadata["sources"].get(str(stage_id), log.pinned)
 
@@ -645,8 +650,18 @@ class Coordinator:
         return self._sink_runners
 
     def checkpoint_failed(self, error: BaseException) -> None:
+        """Counted; beyond the tolerable number in a row (if one is set) the job fails."""
         self.checkpoint_failures += 1
+        self.checkpoint_failures_in_a_row += 1
         self.last_checkpoint_error = f"{type(error).__name__}: {error}"
+        tolerable = self.config.checkpoint.tolerable_failures
+        if tolerable is not None and self.checkpoint_failures_in_a_row > tolerable:
+            failure = JobExecutionError(
+                f"{self.checkpoint_failures_in_a_row} checkpoints in a row failed (tolerable: {tolerable}); "
+                f"the last: {self.last_checkpoint_error}"
+            )
+            failure.__cause__ = error
+            self._events.put(("fail", failure))
 
     def _fail(self, error: BaseException) -> None:
         if self.error is None:
@@ -940,7 +955,7 @@ class Coordinator:
         if c is None:
             return None
         return {
-            "interval_ms": c.interval_ms,
+            "interval_ms": c.settings.interval_ms,
             "completed": len(c.history),
             "latest": c.history[-1] if c.history else None,
             "failed": self.checkpoint_failures,
@@ -994,6 +1009,9 @@ class Coordinator:
                 out.tail.publish(out.log.end_offset, LogTail.ENDED if ended else LogTail.FAILED)
         for out in self.output_channels.values():
             out.log.close()
+        cancelled = self.status is JobStatus.CANCELED
+        if self.checkpointer is not None and cancelled and self.config.checkpoint.delete_on_cancel:
+            shutil.rmtree(self.checkpointer.store.dir, ignore_errors=True)
         if self.job_dir is not None:
             self.job_dir.release()
         for seg in (*self._segments, *self._dataplane):
