@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pyarrow.parquet as pq
 
@@ -108,23 +110,47 @@ from tests.runtime.test_checkpointing import running_sums
 env = StreamExecutionEnvironment.get_execution_environment()
 env.set_parallelism(int(sys.argv[2]))
 env.enable_checkpointing(50)
-running_sums(env, 30_000, 200_000).sink_to(ChannelSink("out"))
+running_sums(env, 30_000, int(sys.argv[3])).sink_to(ChannelSink("out"))
 client = env.execute_async(sys.argv[1])
+print("started", flush=True)
 client.wait()
 print("restored from", client._coordinator.restored_from, "checkpoints", len(client._coordinator.checkpointer.history))
 """
 
 
-def test_run_a_job_script_and_run_it_again_from_its_latest_checkpoint(tmp_path):
+def test_run_a_job_script_kill_it_and_run_it_again_from_its_latest_checkpoint(tmp_path):
+    from stretch import channels
     from stretch.runtime.checkpointing import CheckpointStore
     from stretch.runtime.state_dir import job_dir
+    from tests.runtime.test_checkpointing import running_sums_reference
 
     script = tmp_path / "job.py"
     script.write_text(RESTORE_SCRIPT)
     name = f"cli-restore-{tmp_path.name}"
-    first = stretch("run", str(script), name, "2")
-    assert first.stdout.startswith("restored from None"), first.stderr
-    latest = CheckpointStore(job_dir(name) / "checkpoints").latest()
-    assert latest is not None
-    again = stretch("run", "--restore", str(script), name, "3")
-    assert again.stdout.startswith(f"restored from {latest['id']}"), again.stderr
+    first = subprocess.Popen(
+        [sys.executable, "-m", "stretch.cli", "run", str(script), name, "2", "10000"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    store = CheckpointStore(job_dir(name) / "checkpoints")
+    try:
+        assert first.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 30
+        while not store.completed():
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.02)
+        first.send_signal(signal.SIGKILL)  # the job's process dies; its workers follow it
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    latest = store.latest()
+    assert latest["id"] >= 1
+    again = stretch("run", "--restore", str(script), name, "3", "200000")
+    assert f"restored from {latest['id']} " in again.stdout, again.stderr
+    results = sorted(tuple(r) for r in channels.open_reader(name, "out", from_offset=0))
+    assert results == sorted(running_sums_reference(30_000))
+    # the job finished: a restore has nothing to start from, and says so
+    finished = stretch("run", "--restore", str(script), name, "3", "200000", check=False)
+    assert finished.returncode != 0 and "there is nothing to restore" in finished.stderr

@@ -33,6 +33,8 @@ from stretch.runtime.gate import Kind
 from stretch.state.snapshot import describe_arena, write_snapshot
 
 METADATA = "_metadata.json"
+RUN_START = "_run_start.json"
+FINISHED = "_finished.json"
 RETAINED = 2  # completed checkpoints kept on disk
 
 
@@ -85,7 +87,13 @@ class Barrier:
 
 
 class CheckpointStore:
-    """A job's checkpoint directory: ``<n>/`` per checkpoint, complete once it has its metadata."""
+    """A job's checkpoint directory: ``<n>/`` per checkpoint, complete once it has its metadata.
+
+    Besides the checkpoints, ``_run_start.json`` records where the run they continue began (its
+    sources' and output channels' offsets, no state): checkpoint 0, which a restore goes back to
+    when the run died before completing one. ``_finished.json`` says the job ended; nothing is left
+    to restore then (Flink, too, drops a finished job's checkpoints).
+    """
 
     def __init__(self, directory: Path):
         self.dir = Path(directory)
@@ -101,16 +109,21 @@ class CheckpointStore:
         return sorted(int(p.parent.name) for p in self.dir.glob(f"*/{METADATA}"))
 
     def latest(self) -> dict | None:
-        """The metadata of the newest complete checkpoint, or None."""
+        """The metadata of the newest complete checkpoint, else the run's start, else None."""
         done = self.completed()
-        if not done:
+        path = self.path(done[-1]) / METADATA if done else self.dir / RUN_START
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
             return None
-        return json.loads((self.path(done[-1]) / METADATA).read_text())
+
+    def begin(self, start: dict) -> None:
+        """A new run (not a restore): earlier runs' checkpoints are not its own."""
+        self._clear()
+        _write_json(self.dir / RUN_START, {"id": 0, "operators": {}, **start})
 
     def complete(self, checkpoint: int, metadata: dict) -> None:
-        tmp = self.path(checkpoint) / (METADATA + ".tmp")
-        tmp.write_text(json.dumps(metadata))
-        tmp.replace(self.path(checkpoint) / METADATA)
+        _write_json(self.path(checkpoint) / METADATA, metadata)
         self.retain()
 
     def retain(self) -> None:
@@ -121,6 +134,37 @@ class CheckpointStore:
         for p in self.dir.iterdir():
             if p.is_dir() and p.name.isdigit() and int(p.name) not in keep and int(p.name) < newest:
                 shutil.rmtree(p, ignore_errors=True)
+
+    def discard_incomplete(self) -> None:
+        """A run that ends leaves no checkpoint half written."""
+        for p in self.dir.iterdir():
+            if p.is_dir() and p.name.isdigit() and not (p / METADATA).exists():
+                shutil.rmtree(p, ignore_errors=True)
+
+    def finish(self) -> None:
+        self._clear()
+        _write_json(self.dir / FINISHED, {"at": time.time()})
+
+    def finished_at(self) -> float | None:
+        """When the job finished, if its latest run did."""
+        try:
+            return json.loads((self.dir / FINISHED).read_text())["at"]
+        except FileNotFoundError:
+            return None
+
+    def _clear(self) -> None:
+        for p in self.dir.iterdir():
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
+def _write_json(path: Path, value: dict) -> None:
+    """Atomically: a reader (or a crash) sees the old file or the new one, never a part."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
 
 
 @dataclass

@@ -205,7 +205,7 @@ class Coordinator:
         shm.reap_dead_engines()
         cfg, plan = self.config, self.plan
         self.prefix = shm.engine_prefix()
-        restore = None
+        restore, store = None, None
         if cfg.checkpointing:
             for stage in plan.stages:
                 if getattr(stage.source, "channel_name", None) is not None:
@@ -217,21 +217,16 @@ class Coordinator:
                     stage.direct = False  # writers append to the channel's gate; the job reads its log
             self.job_dir = JobDir(self.job_name, self.job_id)
             store = CheckpointStore(self.job_dir.path / "checkpoints")
-            self.checkpointer = Checkpointer(self, store, cfg.checkpoint)
             if cfg.restore:
-                restore = store.latest()
-                if restore is not None and restore["max_parallelism"] != plan.max_parallelism:
-                    raise ValueError(
-                        f"checkpoint {restore['id']} has max parallelism {restore['max_parallelism']}; "
-                        f"the job has {plan.max_parallelism}: key groups must match to restore"
-                    )
+                restore = self._restorable(store)
         for sink in plan.sinks:
             if sink.runs_in == "job" and isinstance(sink.sink, ChannelSink):
                 if sink.sink.name in self.output_channels:
                     raise ValueError(f"two sinks write to channel {sink.sink.name!r}: give each its own name")
                 log = self._channel_log(sink.sink.name, "out")
-                if restore is not None:  # output after the checkpoint is made again by this run
-                    log.truncate(restore["outputs"].get(sink.sink.name, log.end_offset))
+                # what no checkpoint covers was never readable: a restored run makes it again
+                committed = log.readable_end
+                log.truncate(restore["outputs"].get(sink.sink.name, committed) if restore else committed)
                 tail = LogTail.create(self.prefix, log.end_offset)
                 self._segments.append(tail.segment)
                 self.output_channels[sink.sink.name] = _OutputChannel(
@@ -258,6 +253,12 @@ class Coordinator:
                         self._log_starts[stage.id] = log.end_offset
                         self._input_logs[stage.id] = log
                     self._loggers.append(InputLogger(name, g, 1, log, tail=tail))
+        if store is not None:
+            if restore is None:  # a restore from nothing left to restore starts over too
+                outputs = {name: out.run_start for name, out in self.output_channels.items()}
+                sources = {str(stage): offset for stage, offset in self._log_starts.items()}
+                store.begin({"max_parallelism": plan.max_parallelism, "sources": sources, "outputs": outputs})
+            self.checkpointer = Checkpointer(self, store, cfg.checkpoint)
         self._build_dataplane(restore)
         if restore is not None:
             self.restored_from = restore["id"]
@@ -307,6 +308,23 @@ class Coordinator:
         if self.checkpointer is not None:
             self.checkpointer.start()
         self._started.set()
+
+    def _restorable(self, store: CheckpointStore) -> dict | None:
+        """What a restore starts from: the latest complete checkpoint, or the start of the run that
+        died before completing one (None: the job never ran, so this run starts afresh)."""
+        finished = store.finished_at()
+        if finished is not None:
+            raise ValueError(
+                f"job {self.job_name!r} finished (at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(finished))}): "
+                "there is nothing to restore; run it without restore to run it again"
+            )
+        restore = store.latest()
+        if restore is not None and restore["max_parallelism"] != self.plan.max_parallelism:
+            raise ValueError(
+                f"checkpoint {restore['id']} has max parallelism {restore['max_parallelism']}; "
+                f"the job has {self.plan.max_parallelism}: key groups must match to restore"
+            )
+        return restore
 
     def _build_dataplane(self, restore: dict | None) -> None:
         """Create the segments that workers use (control block, gates, sink gates, state arenas)
@@ -1009,9 +1027,14 @@ class Coordinator:
                 out.tail.publish(out.log.end_offset, LogTail.ENDED if ended else LogTail.FAILED)
         for out in self.output_channels.values():
             out.log.close()
-        cancelled = self.status is JobStatus.CANCELED
-        if self.checkpointer is not None and cancelled and self.config.checkpoint.delete_on_cancel:
-            shutil.rmtree(self.checkpointer.store.dir, ignore_errors=True)
+        if self.checkpointer is not None:
+            store = self.checkpointer.store
+            if self.status is JobStatus.FINISHED:
+                store.finish()
+            elif self.status is JobStatus.CANCELED and self.config.checkpoint.delete_on_cancel:
+                shutil.rmtree(store.dir, ignore_errors=True)
+            else:
+                store.discard_incomplete()
         if self.job_dir is not None:
             self.job_dir.release()
         for seg in (*self._segments, *self._dataplane):

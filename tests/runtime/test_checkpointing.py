@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -272,7 +273,7 @@ def test_a_job_whose_process_died_restores_from_its_checkpoint_at_another_parall
             proc.kill()
             proc.wait()
     latest = store.latest()
-    assert latest is not None and 0 < latest["sources"]["0"] < n // 1000
+    assert latest is not None and 0 < latest["sources"]["0"] < n  # records the source had read
     env2 = StreamExecutionEnvironment.get_execution_environment()
     env2.set_parallelism(3)  # restored at another parallelism: key groups, not instances, are saved
     env2.enable_checkpointing(50)
@@ -283,6 +284,123 @@ def test_a_job_whose_process_died_restores_from_its_checkpoint_at_another_parall
     # the whole log, both runs: the uncommitted tail of the dead run was replaced by this run's
     got = sorted(tuple(r) for r in channels.open_reader(client, "out", from_offset=0))
     assert got == sorted(running_sums_reference(n))
+
+
+CHANNEL_JOB_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from stretch import channels
+    from stretch.datastream import StreamExecutionEnvironment
+    from tests.runtime.test_checkpointing import channel_sums
+
+    name, n = sys.argv[1], int(sys.argv[2])
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.enable_checkpointing()  # on demand: none is taken before the process dies
+    client = channel_sums(env, name)
+    writer = channels.open_writer(client, "in")
+    writer.write([(k % KEYS, k) for k in range(n)])
+    while client.describe()["operators"][0]["records_in"] < n:  # accepted, processed, not committed
+        time.sleep(0.01)
+    print("processed", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def channel_sums(env, name: str, restore: bool = False):
+    """Running sums of what writers append to channel "in", into channel "out"."""
+    env.from_source(ChannelSource("in", PAIR), None, "in").key_by(lambda r: r[0]).reduce(
+        lambda a, b: (a[0], a[1] + b[1])
+    ).map(lambda r: r, output_type=PAIR).sink_to(ChannelSink("out"))
+    return env.execute_async(name, restore=restore)
+
+
+def _run_until(script: Path, args: list, line: str) -> None:
+    """Run a job script in a process of its own until it prints ``line``, then SIGKILL it."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == line
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+def test_a_job_whose_process_died_before_its_first_checkpoint_restores_from_its_start(tmp_path):
+    """The dead run's accepted input is in its input log and its output was never committed: the
+    restored run reads that input again from the run's start, and readers see each result once."""
+    name = f"early-crash-{random.randrange(1 << 40):x}"
+    n = 3000
+    script = tmp_path / "job.py"
+    script.write_text(CHANNEL_JOB_SCRIPT.replace("KEYS", str(KEYS)))
+    _run_until(script, [name, str(n)], "processed")
+    with pytest.raises(RuntimeError, match="stopped before its end"):  # and nothing of it committed
+        channels.open_reader(name, "out", from_offset=0).read_batch()
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(3)
+    env.enable_checkpointing(50)
+    client = channel_sums(env, name, restore=True)
+    assert client._coordinator.restored_from == 0  # the start of the dead run
+    channels.open_writer(client, "in").end()
+    assert client.wait(60).name == "FINISHED"
+    got = sorted(tuple(r) for r in channels.open_reader(name, "out", from_offset=0))
+    assert got == sorted(running_sums_reference(n))
+
+
+def test_a_new_run_never_shows_what_a_dead_run_left_uncommitted(tmp_path):
+    name = f"fresh-after-crash-{random.randrange(1 << 40):x}"
+    n = 3000
+    script = tmp_path / "job.py"
+    script.write_text(CHANNEL_JOB_SCRIPT.replace("KEYS", str(KEYS)))
+    _run_until(script, [name, str(n)], "processed")
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.enable_checkpointing(50)
+    client = channel_sums(env, name)  # a new run, not a restore: it starts over
+    writer = channels.open_writer(client, "in")
+    writer.write([(k % KEYS, k) for k in range(n)])
+    writer.end()
+    assert client.wait(60).name == "FINISHED"
+    got = sorted(tuple(r) for r in channels.open_reader(name, "out", from_offset=0))
+    assert got == sorted(running_sums_reference(n))
+
+
+def test_a_new_run_recovers_from_its_own_start_not_from_an_earlier_runs_checkpoint():
+    name = f"stale-{random.randrange(1 << 40):x}"
+    build, reference = PIPELINES["running_sums"]
+    earlier = _start(build, 10_000_000, rate=100_000, interval_ms=None, name=name)
+    earlier.trigger_checkpoint()
+    earlier.cancel()  # its checkpoints stay (they could restore it)
+    assert CheckpointStore(job_dir(name) / "checkpoints").completed()
+    n = 40_000
+    client = _start(build, n, rate=100_000, interval_ms=None, name=name)  # on demand: none taken
+    co = client._coordinator
+    try:
+        time.sleep(0.2)
+        os.kill(next(w.pid for w in list(co._workers.values()) if w.task is not None), signal.SIGKILL)
+        assert client.wait(60).name == "FINISHED"
+    finally:
+        if not co.done:
+            client.cancel()
+            client.wait(30)
+    assert [r["checkpoint"] for r in co.recoveries] == [0]
+    assert _output(client) == sorted(reference(n))
+
+
+def test_a_finished_job_has_nothing_to_restore():
+    name = f"done-{random.randrange(1 << 40):x}"
+    build, reference = PIPELINES["running_sums"]
+    client = _start(build, 5000, rate=50_000, name=name)
+    assert client.wait(60).name == "FINISHED"
+    assert not any((job_dir(name) / "checkpoints").glob("*/_metadata.json"))
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.enable_checkpointing(50)
+    build(env, 5000, 50_000).sink_to(ChannelSink("out"))
+    with pytest.raises(ValueError, match="there is nothing to restore; run it without restore"):
+        env.execute_async(name, restore=True)
+    again = _start(build, 5000, rate=50_000, name=name)  # without restore it runs again
+    assert again.wait(60).name == "FINISHED" and _output(again) == sorted(reference(5000))
 
 
 def test_a_checkpointed_job_refuses_a_channel_it_could_not_replay():
