@@ -9,7 +9,7 @@ from stretch.common.records import to_batch
 from stretch.common.typeinfo import TypeInformation
 from stretch.datastream.checkpoint_config import CheckpointConfig, CheckpointingMode
 from stretch.datastream.connectors.arrow import ArrowSource
-from stretch.datastream.connectors.base import Source
+from stretch.datastream.connectors.base import RecordPositionedSource, Source
 from stretch.datastream.connectors.channel import _check_name
 from stretch.datastream.data_stream import DataStream, _check_max_parallelism, _check_parallelism
 from stretch.datastream.job_client import CloseableIterator, JobClient, JobExecutionResult
@@ -21,7 +21,7 @@ from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
 DEFAULT_JOB_NAME = "Flink Streaming Job"
 
 
-class _CollectionSource(Source):
+class _CollectionSource(RecordPositionedSource):
     """from_collection: the records, converted (and type-checked) to Arrow when the call is made."""
 
     def __init__(self, batch, chunk_rows: int = 65536):
@@ -29,7 +29,7 @@ class _CollectionSource(Source):
         self.chunk_rows = chunk_rows
 
     def create_reader(self, context=None):
-        for start in range(0, self.batch.num_rows, self.chunk_rows):
+        for start in range(self.resume_at(context), self.batch.num_rows, self.chunk_rows):
             yield self.batch.slice(start, self.chunk_rows)
 
 

@@ -108,10 +108,10 @@ class Task:
 class SourceTask(Task):
     """Reads a source and pushes its batches through the chain into gates and sinks.
 
-    Its position is the number of items (batches or record lists) it has read. At a checkpoint it
-    records the position and waits until the coordinator has put the barrier behind its output;
-    restarted from a checkpoint, it reads the same items again and skips that many (a seekable
-    source, such as a channel's log, starts there instead).
+    Its position is what the source counts (``Source.advance``: items read, or records). At a
+    checkpoint it records the position and waits until the coordinator has put the barrier behind
+    its output; restarted from a checkpoint, a seekable source starts at the position, and any
+    other is read again and skipped that many items.
     """
 
     def run(self) -> None:
@@ -121,9 +121,10 @@ class SourceTask(Task):
         chain.open(InstanceRuntimeContext(self.stage.name, 0, lambda: 1, self.stage.max_parallelism))
         source_type = getattr(self.stage.source, "type_info", None)
         position = self.position = self.a.position
-        skip = 0 if getattr(self.stage.source, "seekable", False) else position
+        source = self.stage.source
+        skip = 0 if source.seekable else position
         barrier = Barrier(self.attached.control, self.stage.id) if self.res.checkpoints else None
-        reader = self.stage.source.create_reader(self)
+        reader = source.create_reader(self)
         try:
             for item in reader:
                 if self.should_stop():
@@ -138,7 +139,7 @@ class SourceTask(Task):
                         chain.push(Records(items=item, type_info=source_type))
                     else:
                         chain.push(Records(batch=item))
-                    position += 1
+                    position = source.advance(position, item)
                 if barrier is not None and not barrier.source_reached(position, self.should_stop):
                     raise Stopped()
         finally:

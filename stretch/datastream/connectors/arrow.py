@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stretch.common.records import RECORD_KIND_KEY
-from stretch.datastream.connectors.base import Sink, SinkWriter, Source
+from stretch.datastream.connectors.base import RecordPositionedSource, Sink, SinkWriter, Source
 
 
 def _as_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -20,7 +20,7 @@ def _as_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.replace_schema_metadata({**meta, RECORD_KIND_KEY: b"row"})
 
 
-class ArrowSource(Source):
+class ArrowSource(RecordPositionedSource):
     """A pyarrow Table or RecordBatches, fed to the job batch by batch (``max_chunksize`` rows)."""
 
     def __init__(self, data: pa.Table | pa.RecordBatch | list, max_chunksize: int = 65536):
@@ -32,7 +32,7 @@ class ArrowSource(Source):
         self.max_chunksize = max_chunksize
 
     def create_reader(self, context=None):
-        for batch in self.table.to_batches(max_chunksize=self.max_chunksize):
+        for batch in self.table.slice(self.resume_at(context)).to_batches(max_chunksize=self.max_chunksize):
             yield _as_rows(batch)
 
 

@@ -15,13 +15,39 @@ import pyarrow as pa
 
 
 class Source:
-    """Base of every source; subclasses implement ``create_reader``."""
+    """Base of every source; subclasses implement ``create_reader``.
+
+    A restarted source (a recovery, a restore) must continue where a checkpoint left it. By
+    default its position counts the items it yielded, and a restart reads the same items again and
+    skips that many; a ``seekable`` source starts at ``context.position`` itself.
+    """
 
     type_info = None
+    seekable = False
 
     def create_reader(self, context=None) -> Iterator:
-        """Yield the source's batches; ``context`` reaches the job's channels (see ChannelSource)."""
+        """Yield the source's batches; ``context`` reaches the job's channels (see ChannelSource)
+        and, for a seekable source, holds the ``position`` to start at."""
         raise NotImplementedError
+
+    def advance(self, position: int, item) -> int:
+        """The position after ``item``."""
+        return position + 1
+
+
+class RecordPositionedSource(Source):
+    """A seekable source whose position counts records: a restart starts at the record, without
+    reading again what it skips and whatever the batch sizes (which may depend on settings)."""
+
+    seekable = True
+
+    def advance(self, position: int, item) -> int:
+        return position + (item.num_rows if isinstance(item, pa.RecordBatch) else len(item))
+
+    @staticmethod
+    def resume_at(context) -> int:
+        """The first record to yield."""
+        return getattr(context, "position", 0)
 
 
 class SinkWriter:

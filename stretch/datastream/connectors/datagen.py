@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from stretch.common.typeinfo import TypeInformation
-from stretch.datastream.connectors.base import Source
+from stretch.datastream.connectors.base import RecordPositionedSource
 
 
 class RateLimiterStrategy:
@@ -28,7 +28,7 @@ class RateLimiterStrategy:
         return RateLimiterStrategy(None)
 
 
-class DataGeneratorSource(Source):
+class DataGeneratorSource(RecordPositionedSource):
     """Calls ``generator_function(index)`` for index 0..count-1 (count None: without end).
 
     With ``batch_function(start, n) -> pyarrow.RecordBatch`` instead, whole batches are generated
@@ -54,7 +54,7 @@ class DataGeneratorSource(Source):
         self.batch_rows = batch_rows
 
     def create_reader(self, context=None):
-        index = 0
+        index = first = self.resume_at(context)  # a restart goes on from there, at the same rate
         start = time.monotonic()
         rows = self.batch_rows
         if self.rate is not None:
@@ -68,6 +68,6 @@ class DataGeneratorSource(Source):
                 yield [gen(i) for i in range(index, index + n)]
             index += n
             if self.rate is not None:
-                ahead = index / self.rate - (time.monotonic() - start)
+                ahead = (index - first) / self.rate - (time.monotonic() - start)
                 if ahead > 0:
                     time.sleep(ahead)

@@ -7,12 +7,12 @@ import pyarrow as pa
 
 from stretch.common.records import schema_for
 from stretch.common.typeinfo import Types
-from stretch.datastream.connectors.base import Source
+from stretch.datastream.connectors.base import RecordPositionedSource
 
 BATCH_ROWS = 65536
 
 
-class NumberSequenceSource(Source):
+class NumberSequenceSource(RecordPositionedSource):
     type_info = Types.LONG()
 
     def __init__(self, start: int, end: int, batch_rows: int = BATCH_ROWS):
@@ -24,6 +24,6 @@ class NumberSequenceSource(Source):
 
     def create_reader(self, context=None):
         schema = schema_for(Types.LONG())
-        for lo in range(self.start, self.end + 1, self.batch_rows):
+        for lo in range(self.start + self.resume_at(context), self.end + 1, self.batch_rows):
             hi = min(lo + self.batch_rows, self.end + 1)
             yield pa.RecordBatch.from_arrays([pa.array(np.arange(lo, hi, dtype=np.int64))], schema=schema)
