@@ -18,6 +18,8 @@ from stretch.datastream.state import ValueStateDescriptor
 class _Delegating(KeyedProcessFunction):
     """Forwards open/close to the wrapped user function (so it may use keyed state)."""
 
+    what = "process_element"  # what errors and dead letters say failed: the user's function
+
     def __init__(self, fn):
         self.fn = fn
 
@@ -31,6 +33,8 @@ class _Delegating(KeyedProcessFunction):
 
 
 class KeyedMap(_Delegating):
+    what = "map function"
+
     def open(self, runtime_context) -> None:
         super().open(runtime_context)
         self._call = getattr(self.fn, "map", self.fn)
@@ -40,6 +44,8 @@ class KeyedMap(_Delegating):
 
 
 class KeyedFlatMap(_Delegating):
+    what = "flat_map function"
+
     def open(self, runtime_context) -> None:
         super().open(runtime_context)
         self._call = getattr(self.fn, "flat_map", self.fn)
@@ -51,6 +57,8 @@ class KeyedFlatMap(_Delegating):
 
 
 class KeyedFilter(_Delegating):
+    what = "filter function"
+
     def open(self, runtime_context) -> None:
         super().open(runtime_context)
         self._call = getattr(self.fn, "filter", self.fn)

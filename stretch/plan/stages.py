@@ -172,6 +172,7 @@ def compile_plan(sinks: list[Transformation], default_parallelism: int, max_para
                             "to_gate",
                             gate=gate_of[k.id],
                             key=_key_spec(c, stages[stage_of[k.id]].max_parallelism),
+                            name=stages[stage_of[k.id]].name,  # the key selector feeds that operator
                         )
                     )
             elif c.kind == "sink":

@@ -247,6 +247,11 @@ class _Node:
         self.outputs = outputs
         self.children = [_make(c, stage_name, outputs) for c in step.children]
 
+    @property
+    def operator(self) -> str:
+        """The name errors give: the step's own (``.name(...)``, else Flink's "Map" and so on)."""
+        return self.step.name or self.stage_name
+
     def gates_below(self) -> list:
         return [n for n in self.walk() if isinstance(n, _ToGate)]
 
@@ -279,7 +284,7 @@ class _Map(_Node):
         try:
             out = [f(r) for r in items]
         except Exception:
-            out, kept = per_record(items, f, self.stage_name, "map function", self.outputs)
+            out, kept = per_record(items, f, self.operator, "map function", self.outputs)
             ts = _take(ts, kept)
         self.forward(Records(items=out, type_info=self.step.output_type, timestamps=ts))
 
@@ -294,7 +299,7 @@ class _FlatMap(_Node):
                 raise
             items = records.items()  # again, record by record, rejecting the ones that fail
             results, kept = per_record(
-                items, lambda r: list(f(r) or ()), self.stage_name, "flat_map function", self.outputs
+                items, lambda r: list(f(r) or ()), self.operator, "flat_map function", self.outputs
             )
             ts = records.timestamps()
             out = [x for res in results for x in res]
@@ -318,7 +323,7 @@ class _FlatMap(_Node):
                 elif counts is not None:
                     counts.append(0)
         except Exception as e:
-            raise StepError(self.stage_name, record, _NO_KEY, e, "flat_map function") from e
+            raise StepError(self.operator, record, _NO_KEY, e, "flat_map function") from e
         out_ts = np.repeat(ts, counts) if ts is not None else None
         self.forward(Records(items=out, type_info=self.step.output_type, timestamps=out_ts))
 
@@ -331,7 +336,7 @@ class _Filter(_Node):
             mask = [bool(f(r)) for r in items]
         except Exception:
             results, kept = per_record(
-                items, lambda r: bool(f(r)), self.stage_name, "filter function", self.outputs
+                items, lambda r: bool(f(r)), self.operator, "filter function", self.outputs
             )
             mask = [False] * len(items)  # rejected records do not pass
             for i, ok in zip(kept, results):
@@ -540,7 +545,7 @@ class _ToGate(_Node):
         try:
             return [sel(r) for r in items], None
         except Exception:
-            return per_record(items, sel, self.stage_name, "key selector", self.outputs)
+            return per_record(items, sel, self.operator, "key selector", self.outputs)
 
     def _key_groups(self, items: list, keys: list) -> np.ndarray:
         try:
@@ -551,7 +556,7 @@ class _ToGate(_Node):
                     stable_hash(k)
                 except TypeError:
                     raise TypeError(
-                        f"key_by of operator {self.stage_name!r}: record {_short(r)} has key {_short(k)} "
+                        f"key_by of operator {self.operator!r}: record {_short(r)} has key {_short(k)} "
                         f"of type {type(k).__name__}, which cannot be hashed stably; keys must be int, "
                         "float, str, bytes, bool, None or tuples of these"
                     ) from None

@@ -251,7 +251,8 @@ class ProcessOperator(KeyedOperator):
                         ext(res)
                     counts.append(len(out) - before)
         except Exception as e:
-            err = StepError(self.name, records[i], b.keys[slots[i]], e, "process_element")
+            what = getattr(self.fn, "what", "process_element")
+            err = StepError(self.name, records[i], b.keys[slots[i]], e, what)
             err.__cause__ = e
             self.dead_letter(err)  # raises unless the job's policy is dead letters
             if stamps is not None:

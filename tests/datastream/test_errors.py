@@ -57,6 +57,18 @@ def test_map_error_names_the_record():
         ds.map(lambda x: 10 // x).execute_and_collect(limit=10)
 
 
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_failing_step_is_named_as_the_user_named_it(keyed):
+    ds = env().from_collection([("a", 1), ("b", 0)], Types.TUPLE([Types.STRING(), Types.LONG()]))
+    if keyed:
+        ds = ds.key_by(lambda r: r[0])
+    failing = ds.map(lambda r: 10 // r[1]).name("divider")
+    with pytest.raises(
+        UserFunctionError, match=r"map function of operator 'divider' failed on record \('b', 0\)"
+    ):
+        failing.execute_and_collect(limit=5)
+
+
 def test_key_that_cannot_be_hashed_is_a_type_error_naming_the_record():
     ds = env().from_collection([("a", 1), ("b", 2)], Types.TUPLE([Types.STRING(), Types.LONG()]))
     with pytest.raises(TypeError, match=r"record \('b', 2\) has key \['b'\]"):
