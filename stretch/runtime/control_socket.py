@@ -12,6 +12,7 @@ import contextlib
 import hmac
 import json
 import os
+import shutil
 import socket
 import struct
 import threading
@@ -41,13 +42,15 @@ def runtime_dir() -> Path:
 
 
 def running_jobs() -> list[dict]:
-    """The info files of this user's jobs whose process is alive; those of dead jobs are removed."""
+    """The info files of this user's jobs whose process is alive; what dead jobs left here (info
+    file, socket, staged Spark files) is removed."""
     jobs = []
     for path in sorted(runtime_dir().glob("*.json")):
         try:
             info = json.loads(path.read_text())
             os.kill(int(info["pid"]), 0)
         except ProcessLookupError:
+            shutil.rmtree(path.parent / "staging" / info["job_id"], ignore_errors=True)
             with contextlib.suppress(OSError):
                 path.unlink()
                 Path(info["socket"]).unlink()

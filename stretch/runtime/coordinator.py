@@ -31,7 +31,7 @@ from stretch.runtime import shm
 from stretch.runtime.channel_log import ChannelLog, LogTail
 from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore
 from stretch.runtime.control_block import ControlBlock
-from stretch.runtime.control_socket import ControlServer, runtime_dir
+from stretch.runtime.control_socket import ControlServer, running_jobs, runtime_dir
 from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
 from stretch.runtime.event_time import MAX_WATERMARK, producer_id
 from stretch.runtime.gate import Gate, Kind
@@ -203,6 +203,7 @@ class Coordinator:
 
     def _start(self) -> None:
         shm.reap_dead_engines()
+        running_jobs()  # and removes what dead jobs left in the runtime directory
         cfg, plan = self.config, self.plan
         self.prefix = shm.engine_prefix()
         restore, store = None, None

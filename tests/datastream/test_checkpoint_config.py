@@ -4,6 +4,7 @@ number of failures fails the job, and the retention decides what a cancelled job
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 
@@ -117,7 +118,7 @@ def test_checkpoints_start_every_interval_but_never_sooner_than_the_min_pause_af
     assert client.wait(60).name == "FINISHED"
     history = client._coordinator.checkpointer.history
     assert len(history) >= 3, history
-    for before, after in zip(history, history[1:]):
+    for before, after in itertools.pairwise(history):
         started = after["completed_at"] - after["duration_ms"] / 1000
         assert started - before["completed_at"] >= 0.3 - 0.01, (before, after)
     # without the pause, the 50 ms interval alone spaces them: many more in the same time

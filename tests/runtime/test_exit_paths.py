@@ -133,8 +133,16 @@ def test_sigterm_of_the_job_process_ends_everything_and_removes_every_segment(tm
 
 def test_sigkill_of_the_job_process_ends_its_workers_and_the_next_engine_reaps_its_segments(tmp_path):
     from stretch.runtime import shm
+    from stretch.runtime.control_socket import runtime_dir
 
-    proc, _ = _start(tmp_path, "checkpointed")
+    proc, name = _start(tmp_path, "checkpointed")
+    (info,) = [j for j in running_jobs() if j["name"] == name]
+    left = [
+        runtime_dir() / f"{info['job_id']}.json",
+        Path(info["socket"]),
+        runtime_dir() / "staging" / info["job_id"],
+    ]
+    assert all(p.exists() for p in left)
     family = _descendants(proc.pid)
     proc.kill()
     proc.wait(30)
@@ -144,6 +152,8 @@ def test_sigkill_of_the_job_process_ends_its_workers_and_the_next_engine_reaps_i
     assert _alive(family) == []  # workers and zygote follow their parent (parent-death signal)
     shm.reap_dead_engines()  # what every engine start does first
     assert _segments_of(proc.pid) == []
+    running_jobs()  # and this: the dead job's info, socket and staging directory go too
+    assert [p for p in left if p.exists()] == []
 
 
 def test_memory_stays_bounded_under_overload(tmp_path):
