@@ -77,7 +77,10 @@ def test_a_pyflink_checkpoint_setup_runs_unchanged_and_reads_back():
     assert (config.get_checkpoint_interval(), config.get_min_pause_between_checkpoints()) == (200, 50)
     assert (config.get_checkpoint_timeout(), config.get_max_concurrent_checkpoints()) == (60_000, 1)
     assert config.get_tolerable_checkpoint_failure_number() == 3
-    assert config.get_externalized_checkpoint_retention() is ExternalizedCheckpointRetention.RETAIN_ON_CANCELLATION
+    assert (
+        config.get_externalized_checkpoint_retention()
+        is ExternalizedCheckpointRetention.RETAIN_ON_CANCELLATION
+    )
 
     n = 3000
     _counting_job(env, n, rate=6000)
