@@ -25,6 +25,7 @@ import os
 import random
 import signal
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -189,6 +190,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--plot", default=str(OUT / "recovery.png"))
     args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="stretch-recovery-") as state:
+        os.environ["STRETCH_STATE_DIR"] = state  # the runs' checkpoints and logs (GBs) go with it
+        run(args)
+
+
+def run(args) -> None:
     before = set(_segments())
 
     reference = _reference(args.trial_events)

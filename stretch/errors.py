@@ -10,3 +10,8 @@ class JobExecutionError(RuntimeError):
 class UserFunctionError(JobExecutionError):
     """A user function raised: the message names the operator, the key and the record, and ends
     with the user code's traceback from the worker process; ``__cause__`` is the original error."""
+
+
+class JobCancellationError(JobExecutionError):
+    """The job was cancelled (``JobClient.cancel()``, SIGTERM) before it finished: its execution
+    result, and ``env.execute()``, raise this, as Flink's do."""

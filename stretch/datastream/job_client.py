@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from stretch.common.job_status import JobStatus
 from stretch.common.records import from_batch
+from stretch.errors import JobCancellationError
 from stretch.runtime import termination
 from stretch.runtime.coordinator import Coordinator
 from stretch.runtime.gate import GateClosed, Kind
@@ -148,6 +149,8 @@ class JobClient:
             try:
                 self.wait()
                 c = self._coordinator
+                if c.status is JobStatus.CANCELED:
+                    raise JobCancellationError(f"job {c.job_name!r} ({c.job_id}) was cancelled")
                 f.set_result(
                     JobExecutionResult(c.job_id, int(((c.finished_at or time.time()) - c.started_at) * 1000))
                 )

@@ -7,7 +7,7 @@ import pytest
 from stretch.common import Types
 from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment
 from stretch.datastream.state import ValueStateDescriptor
-from stretch.errors import UserFunctionError
+from stretch.errors import JobCancellationError, UserFunctionError
 
 
 def env(p=2):
@@ -134,3 +134,5 @@ def test_cancel_of_a_running_job_leaves_nothing_behind():
     assert client.wait(1.0).name == "RUNNING"
     client.cancel()
     assert client.get_job_status().result().name == "CANCELED"
+    with pytest.raises(JobCancellationError, match="was cancelled"):  # as Flink's result does
+        client.get_job_execution_result().result(10)
