@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 
+from stretch.datastream.connectors.channel import ChannelLogWriter
 from stretch.plan.stages import SinkSpec
 from stretch.runtime.gate import Gate, GateClosed, Kind
 
@@ -33,6 +34,7 @@ class SinkRunner(threading.Thread):
         self._open: list = []  # batches since the latest barrier (held sinks)
         self._staged: list[tuple[int, object]] = []  # (checkpoint, its batches or log offset)
         self._active = None  # the writer in use while the thread runs
+        self._channel = isinstance(writer, ChannelLogWriter)  # appends at once, commits by offset
         self._next_gate: Gate | None = None
         self._rollback_to: int | None = None
         self._switched = threading.Event()  # the runner let go of the gate replace_gate replaced
@@ -75,10 +77,6 @@ class SinkRunner(threading.Thread):
             timeout -= 0.01
 
     # ---- the thread -------------------------------------------------------------------------
-    @property
-    def _channel(self) -> bool:
-        return hasattr(self._active, "commit")
-
     def run(self) -> None:
         error = None
         try:
@@ -106,7 +104,9 @@ class SinkRunner(threading.Thread):
             while True:
                 if not gate.wait(seq, timeout=0.2):
                     continue
-                entry = gate.read(seq)
+                # a view of the gate lasts only until the cursor moves on: only a channel's writer,
+                # which appends it to its log at once, takes it as it is
+                entry = gate.read(seq, copy=not self._channel)
                 if entry.kind is Kind.DATA:
                     self._write(entry.batch, entry.arg0)
                 elif entry.kind is Kind.CHECKPOINT:
