@@ -176,6 +176,7 @@ class CheckpointSettings:
     min_pause_ms: int = 0  # from the end of one checkpoint to the start of the next
     tolerable_failures: int | None = None  # consecutive failed checkpoints before the job fails; None: any
     delete_on_cancel: bool = False  # a cancelled job removes its checkpoints (else they stay to restore)
+    max_recoveries_in_a_row: int = 10  # dead workers recovered with no checkpoint completed between
 
 
 class CheckpointAborted(RuntimeError):

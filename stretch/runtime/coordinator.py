@@ -113,6 +113,7 @@ class Coordinator:
         self.restored_from: int | None = None  # the checkpoint this run started from
         self.checkpoint_failures = 0  # checkpoints that failed (the job went on)
         self.checkpoint_failures_in_a_row = 0  # since the last complete one
+        self.recoveries_in_a_row = 0  # since the last complete checkpoint
         self.last_checkpoint_error: str | None = None
         self._positions: dict[int, int] = {}  # source stage id -> position to restart at
         self._log_starts: dict[int, int] = {}  # channel source stage -> its log's end as the run began
@@ -571,9 +572,18 @@ class Coordinator:
         if w.task is not None and self.status is JobStatus.RUNNING:
             stage = self.plan.stages[w.task[0]]
             message = f"worker {w.pid} running operator {stage.name!r} exited unexpectedly"
+            limit = self.config.checkpoint.max_recoveries_in_a_row
             if self.checkpointer is None:
                 self._fail(JobExecutionError(message))
+            elif self.recoveries_in_a_row >= limit:  # it would only die again: a crash loop
+                self._fail(
+                    JobExecutionError(
+                        f"{message}; the job gives up: {limit} recoveries in a row without a completed "
+                        "checkpoint in between"
+                    )
+                )
             else:
+                self.recoveries_in_a_row += 1
                 self._recover(message)
 
     # ---- recovery ---------------------------------------------------------------------------
@@ -601,25 +611,25 @@ class Coordinator:
             while any(_alive(w.pid) for w in workers) and time.monotonic() < deadline:
                 time.sleep(0.001)
             old = self._dataplane
-            latest = self.checkpointer.store.latest()
-            self._build_dataplane(latest)
-            for runner in self._sink_runners:
-                name = getattr(runner.spec.sink, "name", None)
-                out = self.output_channels.get(name)
-                offset = None
-                if out is not None:
-                    offset = latest["outputs"].get(name, out.run_start) if latest else out.run_start
-                runner.replace_gate(self.sink_gates[runner.spec.id], offset, self.config.shutdown_timeout)
-            for seg in old:
-                with contextlib.suppress(Exception):
-                    seg.close()
+            latest = self.checkpointer.store.latest()  # at least the run's start
+            try:
+                self._build_dataplane(latest)
+                for runner in self._sink_runners:
+                    name = getattr(runner.spec.sink, "name", None)
+                    out = self.output_channels.get(name)
+                    offset = None if out is None else latest["outputs"].get(name, out.run_start)
+                    runner.replace_gate(self.sink_gates[runner.spec.id], offset, self.config.shutdown_timeout)
+            finally:
+                for seg in old:
+                    with contextlib.suppress(Exception):
+                        seg.close()
             for _ in range(len(self._pending) + self.config.spare_workers):
                 self._spawn_worker()
             self.status = JobStatus.RUNNING
             self.recoveries.append(
                 {
                     "reason": reason,
-                    "checkpoint": latest["id"] if latest else None,
+                    "checkpoint": latest["id"],
                     "elapsed_ms": (time.monotonic() - t0) * 1000,
                     "at": time.time(),
                 }
@@ -650,7 +660,7 @@ class Coordinator:
 
     def checkpoint_completed(self, metadata: dict) -> None:
         """Input logs may now let go of what comes before the checkpoint's offsets."""
-        self.checkpoint_failures_in_a_row = 0
+        self.checkpoint_failures_in_a_row = self.recoveries_in_a_row = 0
         for stage_id, log in self._input_logs.items():
             log.pinned = metadata["sources"].get(str(stage_id), log.pinned)
 

@@ -75,6 +75,8 @@ class SinkRunner(threading.Thread):
         self.gate.close()
         while not self._switched.wait(0.01) and self.is_alive() and timeout > 0:
             timeout -= 0.01
+        if not self._switched.is_set():  # it ended meanwhile: nobody else reads the new gate
+            threading.Thread(target=_drain, args=(gate,), daemon=True).start()
 
     # ---- the thread -------------------------------------------------------------------------
     def run(self) -> None:

@@ -25,6 +25,7 @@ from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.connectors.datagen import DataGeneratorSource, RateLimiterStrategy
 from stretch.datastream.window import TumblingEventTimeWindows
+from stretch.errors import JobExecutionError
 from stretch.runtime.checkpointing import CheckpointStore
 from stretch.runtime.state_dir import job_dir
 
@@ -386,6 +387,26 @@ def test_a_new_run_recovers_from_its_own_start_not_from_an_earlier_runs_checkpoi
             client.wait(30)
     assert [r["checkpoint"] for r in co.recoveries] == [0]
     assert _output(client) == sorted(reference(n))
+
+
+def _die_at_500(r):
+    if r[1] == 500:  # a native crash, say: this record kills its worker every time
+        os.kill(os.getpid(), signal.SIGKILL)
+    return r
+
+
+def test_a_worker_that_dies_at_every_attempt_fails_the_job_instead_of_looping():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.enable_checkpointing()  # none completes between the deaths
+    env.engine_config.checkpoint.max_recoveries_in_a_row = 3
+    env.from_collection([(i % KEYS, i) for i in range(2000)], PAIR).map(_die_at_500, output_type=PAIR).key_by(
+        lambda r: r[0]
+    ).reduce(lambda a, b: (a[0], a[1] + b[1])).sink_to(ChannelSink("out"))
+    client = env.execute_async(f"crash-loop-{random.randrange(1 << 40):x}")
+    with pytest.raises(JobExecutionError, match="gives up: 3 recoveries in a row"):
+        client.wait(60)
+    assert len(client._coordinator.recoveries) == 3
 
 
 def test_a_finished_job_has_nothing_to_restore():
