@@ -226,31 +226,36 @@ class ProcessOperator(KeyedOperator):
         return split_outputs(out, out_ts, self.timestamped, self.spec.output_type)
 
     def _process_from(self, start, records, slots, stamps, out, counts, pe, ctx) -> int:
-        """process_element of records[start:]; returns where to resume (after a rejected record).
+        """process_element of records[start:]; returns where to resume (after a rejected record,
+        whose outputs, if it yielded some before it raised, are dropped with it).
 
         Outputs carry the timestamp of the record that produced them, as in Flink (``counts``:
         how many each record produced, when records have timestamps).
         """
         b = self.backend
         ext = out.extend
-        i = start
+        i, before = start, len(out)
         try:
+            # i names the record that raised, in the handler below
             if stamps is None:
-                for i in range(start, len(records)):
-                    b.current = slots[i]
-                    res = pe(records[i], ctx)
+                for i, (slot, record) in enumerate(zip(slots[start:], records[start:]), start):  # noqa: B007
+                    b.current = slot
+                    res = pe(record, ctx)
                     if res is not None:
                         ext(res)
+                        before = len(out)
             else:
-                for i in range(start, len(records)):
-                    b.current = slots[i]
-                    ctx.ts = stamps[i]
+                for i, (slot, record, ctx.ts) in enumerate(  # noqa: B007
+                    zip(slots[start:], records[start:], stamps[start:]), start
+                ):
+                    b.current = slot
+                    res = pe(record, ctx)
                     before = len(out)
-                    res = pe(records[i], ctx)
                     if res is not None:
                         ext(res)
                     counts.append(len(out) - before)
         except Exception as e:
+            del out[before:]  # what the rejected record yielded before it raised
             what = getattr(self.fn, "what", "process_element")
             err = StepError(self.name, records[i], b.keys[slots[i]], e, what)
             err.__cause__ = e

@@ -86,6 +86,30 @@ def test_dead_letter_policy_routes_each_rejected_record_and_keeps_the_rest():
     assert all("ValueError: no sevens" in letter.error for letter in sevens)
 
 
+class YieldThenRejectSevens(KeyedProcessFunction):
+    def process_element(self, value, ctx):
+        yield value
+        if value[1] % 7 == 0:
+            raise ValueError(f"no sevens: {value[1]}")
+        yield (value[0], -value[1])
+
+
+def test_a_rejected_record_takes_back_what_it_yielded_before_it_raised():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.set_error_policy("dead_letter")
+    values = range(1, N + 1)
+    env.from_collection([(v % 5, v) for v in values], PAIR).key_by(lambda r: r[0]).process(
+        YieldThenRejectSevens(), output_type=PAIR
+    ).sink_to(ChannelSink("out"))
+    client = env.execute_async(f"take-back-{random.randrange(1 << 40):x}")
+    assert client.wait(60).name == "FINISHED"
+    kept = [v for v in values if v % 7]
+    want = sorted([(v % 5, v) for v in kept] + [(v % 5, -v) for v in kept])
+    assert sorted(tuple(r) for r in channels.open_reader(client, "out")) == want
+    assert len(list(channels.open_reader(client, "dead-letters"))) == N // 7
+
+
 def test_fail_policy_names_operator_function_key_and_record():
     client = _start("fail")
     with pytest.raises(UserFunctionError) as info:
