@@ -146,6 +146,7 @@ def cmd_run(args) -> int:
     if args.restore:
         os.environ[RESTORE_ENV] = "1"
     sys.argv = [args.script, *args.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))  # as `python script.py` does
     runpy.run_path(args.script, run_name="__main__")
     return 0
 

@@ -154,3 +154,9 @@ def test_run_a_job_script_kill_it_and_run_it_again_from_its_latest_checkpoint(tm
     # the job finished: a restore has nothing to start from, and says so
     finished = stretch("run", "--restore", str(script), name, "3", "200000", check=False)
     assert finished.returncode != 0 and "there is nothing to restore" in finished.stderr
+
+
+def test_run_finds_the_scripts_own_modules_as_python_does(tmp_path):
+    (tmp_path / "settings.py").write_text("EVENTS = 1234\n")
+    (tmp_path / "job.py").write_text("import sys\nfrom settings import EVENTS\nprint(EVENTS, sys.argv[1:])\n")
+    assert stretch("run", str(tmp_path / "job.py"), "a", "b").stdout == "1234 ['a', 'b']\n"

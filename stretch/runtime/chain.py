@@ -293,8 +293,8 @@ class _FlatMap(_Node):
     def push(self, records: Records) -> None:
         f = call_of(self.step.fn, "flat_map")
         try:
-            self._push(records, f)
-        except StepError:
+            flat = self._flat_mapped(records, f)
+        except StepError:  # this step's own failure (the children run below, outside the try)
             if self.outputs.dead_letter_gate is None:
                 raise
             items = records.items()  # again, record by record, rejecting the ones that fail
@@ -304,9 +304,10 @@ class _FlatMap(_Node):
             ts = records.timestamps()
             out = [x for res in results for x in res]
             out_ts = np.repeat(_take(ts, kept), [len(res) for res in results]) if ts is not None else None
-            self.forward(Records(items=out, type_info=self.step.output_type, timestamps=out_ts))
+            flat = Records(items=out, type_info=self.step.output_type, timestamps=out_ts)
+        self.forward(flat)
 
-    def _push(self, records: Records, f) -> None:
+    def _flat_mapped(self, records: Records, f) -> Records:
         out: list = []
         ext = out.extend
         record = None
@@ -325,7 +326,7 @@ class _FlatMap(_Node):
         except Exception as e:
             raise StepError(self.operator, record, _NO_KEY, e, "flat_map function") from e
         out_ts = np.repeat(ts, counts) if ts is not None else None
-        self.forward(Records(items=out, type_info=self.step.output_type, timestamps=out_ts))
+        return Records(items=out, type_info=self.step.output_type, timestamps=out_ts)
 
 
 class _Filter(_Node):
@@ -369,7 +370,6 @@ class _ToSink(_Node):
     def __init__(self, step, stage_name, outputs):
         super().__init__(step, stage_name, outputs)
         self.gate = outputs.sink_gates[step.sink]
-        self.outputs = outputs
 
     def push(self, records: Records) -> None:
         batch = records.data_batch()
@@ -416,7 +416,7 @@ class _Assign(_Node):
             return np.array([a.extract_timestamp(r, p) for r, p in zip(items, prev)], dtype=np.int64)
         except Exception as e:
             culprit = _culprit(items, lambda r: a.extract_timestamp(r, -(2**63)))
-            raise StepError(self.stage_name, culprit, _NO_KEY, e, "timestamp assigner") from e
+            raise StepError(self.operator, culprit, _NO_KEY, e, "timestamp assigner") from e
 
     def tick(self) -> None:
         if self.generator.check_idle():
@@ -472,7 +472,6 @@ class _ToChainedSink(_Node):
     def __init__(self, step, stage_name, outputs):
         super().__init__(step, stage_name, outputs)
         self.spec = outputs.sinks[step.sink]
-        self.outputs = outputs
         self.writer = None
 
     def open(self) -> None:
@@ -490,7 +489,6 @@ class _ToGate(_Node):
     def __init__(self, step, stage_name, outputs):
         super().__init__(step, stage_name, outputs)
         self.gate = outputs.gates[step.gate]
-        self.outputs = outputs
         self.key: KeySpec = step.key
 
     def control(self, kind, value: int = 0) -> None:

@@ -25,6 +25,7 @@ import os
 import shutil
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,7 +194,9 @@ class Checkpointer:
         self.timeout = settings.timeout_ms / 1000
         latest = store.completed()
         self.last_id = latest[-1] if latest else 0  # ids keep growing across runs and restores
-        self.history: list[dict] = []  # reports of completed checkpoints, oldest first
+        self.history: deque[dict] = deque(maxlen=100)  # reports of the latest completed checkpoints
+        self.completed = 0  # checkpoints completed in this run, and their total duration
+        self.completed_ms = 0.0
         self.stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -344,6 +347,8 @@ class Checkpointer:
             "completed_at": metadata["completed_at"],
         }
         self.history.append(report)
+        self.completed += 1
+        self.completed_ms += duration_ms
         return report
 
     def _await_files(self, n: int, generation: int, keyed: dict, parallelism: dict, deadline: float) -> dict:

@@ -376,9 +376,10 @@ class Coordinator:
             if saved is not None:
                 prepare_arena(arena, saved)
                 directory = self.checkpointer.store.path(restore["id"])
-                for f in saved["files"]:
-                    if (directory / f).exists():
-                        restore_key_groups(arena, directory / f)
+                for f in saved["files"]:  # every one is there in a complete checkpoint
+                    if not (directory / f).exists():
+                        raise FileNotFoundError(f"checkpoint {restore['id']} lacks {directory / f}: it is damaged")
+                    restore_key_groups(arena, directory / f)
             p = self._parallelism.get(stage.id, stage.parallelism)
             self.control.publish(op_index, 0, range_assignment(p, stage.max_parallelism))
             gate = self.gates[stage.input_gate]
@@ -923,15 +924,17 @@ class Coordinator:
     # ---- status -----------------------------------------------------------------------------
     def describe(self) -> dict:
         """The job's operators and counters; after the job ended, their values at its end."""
-        final = self._final
-        if final is None:
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        while self._final is None:
+            generation = self.generation
             try:
                 return self._describe_live()
-            except ValueError:  # the segments were released while reading: the job just ended
-                final = self._final
-                if final is None:
+            except ValueError:  # segments released while reading: the job just ended or recovers
+                recovering = self.status is JobStatus.RESTARTING or self.generation != generation
+                if self._final is None and not (recovering and time.monotonic() < deadline):
                     raise
-        return {**final, "status": self.status.name}
+                time.sleep(0.01)  # a recovery builds them anew: read those
+        return {**self._final, "status": self.status.name}
 
     def _describe_live(self) -> dict:
         ops = []
@@ -985,7 +988,7 @@ class Coordinator:
             return None
         return {
             "interval_ms": c.settings.interval_ms,
-            "completed": len(c.history),
+            "completed": c.completed,
             "latest": c.history[-1] if c.history else None,
             "failed": self.checkpoint_failures,
             "last_error": self.last_checkpoint_error,

@@ -88,9 +88,10 @@ class JobCollector:
         c = self.coordinator
         if c.checkpointer is None:
             return
-        history = list(c.checkpointer.history)
+        ck = c.checkpointer
+        history = list(ck.history)
         taken = SummaryMetricFamily("stretch_checkpoint_seconds", "Completed checkpoints", labels=["job"])
-        taken.add_metric([job], len(history), sum(h["duration_ms"] for h in history) / 1000)
+        taken.add_metric([job], ck.completed, ck.completed_ms / 1000)
         size = GaugeMetricFamily("stretch_checkpoint_bytes", "Size of the latest checkpoint", labels=["job"])
         size.add_metric([job], history[-1]["bytes"] if history else 0)
         failed = CounterMetricFamily("stretch_checkpoint_failures", "Checkpoints that failed", labels=["job"])
