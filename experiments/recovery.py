@@ -6,8 +6,8 @@
   reads a rate-limited source; at a random moment a random busy worker (source or instance) is
   killed with SIGKILL. Its output channel, read after the run, is compared with a plain-Python
   reference: ``kill_trials_exact`` counts the trials whose output equals it exactly.
-  ``recovery_p50_ms``: from the kill until the job runs again (new workers, state restored from
-  the latest checkpoint, sources rewound).
+  ``recovery_p50_ms``: from the kill until the job runs again (state restored from the latest
+  checkpoint, gates rebuilt, and every task handed to a live worker, sources at their positions).
 - Checkpoint time with ~100 MB and ~1 GB of keyed state (vectorized ``sum`` over that many distinct
   keys, fed while the checkpoints are taken): medians of ``--checkpoints`` on-demand checkpoints,
   and how long the operator's instances stood still in each (``checkpoint_pause_p50_ms``: from the
@@ -75,17 +75,24 @@ def kill_trial(seed: int, n: int, reference: list) -> dict:
     ).sink_to(ChannelSink("out"))
     client = env.execute_async(f"recovery-trial-{os.getpid()}-{seed}")
     co = client._coordinator
-    time.sleep(rng.uniform(0.05, 0.4))
-    victim = rng.choice([w for w in list(co._workers.values()) if w.task is not None and w.pid])
-    killed_at = time.time()
-    os.kill(victim.pid, signal.SIGKILL)
-    status = client.wait(120)
+    try:
+        time.sleep(rng.uniform(0.05, 0.4))
+        busy = []
+        while not busy and not co.done:  # a worker with a task (on a loaded machine they may start late)
+            busy = [w for w in list(co._workers.values()) if w.task is not None and w.pid]
+        victim = rng.choice(busy)
+        killed_at = time.time()
+        os.kill(victim.pid, signal.SIGKILL)
+        status = client.wait(120)
+    finally:
+        if not co.done:
+            client.cancel()
     got = sorted(tuple(r) for r in channels.open_reader(client, "out"))
-    recovered = [r["at"] - killed_at for r in co.recoveries]
+    recovered = [r["running_at"] - killed_at for r in co.recoveries if "running_at" in r]
     return {
         "exact": status.name == "FINISHED" and got == reference,
         "recovery_ms": recovered[0] * 1000 if recovered else None,
-        "victim": "source" if victim.task[0] == 0 else "instance",
+        "victim": co.plan.stages[victim.task[0]].kind,  # source or keyed
     }
 
 
@@ -112,6 +119,8 @@ def checkpoint_times(keys: int, checkpoints: int) -> dict:
     client = env.execute_async(f"recovery-state-{os.getpid()}-{keys}")
     try:
         while client.describe()["operators"][0]["records_in"] < keys:
+            if client._coordinator.done:
+                raise RuntimeError(f"the job ended early: {client._coordinator.error}")
             time.sleep(0.1)
         state = client.describe()["operators"][0]["state_bytes"]
         reports = [client.trigger_checkpoint() for _ in range(checkpoints)]

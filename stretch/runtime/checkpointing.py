@@ -193,7 +193,7 @@ class Checkpointer:
         self.settings = settings
         self.timeout = settings.timeout_ms / 1000
         latest = store.completed()
-        self.last_id = latest[-1] if latest else 0  # ids keep growing across runs and restores
+        self.last_id = latest[-1] if latest else 0  # a restored run continues the ids
         self.history: deque[dict] = deque(maxlen=100)  # reports of the latest completed checkpoints
         self.completed = 0  # checkpoints completed in this run, and their total duration
         self.completed_ms = 0.0
@@ -280,6 +280,7 @@ class Checkpointer:
         pause_ms = 0.0  # the longest an operator's instances stood still (first pause to release)
         cb.signal(cb.request_word, n)
         while True:
+            seen = cb.signals()
             if co.generation != generation or not co.accepting_checkpoints():
                 raise CheckpointAborted(f"checkpoint {n} abandoned: the job is {co.status.name}")
             if time.monotonic() > deadline:
@@ -305,7 +306,7 @@ class Checkpointer:
                 r.reached >= n or r.finished for r in runners.values()
             ):
                 break
-            cb.wait_checkpoint(lambda: False, 0.002)
+            cb.wait_signal(seen, 0.01)  # instances and sources signal; sinks and ends are polled
         files = self._await_files(n, generation, keyed, parallelism, deadline)
         outputs = {}
         for r in runners.values():

@@ -198,5 +198,13 @@ class ControlBlock:
                 return False
             r.wait32(futex, seen, left)
 
+    def signals(self) -> int:
+        """A count of checkpoint signals so far (for ``wait_signal``)."""
+        return self.segment.region.load32(self._job_word(J_FUTEX))
+
+    def wait_signal(self, seen: int, timeout: float) -> None:
+        """Until a checkpoint signal after ``seen`` (a ``signals()`` value), or the timeout."""
+        self.segment.region.wait32(self._job_word(J_FUTEX), seen, timeout)
+
     def close(self) -> None:
         self.segment.close()

@@ -378,7 +378,9 @@ class Coordinator:
                 directory = self.checkpointer.store.path(restore["id"])
                 for f in saved["files"]:  # every one is there in a complete checkpoint
                     if not (directory / f).exists():
-                        raise FileNotFoundError(f"checkpoint {restore['id']} lacks {directory / f}: it is damaged")
+                        raise FileNotFoundError(
+                            f"checkpoint {restore['id']} lacks {directory / f}: it is damaged"
+                        )
                     restore_key_groups(arena, directory / f)
             p = self._parallelism.get(stage.id, stage.parallelism)
             self.control.publish(op_index, 0, range_assignment(p, stage.max_parallelism))
@@ -526,6 +528,8 @@ class Coordinator:
         if not self._pending or w.conn is None:
             return
         stage_id, index, epoch = self._pending.pop(0)
+        if not self._pending and self.recoveries and "running_at" not in self.recoveries[-1]:
+            self.recoveries[-1]["running_at"] = time.time()  # every task of the new attempt is handed out
         w.task = (stage_id, index)
         self._stages[stage_id].running.add(index)
         w.conn.send(

@@ -32,7 +32,7 @@ class Assignment:
     stage: StageSpec
     index: int = 0
     epoch: int = 0
-    position: int = 0  # a source's records to skip: where the checkpoint it restarts from left it
+    position: int = 0  # where a source restarts: the position its checkpoint recorded (Source.advance)
 
 
 class Stopped(Exception):
