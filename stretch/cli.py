@@ -76,6 +76,9 @@ def cmd_status(args) -> int:
             if latest
             else "none yet"
         )
+        restored = ck["restored_from"]
+        if restored is not None:
+            line += f"; restored from {f'checkpoint {restored}' if restored else 'the start of the run that died'}"
         print(
             f"  checkpoints: {line}; {ck['completed']} completed, {ck['failed']} failed, {ck['recoveries']} recoveries"
         )
