@@ -1015,6 +1015,9 @@ class Coordinator:
             if w.conn is not None and not w.exited:
                 with contextlib.suppress(OSError):
                     w.conn.send({"op": "exit"})
+            elif w.pid and not w.exited:  # still starting: it was given nothing, and nobody answers it now
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.pid, signal.SIGKILL)
         self._await_workers()
         if self._zygote is not None:
             self._zygote.stop()
