@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 
 import pyarrow.parquet as pq
 
@@ -122,7 +120,7 @@ def test_run_a_job_script_kill_it_and_run_it_again_from_its_latest_checkpoint(tm
     from stretch import channels
     from stretch.runtime.checkpointing import CheckpointStore
     from stretch.runtime.state_dir import job_dir
-    from tests.runtime.test_checkpointing import running_sums_reference
+    from tests.runtime.test_checkpointing import kill_after_checkpoints, running_sums_reference
 
     script = tmp_path / "job.py"
     script.write_text(RESTORE_SCRIPT)
@@ -133,18 +131,7 @@ def test_run_a_job_script_kill_it_and_run_it_again_from_its_latest_checkpoint(tm
         text=True,
     )
     store = CheckpointStore(job_dir(name) / "checkpoints")
-    try:
-        assert first.stdout.readline().strip() == "started"
-        deadline = time.monotonic() + 30
-        while not store.completed():
-            assert time.monotonic() < deadline and first.poll() is None
-            time.sleep(0.02)
-        first.send_signal(signal.SIGKILL)  # the job's process dies; its workers follow it
-        first.wait(30)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
+    kill_after_checkpoints(first, store, 1)
     latest = store.latest()
     assert latest["id"] >= 1
     again = stretch("run", "--restore", str(script), name, "3", "200000")

@@ -251,6 +251,23 @@ JOB_SCRIPT = textwrap.dedent(
 )
 
 
+def kill_after_checkpoints(proc: subprocess.Popen, store: CheckpointStore, count: int) -> None:
+    """Once the job script ``proc`` (which prints "started") has completed ``count`` checkpoints,
+    SIGKILL it: the coordinator dies, and its workers follow it."""
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 30
+        while len(store.completed()) < count:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_a_job_whose_process_died_restores_from_its_checkpoint_at_another_parallelism(tmp_path):
     name = f"crash-{random.randrange(1 << 40):x}"
     n = 200_000
@@ -260,19 +277,8 @@ def test_a_job_whose_process_died_restores_from_its_checkpoint_at_another_parall
     proc = subprocess.Popen(
         [sys.executable, str(script), name, "1", str(n), "100000"], stdout=subprocess.PIPE, text=True, env=env
     )
-    try:
-        assert proc.stdout.readline().strip() == "started"
-        store = CheckpointStore(job_dir(name) / "checkpoints")
-        deadline = time.monotonic() + 30
-        while len(store.completed()) < 2:  # let it get some way in
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)  # the coordinator dies; its workers follow it
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    store = CheckpointStore(job_dir(name) / "checkpoints")
+    kill_after_checkpoints(proc, store, 2)  # let it get some way in
     latest = store.latest()
     assert latest is not None and 0 < latest["sources"]["0"] < n  # records the source had read
     env2 = StreamExecutionEnvironment.get_execution_environment()
