@@ -98,7 +98,7 @@ def _no_leftover_segments_or_children():
     segments = _own_segments()
     if segments:
         problems.append(f"shared-memory segments left in /dev/shm: {segments}")
-        from stretch.runtime import shm
+        from stretch import _shm as shm
 
         for name in segments:
             shm.unlink(name)
@@ -109,7 +109,7 @@ def _no_leftover_segments_or_children():
 @pytest.fixture
 def shm_prefix():
     """A fresh engine prefix whose segments are all unlinked when the test ends."""
-    from stretch.runtime import shm
+    from stretch import _shm as shm
 
     prefix = shm.engine_prefix()
     try:

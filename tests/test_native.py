@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from stretch._native import Region
 
-from stretch.runtime.shm import Segment
+from stretch._shm import Segment
 
 SIZE = 1 << 16
 WAITERS_BIT = 0x80000000

@@ -247,7 +247,7 @@ class LogTail:
 
     @classmethod
     def create(cls, prefix: str, end: int) -> LogTail:
-        from stretch.runtime.shm import Segment
+        from stretch._shm import Segment
 
         tail = cls(Segment.create(prefix, "tail", 64))
         tail.region.store64(cls._END, end)
@@ -256,7 +256,7 @@ class LogTail:
 
     @classmethod
     def attach(cls, name: str) -> LogTail:
-        from stretch.runtime.shm import Segment
+        from stretch._shm import Segment
 
         return cls(Segment.attach(name))
 

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from stretch.runtime.shm import Segment
+from stretch._shm import Segment
 
 TABLE_RING = 8  # epochs kept readable; a rescale waits until its slot is no longer in use
 MAX_INSTANCES = 256

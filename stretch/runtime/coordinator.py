@@ -27,7 +27,7 @@ from stretch.datastream.connectors.channel import ChannelLogWriter, ChannelSink
 from stretch.errors import JobExecutionError, UserFunctionError
 from stretch.plan.stages import JobPlan, SinkSpec
 from stretch.runtime import control_block as cbk
-from stretch.runtime import shm
+from stretch import _shm as shm
 from stretch.runtime.channel_log import ChannelLog, LogTail
 from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore
 from stretch.runtime.control_block import ControlBlock

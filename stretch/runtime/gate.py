@@ -18,7 +18,7 @@ from enum import IntEnum
 import numpy as np
 import pyarrow as pa
 
-from stretch.runtime.shm import Segment
+from stretch._shm import Segment
 
 
 class Kind(IntEnum):

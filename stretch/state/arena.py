@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from stretch.runtime.shm import Segment
+from stretch._shm import Segment
 from stretch.state import _table_kernels as K
 
 _MAGIC = 0x53545245_4152454E  # "STREAREN"

@@ -132,7 +132,7 @@ def test_sigterm_of_the_job_process_ends_everything_and_removes_every_segment(tm
 
 
 def test_sigkill_of_the_job_process_ends_its_workers_and_the_next_engine_reaps_its_segments(tmp_path):
-    from stretch.runtime import shm
+    from stretch import _shm as shm
     from stretch.runtime.control_socket import runtime_dir
 
     proc, name = _start(tmp_path, "checkpointed")

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from stretch.runtime.gate import Gate, GateClosed, Kind
-from stretch.runtime.shm import Segment
+from stretch._shm import Segment
 
 SLOTS = 4
 DATA = 64 << 10
