@@ -16,95 +16,24 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from stretch.common.records import from_batch, schema_for, to_batch
+from stretch.common.records import from_batch, schema_for
 from stretch.common.typeinfo import TypeInformation
-from stretch.runtime.chain import KG_COLUMN, resolve_field
+from stretch.jobs import JobGone, JobNotFound, find
 from stretch.runtime.channel_log import ChannelLog, LogTail
-from stretch.runtime.control_socket import request, running_jobs
-from stretch.runtime.gate import Gate, GateClosed
+from stretch.runtime.channel_writers import ChannelAppender
 from stretch.runtime.state_dir import channel_dir
-from stretch.state import _hash_kernels
-from stretch.state.key_groups import key_groups_of
-
-
-def _socket_of(job) -> str:
-    coordinator = getattr(job, "_coordinator", None)
-    if coordinator is not None:
-        return str(coordinator.socket_path)
-    if isinstance(job, str):
-        for info in running_jobs():
-            if info["job_id"].startswith(job) or info["name"] == job:
-                return info["socket"]
-        raise LookupError(f"no running stretch job {job!r} on this machine (see `stretch jobs`)")
-    raise TypeError(f"job must be a JobClient, a job id or a job name, got {job!r}")
-
-
-def _join(job, name: str, role: str) -> tuple[str, dict]:
-    sock = _socket_of(job)
-    try:
-        reply = request(sock, {"op": "channel", "name": name, "role": role})
-    except (ConnectionError, FileNotFoundError) as e:
-        raise LookupError(f"the job at {sock} is not running any more") from e
-    if not reply.get("ok"):
-        raise LookupError(reply.get("error", "channel refused"))
-    return sock, reply
-
-
-class ChannelAppender:
-    """Appends batches to an input channel's gate, given the job's reply to a writer's join."""
-
-    def __init__(self, name: str, reply: dict):
-        self.name = name
-        self._gate = Gate.attach(reply["segment"])
-        self.type_info = TypeInformation.from_json(reply["type"]) if reply["type"] else None
-        self.schema = schema_for(self.type_info) if self.type_info is not None else None
-        # When the job keys the channel by a field right away, this writer is the keyed operator's
-        # producer: it computes the key groups and appends to the operator's gate directly.
-        self._key_field = reply.get("key_field")
-        self._max_parallelism = reply.get("max_parallelism")
-        self._producer = reply.get("producer", 0)
-        if self._key_field is not None:
-            _hash_kernels.warm_up()  # compile (or load) the key-group kernels now, not on the first write
-
-    def write(self, data) -> None:
-        """Append records (a list), or a pyarrow RecordBatch/Table whose schema fits the channel."""
-        if isinstance(data, pa.Table):
-            for batch in data.to_batches():
-                self.write(batch)
-            return
-        if isinstance(data, pa.RecordBatch):
-            batch = data
-            if self.schema is not None and not batch.schema.remove_metadata().equals(
-                self.schema.remove_metadata()
-            ):
-                raise ValueError(
-                    f"batch schema does not match channel {self.name!r}:\n  batch:   {batch.schema.remove_metadata()}"
-                    f"\n  channel: {self.schema.remove_metadata()}"
-                )
-        else:
-            batch = to_batch(list(data), self.type_info)
-        if batch.num_rows:
-            if self._key_field is not None:
-                column = batch.column(resolve_field(batch.schema, self._key_field))
-                batch = batch.append_column(
-                    KG_COLUMN, pa.array(key_groups_of(column, self._max_parallelism), pa.uint16())
-                )
-            try:
-                self._gate.append_batch(batch, producer=self._producer)
-            except GateClosed:
-                raise RuntimeError(f"the job reading channel {self.name!r} has stopped") from None
 
 
 class ChannelWriter(ChannelAppender):
     """Appends records to a job's input channel (blocking while the channel is full)."""
 
     def __init__(self, job, name: str):
-        self._socket, reply = _join(job, name, "writer")
-        super().__init__(name, reply)
+        self.job = find(job)
+        super().__init__(name, self.job.join_channel(name, "writer"))
 
     def end(self) -> None:
         """Mark the end of the channel's stream: the job finishes once it has processed it."""
-        request(self._socket, {"op": "channel_end", "name": self.name})
+        self.job.end_channel(self.name)
 
     def __enter__(self):
         return self
@@ -114,29 +43,77 @@ class ChannelWriter(ChannelAppender):
             self.end()
 
 
-def _reader_join(job, name: str) -> dict:
-    """Where a reader finds the channel: the running job's answer, else the log the job kept."""
-    coordinator = getattr(job, "_coordinator", None)
-    if coordinator is not None:  # in the job's own process: ask it directly, during or after the run
-        reply = coordinator._channel_request("channel", {"name": name, "role": "reader"})
-        if not reply.get("ok"):
-            raise LookupError(reply.get("error", "channel refused"))
-        if coordinator.status.is_globally_terminal_state():
-            reply["tail"] = None
-        return reply
-    if isinstance(job, str):
-        job_name = job
-        try:
-            return _join(job, name, "reader")[1]
-        except LookupError as e:
-            if "no channel" in str(e):
-                raise
-    else:
-        raise TypeError(f"job must be a JobClient, a job id or a job name, got {job!r}")
-    path = channel_dir(job_name, name)
+def locate_output(job, name: str) -> dict:
+    """Where output channel ``name`` of ``job`` is: the running job's answer (``log``, the live
+    ``tail``, ``run_start``, ``type``), else the log the job of that name kept after its run."""
+    try:
+        return find(job).join_channel(name, "reader")
+    except (JobNotFound, JobGone):
+        if not isinstance(job, str):
+            raise
+    path = channel_dir(job, name)
     if not (path / "index").exists():
-        raise LookupError(f"no running stretch job {job_name!r} and no channel {name!r} kept for it")
-    return {"log": str(path), "tail": None, "run_start": None}
+        raise LookupError(f"no running stretch job {job!r} and no channel {name!r} kept for it") from None
+    return {"log": str(path), "tail": None, "run_start": None, "type": None}
+
+
+class OutputLog:
+    """An output channel's durable log, read by offset (what Spark's source reads): offsets
+    ``start`` .. ``end`` are readable; a reader registered by name keeps what it has not committed
+    from being trimmed."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self._log = ChannelLog(directory, create=False)
+
+    @property
+    def start(self) -> int:
+        return self._log.start_offset
+
+    @property
+    def end(self) -> int:
+        return self._log.readable_end
+
+    def read(self, start: int, end: int) -> list[pa.RecordBatch]:
+        return self._log.read(start, end)
+
+    def register(self, reader: str, offset: int) -> None:
+        self._log.register(reader, offset)
+
+    def commit(self, reader: str, offset: int) -> None:
+        self._log.commit(reader, offset)
+
+    def close(self) -> None:
+        self._log.close()
+
+    def __enter__(self) -> OutputLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def output_schema(job, name: str) -> pa.Schema:
+    """An output channel's schema: the type the job declares for it, else its first batch's."""
+    where = locate_output(job, name)
+    if where.get("type"):
+        return schema_for(TypeInformation.from_json(where["type"])).remove_metadata()
+    with OutputLog(where["log"]) as log:
+        if log.end > log.start:
+            (first,) = log.read(log.start, log.start + 1)
+            return first.schema.remove_metadata()
+    raise ValueError(
+        f"channel {name!r} of job {job!r} has no declared type and no data yet: declare the output type "
+        "of the stream that feeds it"
+    )
+
+
+def input_schema(job, name: str) -> pa.Schema | None:
+    """An input channel's schema, where the job declares its record type (None: untyped)."""
+    reply = find(job).join_channel(name, "writer")
+    return (
+        schema_for(TypeInformation.from_json(reply["type"])).remove_metadata() if reply.get("type") else None
+    )
 
 
 class ChannelReader:
@@ -149,7 +126,7 @@ class ChannelReader:
 
     def __init__(self, job, name: str, from_offset: int | None = None):
         self.name = name
-        reply = _reader_join(job, name)
+        reply = locate_output(job, name)
         self.log = ChannelLog(reply["log"], create=False)
         self._tail = None
         if reply["tail"]:

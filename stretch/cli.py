@@ -8,29 +8,39 @@ import os
 import sys
 import time
 
-from stretch.runtime.control_socket import request, running_jobs
+from stretch import jobs
+from stretch.datastream.stream_execution_environment import RESTORE_ENV
 
 
 def _jobs() -> list[dict]:
-    """Running jobs of this user on this machine, found through their control sockets."""
-    jobs = []
-    for info in running_jobs():
+    """Running jobs of this user on this machine, with their status."""
+    found = []
+    for info in jobs.list_jobs():
         try:
-            status = request(info["socket"], {"op": "status"}, timeout=2.0)
-        except (OSError, ValueError, ConnectionError):
+            status = jobs.Job(info.job_id, info.name, socket=info.socket).request(
+                {"op": "status"}, timeout=2.0
+            )
+        except (OSError, ValueError):
             continue  # a job that ended between listing and asking
-        jobs.append({**info, "status": status.get("status")})
-    return jobs
+        found.append({**vars(info), "status": status.get("status")})
+    return found
 
 
-def _find(job: str) -> dict:
-    matches = [j for j in _jobs() if j["job_id"].startswith(job) or j["name"] == job]
-    if not matches:
-        raise SystemExit(f"stretch: no running job {job!r} (see `stretch jobs`)")
-    if len(matches) > 1:
-        ids = ", ".join(j["job_id"][:12] for j in matches)
-        raise SystemExit(f"stretch: {job!r} matches several jobs ({ids}); give more of the id")
-    return matches[0]
+def _find(job: str) -> jobs.Job:
+    try:
+        return jobs.find(job)
+    except LookupError as e:
+        raise SystemExit(f"stretch: {e}") from None
+
+
+def _ask(job: jobs.Job, method, *args, **kw):
+    """A request to the job; its refusal, or its end, as the command's error."""
+    try:
+        return method(*args, **kw)
+    except jobs.JobGone:
+        raise SystemExit(f"stretch: job {job.name!r} ended before answering") from None
+    except (LookupError, ValueError, RuntimeError, TimeoutError) as e:
+        raise SystemExit(f"stretch: {e}") from None
 
 
 def cmd_jobs(args) -> int:
@@ -45,19 +55,17 @@ def cmd_jobs(args) -> int:
 
 
 def cmd_metrics(args) -> int:
-    reply = request(_find(args.job)["socket"], {"op": "metrics"})
-    if not reply.get("ok"):
-        raise SystemExit(f"stretch: {reply.get('error')}")
-    print(reply["text"], end="")
+    job = _find(args.job)
+    print(_ask(job, job.metrics), end="")
     return 0
 
 
 def cmd_status(args) -> int:
     job = _find(args.job)
-    before = request(job["socket"], {"op": "status"})
+    before = _ask(job, job.status)
     t0 = time.monotonic()
     time.sleep(args.interval)
-    status = request(job["socket"], {"op": "status"})
+    status = _ask(job, job.status)
     dt = time.monotonic() - t0
     rates = _rates(before, status, dt)
     if args.json:
@@ -113,14 +121,7 @@ def _rates(before: dict, after: dict, dt: float) -> dict:
 
 def cmd_scale(args) -> int:
     job = _find(args.job)
-    try:
-        reply = request(
-            job["socket"], {"op": "scale", "operator": args.operator, "parallelism": args.parallelism}
-        )
-    except (ConnectionError, OSError):
-        raise SystemExit(f"stretch: job {args.job!r} ended before answering") from None
-    if not reply.get("ok"):
-        raise SystemExit(f"stretch: {reply.get('error')}")
+    reply = _ask(job, job.rescale, args.operator, args.parallelism, on_progress=_waiting("rescale"))
     print(
         f"rescaled {reply['operator']!r} {reply['old_parallelism']} -> {reply['new_parallelism']} "
         f"in {reply['elapsed_ms']:.2f} ms (epoch {reply['epoch']}, {reply['state_bytes_copied']} state bytes copied)"
@@ -128,14 +129,19 @@ def cmd_scale(args) -> int:
     return 0
 
 
+def _waiting(what: str):
+    """Progress of a long operation, on stderr once it takes more than a few seconds."""
+
+    def show(progress: dict) -> None:
+        if progress.get("elapsed_ms", 0) >= 3000:
+            print(f"stretch: {what} under way for {progress['elapsed_ms'] / 1000:.0f} s ...", file=sys.stderr)
+
+    return show
+
+
 def cmd_checkpoint(args) -> int:
     job = _find(args.job)
-    try:
-        reply = request(job["socket"], {"op": "checkpoint"})
-    except (ConnectionError, OSError):
-        raise SystemExit(f"stretch: job {args.job!r} ended before answering") from None
-    if not reply.get("ok"):
-        raise SystemExit(f"stretch: {reply.get('error')}")
+    reply = _ask(job, job.checkpoint, on_progress=_waiting("checkpoint"))
     print(f"checkpoint {reply['id']} complete in {reply['duration_ms']:.1f} ms ({reply['bytes']:,} bytes)")
     return 0
 
@@ -143,8 +149,6 @@ def cmd_checkpoint(args) -> int:
 def cmd_run(args) -> int:
     """Run a job script; with --restore its job starts from its latest complete checkpoint."""
     import runpy
-
-    from stretch.datastream.stream_execution_environment import RESTORE_ENV
 
     if args.restore:
         os.environ[RESTORE_ENV] = "1"
@@ -155,7 +159,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from stretch import demo
+    from stretch import demo  # Spark and matplotlib: only for the demo
 
     schedule = tuple(int(p) for p in args.schedule.split(",") if p.strip()) if args.schedule else ()
     summary = demo.run(

@@ -159,7 +159,7 @@ def _pipeline(spark, work: Path, events, files, parallelism, schedule, plot, out
         got[k][0] == want[k][0] and abs(got[k][1] - want[k][1]) < 1e-6 * max(1.0, abs(want[k][1]))
         for k in want
     )
-    rescales = list(client._coordinator.rescales)
+    rescales = client.describe()["rescales"]
     summary = {
         "events": events,
         "windows": len(got),
@@ -193,11 +193,10 @@ def _latencies(client, started: float, input_ended: float) -> list[tuple[float, 
     """(seconds into the run, ms): for each result batch the job appended, the time since Spark's
     micro-batch whose watermark fired it began publishing into the job (the final results, which
     the end of the input fires, have no such micro-batch)."""
-    coordinator = client._coordinator
-    published = coordinator.publisher.published_at
-    writer = coordinator.output_channels["per_user"].writer
+    timeline = client.control({"op": "timeline"})
+    published = timeline["published"]
     out = []
-    for at in writer.appended_at:
+    for at in timeline["appended"]["per_user"]:
         if at >= input_ended:
             break
         before = [p for p in published if p <= at]
@@ -228,7 +227,7 @@ def _monitor(client, into, events, schedule, started, out) -> list[tuple]:
 
     def report_rescales(now: float) -> None:
         nonlocal seen
-        for r in client._coordinator.rescales[seen:]:
+        for r in client.describe()["rescales"][seen:]:
             out(
                 f"  {now - started:5.1f}s  rescaled live {r['old_parallelism']} -> {r['new_parallelism']} in "
                 f"{r['elapsed_ms']:.2f} ms, {r['state_bytes_copied']} state bytes copied"

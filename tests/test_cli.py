@@ -43,7 +43,7 @@ def test_jobs_and_status_of_a_running_job():
         text = stretch("status", "cli test job").stdout
         assert "operator 'totals': parallelism 2" in text
         missing = stretch("status", "no such job", check=False)
-        assert missing.returncode != 0 and "no running job" in missing.stderr
+        assert missing.returncode != 0 and "no running stretch job" in missing.stderr
     finally:
         client.cancel()
 
@@ -86,7 +86,7 @@ def test_scale_from_a_second_process_and_its_errors():
         assert "rescaled 'totals' 2 -> 4" in out and "0 state bytes copied" in out
         assert client.describe()["operators"][0]["parallelism"] == 4
         for args, message in [
-            (("no-such-job", "totals", "2"), "no running job"),
+            (("no-such-job", "totals", "2"), "no running stretch job"),
             ((job, "nope", "2"), "no operator named 'nope'"),
             ((job, "totals", "0"), "parallelism must be an int in 1..128"),
             ((job, "totals", "129"), "parallelism must be an int in 1..128"),
@@ -96,7 +96,7 @@ def test_scale_from_a_second_process_and_its_errors():
     finally:
         client.cancel()
     ended = stretch("scale", job, "totals", "2", check=False)
-    assert ended.returncode != 0 and "no running job" in ended.stderr
+    assert ended.returncode != 0 and "no running stretch job" in ended.stderr
 
 
 RESTORE_SCRIPT = """

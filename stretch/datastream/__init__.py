@@ -7,12 +7,7 @@ the engine's workers import the function interfaces from this package without ne
 from importlib import import_module
 
 from stretch.common.job_status import JobStatus
-from stretch.datastream.checkpoint_config import (
-    CheckpointConfig,
-    CheckpointingMode,
-    ExternalizedCheckpointRetention,
-)
-from stretch.datastream.functions import (
+from stretch.contracts.functions import (
     AggregateFunction,
     CoGroupFunction,
     FilterFunction,
@@ -30,7 +25,12 @@ from stretch.datastream.functions import (
     TimerService,
     WindowFunction,
 )
-from stretch.datastream.output_tag import OutputTag
+from stretch.contracts.output_tag import OutputTag
+from stretch.datastream.checkpoint_config import (
+    CheckpointConfig,
+    CheckpointingMode,
+    ExternalizedCheckpointRetention,
+)
 
 _LAZY = {
     "DataStream": "stretch.datastream.data_stream",

@@ -13,7 +13,7 @@ import builtins
 
 from stretch.common.row import Row
 from stretch.common.typeinfo import Types
-from stretch.datastream.functions import AggregateFunction, WindowFunction
+from stretch.contracts.functions import AggregateFunction, WindowFunction
 
 _OPS = ("count", "sum", "min", "max", "mean")
 

@@ -7,10 +7,8 @@ Flink. Where stretch differs, the method's docstring says so.
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the engine is imported only by environments that submit jobs
-    from stretch.runtime.checkpointing import CheckpointSettings
+from stretch.runtime.checkpointing import CheckpointSettings
 
 
 class CheckpointingMode(Enum):

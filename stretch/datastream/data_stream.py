@@ -5,19 +5,36 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from stretch.common.typeinfo import TypeInformation
-from stretch.datastream import keyed_functions as kf
-from stretch.datastream.connectors.base import Sink
-from stretch.datastream.connectors.print_sink import CollectSink, PrintSink
-from stretch.datastream.functions import (
+from stretch.common.watermark_strategy import WatermarkStrategy
+from stretch.contracts.connectors import Sink
+from stretch.contracts.functions import (
+    AggregateFunction,
     FilterFunction,
     FlatMapFunction,
     KeyedProcessFunction,
     KeySelector,
     MapFunction,
     ProcessFunction,
+    ProcessWindowFunction,
     ReduceFunction,
 )
+from stretch.contracts.output_tag import OutputTag
+from stretch.contracts.window import (
+    CountSlidingWindowAssigner,
+    CountTumblingWindowAssigner,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+    WindowAssigner,
+    to_millis,
+)
+from stretch.datastream import aggregates
+from stretch.datastream import keyed_functions as kf
+from stretch.datastream.aggregates import as_builtins
+from stretch.datastream.connectors.print_sink import CollectSink, PrintSink
+from stretch.datastream.join import BandJoinedStreams, CoGroupedStreams, IntervalJoin, JoinedStreams
+from stretch.datastream.windowing import WindowOperator
 from stretch.plan.graph import Transformation
+from stretch.plan.specs import VectorWindowSpec
 
 if TYPE_CHECKING:
     from stretch.datastream.stream_execution_environment import StreamExecutionEnvironment
@@ -54,12 +71,12 @@ class DataStream:
     def set_parallelism(self, parallelism: int) -> DataStream:
         """Instances of this operator; stateless steps run chained inside their producer's instances."""
         mp = self._t.max_parallelism or self._env.get_max_parallelism()
-        _check_parallelism(parallelism, mp)
+        check_parallelism(parallelism, mp)
         self._t.parallelism = parallelism
         return self
 
     def set_max_parallelism(self, max_parallelism: int) -> DataStream:
-        _check_max_parallelism(max_parallelism)
+        check_max_parallelism(max_parallelism)
         if self._t.parallelism and self._t.parallelism > max_parallelism:
             raise ValueError(
                 f"max parallelism {max_parallelism} is below the parallelism {self._t.parallelism}"
@@ -114,7 +131,6 @@ class DataStream:
         then read as a column (epoch milliseconds or an Arrow timestamp), with no Python call per
         record.
         """
-        from stretch.common.watermark_strategy import WatermarkStrategy
 
         if not isinstance(watermark_strategy, WatermarkStrategy):
             raise TypeError(f"expected a WatermarkStrategy, got {watermark_strategy!r}")
@@ -127,19 +143,16 @@ class DataStream:
     # ---- joins (stretch.datastream.join) -----------------------------------------------------
     def join(self, other_stream: DataStream):
         """Window join: ``.where(key).equal_to(key).window(assigner).apply(join_function)``."""
-        from stretch.datastream.join import JoinedStreams
 
         return JoinedStreams(self, other_stream)
 
     def co_group(self, other_stream: DataStream):
         """Window co-group: ``.where(key).equal_to(key).window(assigner).apply(co_group_function)``."""
-        from stretch.datastream.join import CoGroupedStreams
 
         return CoGroupedStreams(self, other_stream)
 
     def band_join(self, other_stream: DataStream):
         """Beyond PyFlink, a non-equi time-band join: ``.on(predicate).within(ms).apply(fn)``."""
-        from stretch.datastream.join import BandJoinedStreams
 
         return BandJoinedStreams(self, other_stream)
 
@@ -193,7 +206,6 @@ class DataStream:
 
     def get_side_output(self, output_tag) -> DataStream:
         """The records this operator yielded as ``(output_tag, value)`` (late window data too)."""
-        from stretch.datastream.output_tag import OutputTag
 
         if not isinstance(output_tag, OutputTag):
             raise TypeError(f"expected an OutputTag, got {output_tag!r}")
@@ -217,9 +229,8 @@ class WindowedStream:
 
     def allowed_lateness(self, time_ms: int) -> WindowedStream:
         """Keep windows this long after the watermark passed them; late records re-fire them."""
-        from stretch.datastream.window import _millis
 
-        self._lateness = _millis(time_ms, "allowed lateness")
+        self._lateness = to_millis(time_ms, "allowed lateness")
         if self._lateness < 0:
             raise ValueError("allowed lateness must not be negative")
         return self
@@ -235,7 +246,6 @@ class WindowedStream:
         )
 
     def _window(self, mode: str, fn, window_fn, output_type, name: str) -> DataStream:
-        from stretch.datastream.windowing import WindowOperator
 
         op = WindowOperator(self._assigner, mode, fn, window_fn, self._lateness, self._late_tag)
         return self._keyed._keyed("process", f"Window({name})", {"fn": op}, output_type)
@@ -254,8 +264,6 @@ class WindowedStream:
     ) -> DataStream:
         """An AggregateFunction per window, or built-ins (``stretch.datastream.aggregates``):
         ``aggregate([aggregates.count(), aggregates.sum("price")])``, vectorized where possible."""
-        from stretch.datastream.aggregates import as_builtins
-        from stretch.datastream.functions import AggregateFunction
 
         builtins = as_builtins(aggregate_function)
         if builtins is not None:
@@ -270,36 +278,28 @@ class WindowedStream:
 
     def count(self) -> DataStream:
         """Records per key and window: Row(key, window_start, window_end, count)."""
-        from stretch.datastream import aggregates
 
         return self._builtins([aggregates.count()])
 
     def sum(self, field: str | int) -> DataStream:
-        from stretch.datastream import aggregates
 
         return self._builtins([aggregates.sum(field)])
 
     def min(self, field: str | int) -> DataStream:
-        from stretch.datastream import aggregates
 
         return self._builtins([aggregates.min(field)])
 
     def max(self, field: str | int) -> DataStream:
-        from stretch.datastream import aggregates
 
         return self._builtins([aggregates.max(field)])
 
     def mean(self, field: str | int) -> DataStream:
-        from stretch.datastream import aggregates
 
         return self._builtins([aggregates.mean(field)])
 
     def _builtins(self, builtins: list) -> DataStream:
         """Built-in aggregates: numba kernels when keyed by a field over tumbling or sliding
         event-time windows without lateness, else the per-record window operator."""
-        from stretch.datastream import aggregates
-        from stretch.datastream.window import SlidingEventTimeWindows, TumblingEventTimeWindows
-        from stretch.runtime.vector_window import VectorWindowSpec
 
         key_by = self._keyed._t
         in_type = key_by.output_type
@@ -323,7 +323,6 @@ class WindowedStream:
         return self._keyed._keyed("vector_window", name, {"fn": spec}, out_type)
 
     def process(self, process_window_function, output_type=None) -> DataStream:
-        from stretch.datastream.functions import ProcessWindowFunction
 
         if not isinstance(process_window_function, ProcessWindowFunction):
             raise TypeError("process() needs a ProcessWindowFunction")
@@ -424,7 +423,6 @@ class KeyedStream(DataStream):
 
     def window(self, window_assigner) -> WindowedStream:
         """Group each key's records into windows (event-time, processing-time or session)."""
-        from stretch.datastream.window import WindowAssigner
 
         if not isinstance(window_assigner, WindowAssigner):
             raise TypeError(
@@ -434,7 +432,6 @@ class KeyedStream(DataStream):
 
     def interval_join(self, other_stream: KeyedStream):
         """Interval join with another keyed stream: ``.between(lower, upper).process(fn)``."""
-        from stretch.datastream.join import IntervalJoin
 
         if not isinstance(other_stream, KeyedStream):
             raise TypeError("interval_join needs a KeyedStream (other.key_by(...))")
@@ -442,7 +439,6 @@ class KeyedStream(DataStream):
 
     def count_window(self, size: int, slide: int = 0) -> WindowedStream:
         """Windows of ``size`` records per key (sliding by ``slide`` records if given)."""
-        from stretch.datastream.window import CountSlidingWindowAssigner, CountTumblingWindowAssigner
 
         assigner = CountSlidingWindowAssigner(size, slide) if slide else CountTumblingWindowAssigner(size)
         return WindowedStream(self, assigner)
@@ -469,12 +465,12 @@ class KeyedStream(DataStream):
         return self._original.union(*streams)
 
 
-def _check_max_parallelism(max_parallelism: int) -> None:
+def check_max_parallelism(max_parallelism: int) -> None:
     if not isinstance(max_parallelism, int) or not 0 < max_parallelism <= 32768:
         raise ValueError(f"max parallelism must be an int in 1..32768, got {max_parallelism!r}")
 
 
-def _check_parallelism(parallelism: int, max_parallelism: int) -> None:
+def check_parallelism(parallelism: int, max_parallelism: int) -> None:
     if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
         raise ValueError(f"parallelism must be a positive int, got {parallelism!r}")
     if parallelism > max_parallelism:

@@ -91,6 +91,16 @@ class JobClient:
     def get_job_id(self) -> str:
         return self._coordinator.job_id
 
+    @property
+    def name(self) -> str:
+        """The job's name (``execute_async(job_name)``)."""
+        return self._coordinator.job_name
+
+    def control(self, request: dict) -> dict:
+        """Answer one control request (what ``stretch.jobs`` sends to jobs of other processes over
+        their socket), in this process, also after the job ended."""
+        return self._coordinator.requests.handle(request)
+
     def get_job_status(self) -> CompletableFuture:
         return CompletableFuture.completed(self._coordinator.status)
 
@@ -108,13 +118,16 @@ class JobClient:
             raise c.error
         return c.status
 
-    def rescale(self, operator_name: str, parallelism: int) -> RescaleReport:
+    def rescale(self, operator_name: str, parallelism: int, timeout: float | None = None) -> RescaleReport:
         """Change a keyed operator's parallelism while the job runs, moving no state.
 
         Returns once every instance runs under the new ownership table; instances that gain no key
-        group never pause. Rescales of one operator are serialized.
+        group never pause. Under a backlog that lasts until the instances have read up to the
+        epoch record; ``timeout`` (seconds; None: as long as the job runs) bounds that wait with
+        a ``TimeoutError``, and the new parallelism is in effect all the same. Rescales of one
+        operator are serialized.
         """
-        return RescaleReport(**self._coordinator.rescale(operator_name, parallelism))
+        return RescaleReport(**self._coordinator.rescale(operator_name, parallelism, timeout))
 
     def trigger_checkpoint(self) -> dict:
         """Take a checkpoint now (the job must have checkpointing enabled); returns its report

@@ -10,11 +10,10 @@ follow their key groups through live rescales. The band join has no key: see ``B
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stretch.common.typeinfo import Types
-from stretch.datastream.functions import (
+from stretch.contracts.functions import (
     CoGroupFunction,
     Function,
     JoinFunction,
@@ -24,7 +23,14 @@ from stretch.datastream.functions import (
     ProcessJoinFunction,
     WindowFunction,
 )
-from stretch.datastream.state import MapStateDescriptor
+from stretch.contracts.state import MapStateDescriptor
+from stretch.contracts.window import (
+    CountSlidingWindowAssigner,
+    CountTumblingWindowAssigner,
+    WindowAssigner,
+    to_millis,
+)
+from stretch.plan.specs import BandJoinSpec
 
 if TYPE_CHECKING:
     from stretch.datastream.data_stream import DataStream, KeyedStream
@@ -152,11 +158,6 @@ class EqualTo:
         self._where, self._key = where, key_selector
 
     def window(self, window_assigner) -> WithWindow:
-        from stretch.datastream.window import (
-            CountSlidingWindowAssigner,
-            CountTumblingWindowAssigner,
-            WindowAssigner,
-        )
 
         if not isinstance(window_assigner, WindowAssigner) or isinstance(
             window_assigner, (CountTumblingWindowAssigner, CountSlidingWindowAssigner)
@@ -172,9 +173,8 @@ class WithWindow:
 
     def allowed_lateness(self, time_ms) -> WithWindow:
         """Keep windows this long after the watermark passed them; late elements re-fire them."""
-        from stretch.datastream.window import _millis
 
-        self._lateness = _millis(time_ms, "allowed lateness")
+        self._lateness = to_millis(time_ms, "allowed lateness")
         return self
 
     def apply(self, function, output_type=None) -> DataStream:
@@ -201,9 +201,8 @@ class IntervalJoin:
 
     def between(self, lower_bound, upper_bound) -> IntervalJoined:
         """Join a left element at t with right elements at t + lower .. t + upper (inclusive)."""
-        from stretch.datastream.window import _millis
 
-        lower, upper = _millis(lower_bound, "lower bound"), _millis(upper_bound, "upper bound")
+        lower, upper = to_millis(lower_bound, "lower bound"), to_millis(upper_bound, "upper bound")
         if lower > upper:
             raise ValueError(f"lower bound {lower} must be <= upper bound {upper}")
         return IntervalJoined(self._left, self._right, lower, upper)
@@ -339,15 +338,6 @@ class IntervalJoinOperator(KeyedProcessFunction):
 
 
 # ---- band join --------------------------------------------------------------------------------
-@dataclass
-class BandJoinSpec:
-    """What the band join operator (``stretch.runtime.band_join``) runs."""
-
-    bound: int  # join pairs with |t_left - t_right| <= bound
-    predicate: Any  # callable(left, right) -> bool, or None
-    function: Any  # JoinFunction or callable(left, right)
-
-
 class _RoundRobin(KeySelector):
     """A per-producer counter as the "key": consecutive elements go to consecutive key groups.
 
@@ -392,9 +382,8 @@ class BandJoinedStreams:
 
     def within(self, bound) -> BandJoinedStreams:
         """The time band: pairs at most ``bound`` (ms or Time) apart join."""
-        from stretch.datastream.window import _millis
 
-        self._bound = _millis(bound, "band")
+        self._bound = to_millis(bound, "band")
         if self._bound < 0:
             raise ValueError("the band must not be negative")
         return self

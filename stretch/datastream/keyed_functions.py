@@ -11,8 +11,8 @@ import copy
 
 from stretch.common.row import Row
 from stretch.common.typeinfo import Types
-from stretch.datastream.functions import Function, KeyedProcessFunction, ProcessFunction
-from stretch.datastream.state import ValueStateDescriptor
+from stretch.contracts.functions import Function, KeyedProcessFunction, ProcessFunction
+from stretch.contracts.state import ValueStateDescriptor
 
 
 class _Delegating(KeyedProcessFunction):

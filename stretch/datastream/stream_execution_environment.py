@@ -7,18 +7,29 @@ import os
 
 from stretch.common.records import to_batch
 from stretch.common.typeinfo import TypeInformation
+from stretch.contracts.connectors import RecordPositionedSource, Source
 from stretch.datastream.checkpoint_config import CheckpointConfig, CheckpointingMode
 from stretch.datastream.connectors.arrow import ArrowSource
-from stretch.datastream.connectors.base import RecordPositionedSource, Source
-from stretch.datastream.connectors.channel import _check_name
-from stretch.datastream.data_stream import DataStream, _check_max_parallelism, _check_parallelism
+from stretch.datastream.connectors.channel import ChannelSink, check_channel_name
+from stretch.datastream.data_stream import DataStream, check_max_parallelism, check_parallelism
 from stretch.datastream.job_client import CloseableIterator, JobClient, JobExecutionResult
+from stretch.elasticity import ThresholdPolicy
 from stretch.plan.graph import Transformation
 from stretch.plan.stages import compile_plan
 from stretch.runtime.coordinator import Coordinator, EngineConfig
+from stretch.runtime.elastic_controller import ElasticityConfig
+from stretch.runtime.metrics import require_prometheus
 from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
 
 DEFAULT_JOB_NAME = "Flink Streaming Job"
+# the API's own functions and connectors that jobs run: workers import them before they are needed
+_FUNCTION_LIBRARIES = (
+    "stretch.datastream.keyed_functions",
+    "stretch.datastream.windowing",
+    "stretch.datastream.aggregates",
+    "stretch.datastream.join",
+    "stretch.datastream.connectors",
+)
 
 
 class _CollectionSource(RecordPositionedSource):
@@ -43,7 +54,8 @@ class StreamExecutionEnvironment:
         self._parallelism = os.cpu_count() or 1
         self._max_parallelism = DEFAULT_MAX_PARALLELISM
         self._sinks: list[Transformation] = []
-        self.engine_config = EngineConfig()
+        self._dead_letter_channel: str | None = None  # set_error_policy("dead_letter", ...)
+        self.engine_config = EngineConfig(preload=_FUNCTION_LIBRARIES)
         self._checkpoint_config = CheckpointConfig(self.engine_config)
 
     @staticmethod
@@ -52,7 +64,7 @@ class StreamExecutionEnvironment:
 
     # ---- configuration -----------------------------------------------------------------
     def set_parallelism(self, parallelism: int) -> StreamExecutionEnvironment:
-        _check_parallelism(parallelism, self._max_parallelism)
+        check_parallelism(parallelism, self._max_parallelism)
         self._parallelism = parallelism
         return self
 
@@ -60,7 +72,7 @@ class StreamExecutionEnvironment:
         return self._parallelism
 
     def set_max_parallelism(self, max_parallelism: int) -> StreamExecutionEnvironment:
-        _check_max_parallelism(max_parallelism)
+        check_max_parallelism(max_parallelism)
         if self._parallelism > max_parallelism:
             raise ValueError(
                 f"max parallelism {max_parallelism} is below the parallelism {self._parallelism}"
@@ -90,8 +102,6 @@ class StreamExecutionEnvironment:
         keeping parallelism within [min_parallelism, max_parallelism] and waiting ``cooldown_ms``
         after each rescale before judging the operator again.
         """
-        from stretch.elasticity import ThresholdPolicy
-        from stretch.runtime.elastic_controller import ElasticityConfig
 
         hi = (
             max_parallelism
@@ -114,9 +124,8 @@ class StreamExecutionEnvironment:
         """Serve the job's metrics for Prometheus at ``http://host:port/metrics`` (port 0: any free
         one; ``stretch jobs --json`` and the job's info show it). Loopback unless told otherwise;
         ``stretch metrics JOB`` prints the same without any endpoint."""
-        from stretch.runtime.metrics import _prometheus
 
-        _prometheus()  # fail here, not when the job starts, without the metrics extra
+        require_prometheus()  # fail here, not when the job starts, without the metrics extra
         self.engine_config.metrics = (host, int(port))
         return self
 
@@ -156,9 +165,9 @@ class StreamExecutionEnvironment:
         and the job goes on. It covers map, flat_map, filter, key selectors and process_element.
         """
         if policy == "fail":
-            self.engine_config.dead_letter_channel = None
+            self._dead_letter_channel = None
         elif policy == "dead_letter":
-            self.engine_config.dead_letter_channel = _check_name(dead_letter_channel)
+            self._dead_letter_channel = check_channel_name(dead_letter_channel)
         else:
             raise ValueError(f"policy must be 'fail' or 'dead_letter', got {policy!r}")
         return self
@@ -200,7 +209,8 @@ class StreamExecutionEnvironment:
     def _submit(
         self, sinks: list[Transformation], job_name: str | None, restore: bool | None = None
     ) -> tuple[Coordinator, JobClient]:
-        plan = compile_plan(sinks, self._parallelism, self._max_parallelism)
+        dead_letters = ChannelSink(self._dead_letter_channel) if self._dead_letter_channel else None
+        plan = compile_plan(sinks, self._parallelism, self._max_parallelism, dead_letters)
         if restore is None:
             restore = os.environ.get(RESTORE_ENV) == "1"
         if restore and not self.engine_config.checkpointing:

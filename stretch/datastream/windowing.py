@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 
 from stretch.common.typeinfo import Types
-from stretch.datastream.functions import Function, KeyedProcessFunction, ProcessWindowFunction, TimeDomain
-from stretch.datastream.state import MapStateDescriptor, ValueStateDescriptor
-from stretch.datastream.window import (
+from stretch.contracts.functions import Function, KeyedProcessFunction, ProcessWindowFunction, TimeDomain
+from stretch.contracts.state import MapStateDescriptor, ValueStateDescriptor
+from stretch.contracts.window import (
     CountSlidingWindowAssigner,
     CountTumblingWindowAssigner,
     CountWindow,

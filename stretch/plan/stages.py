@@ -89,6 +89,7 @@ class JobPlan:
     sinks: list[SinkSpec]
     gate_producers: dict[int, list[int]]  # gate id -> producing stage ids
     max_parallelism: int
+    dead_letter_sink: int | None = None  # under the dead-letter policy: the sink every stage may feed
 
     def stage(self, name: str) -> StageSpec:
         for s in self.stages:
@@ -98,8 +99,11 @@ class JobPlan:
         raise KeyError(f"no operator named {name!r} in this job (keyed operators: {known})")
 
 
-def compile_plan(sinks: list[Transformation], default_parallelism: int, max_parallelism: int) -> JobPlan:
-    """Turn the transformations the sinks depend on into stages, gates and sinks."""
+def compile_plan(
+    sinks: list[Transformation], default_parallelism: int, max_parallelism: int, dead_letters: Any = None
+) -> JobPlan:
+    """Turn the transformations the sinks depend on into stages, gates and sinks; ``dead_letters``,
+    the sink of the dead-letter policy, takes the records any stage rejects."""
     if not sinks:
         raise RuntimeError("the job has no sinks: add print(), sink_to(...) or execute_and_collect()")
     nodes = reachable(sinks)
@@ -208,7 +212,11 @@ def compile_plan(sinks: list[Transformation], default_parallelism: int, max_para
             and chain[0].kind == "to_gate"
             and chain[0].key.field is not None
         )
-    return JobPlan(stages, sink_specs, gate_producers, max_parallelism)
+    plan = JobPlan(stages, sink_specs, gate_producers, max_parallelism)
+    if dead_letters is not None:
+        plan.dead_letter_sink = len(sink_specs)
+        sink_specs.append(SinkSpec(len(sink_specs), "dead letters", dead_letters, [s.id for s in stages]))
+    return plan
 
 
 def _key_spec(key_by: Transformation, max_parallelism: int) -> KeySpec:

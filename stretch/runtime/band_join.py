@@ -24,12 +24,13 @@ import numpy as np
 import pyarrow as pa
 
 from stretch.common.typeinfo import Types
-from stretch.datastream.functions import Function
-from stretch.datastream.join import BandJoinSpec
-from stretch.datastream.state import ListStateDescriptor
-from stretch.runtime.chain import _NO_KEY, KEY_COLUMN, Records, StepError, split_outputs
+from stretch.contracts.functions import Function
+from stretch.contracts.state import ListStateDescriptor
+from stretch.plan.specs import BandJoinSpec
+from stretch.runtime.batch import KEY_COLUMN, Records, split_outputs
 from stretch.runtime.event_time import MIN_WATERMARK
 from stretch.runtime.operators import KeyedOperator
+from stretch.runtime.outputs import NO_KEY, StepError
 from stretch.state.key_groups import key_groups_of
 from stretch.state.keyed_table import KeyMode
 from stretch.state.timers import EVENT
@@ -151,7 +152,7 @@ class BandJoinOperator(KeyedOperator):
                     insort(sides[side], (t, self._seq, value, kg), key=lambda e: (e[0], e[1]))
                     stored.setdefault(kg, []).append((side, t, value))
         except Exception as e:
-            raise StepError(self.name, pair, _NO_KEY, e, "band join function") from e
+            raise StepError(self.name, pair, NO_KEY, e, "band join function") from e
         self.rows_in = sum(len(v) for v in stored.values())
         if stored:
             self._write(stored, append=True)

@@ -1,14 +1,17 @@
 """The job's unix-domain control socket: framing, the server in the coordinator, and clients.
 
 Frames are a 4-byte length, a format byte and the payload. Anyone with access to the socket (it is
-owner-only) may send JSON requests; pickled frames are accepted only on connections that proved
-they are this job's workers by presenting the job's secret token, so nothing that arrives from
-outside the job's own processes is ever unpickled.
+owner-only) may send JSON requests, each at most ``MAX_REQUEST`` bytes; pickled frames are
+accepted only on connections that proved they are this job's workers by presenting the job's
+secret token, so nothing that arrives from outside the job's own processes is ever unpickled.
+A worker's messages go to the job's event loop; a request from outside is answered in its own
+connection's thread (``runtime.requests``), so no client can stall or fail the job.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hmac
 import json
 import os
@@ -16,6 +19,7 @@ import shutil
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +27,10 @@ import cloudpickle
 
 _HEADER = struct.Struct(">IB")
 JSON, PICKLE = ord("J"), ord("P")
-MAX_FRAME = 1 << 30
+MAX_FRAME = 1 << 30  # from the job's own workers (a job's prepared stages can be large)
+MAX_REQUEST = 1 << 20  # from anyone else
+MAX_REPLY = 64 << 20  # what a client accepts from the job (a status of many instances)
+REPLY_TIMEOUT = 10.0  # seconds a client that does not read may hold up the sending of its reply
 
 
 def runtime_dir() -> Path:
@@ -77,11 +84,14 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv(sock: socket.socket, trusted: bool):
-    """Read one frame; pickled frames only from trusted peers."""
+def recv(sock: socket.socket, trusted: bool, limit: int | None = None):
+    """Read one frame; pickled frames only from trusted peers, and frames of at most ``limit``
+    bytes (default: ``MAX_FRAME`` from trusted peers, ``MAX_REQUEST`` from others)."""
     n, fmt = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if n > MAX_FRAME:
-        raise ConnectionError(f"frame of {n} bytes refused")
+    if limit is None:
+        limit = MAX_FRAME if trusted else MAX_REQUEST
+    if n > limit:
+        raise ConnectionError(f"frame of {n} bytes refused (at most {limit})")
     payload = _recv_exact(sock, n)
     if fmt == JSON:
         return json.loads(payload)
@@ -103,6 +113,21 @@ class Connection:
         with self._lock:
             send(self.sock, obj, fmt)
 
+    def reply(self, obj) -> bool:
+        """Answer a client from outside the job: one that left, or does not read within
+        ``REPLY_TIMEOUT``, is dropped (False), and the job goes on."""
+        try:
+            with self._lock:
+                self.sock.settimeout(REPLY_TIMEOUT)
+                try:
+                    send(self.sock, obj)
+                finally:
+                    self.sock.settimeout(None)
+            return True
+        except (OSError, ValueError):
+            self.close()
+            return False
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
@@ -110,20 +135,25 @@ class Connection:
 
 
 class ControlServer:
-    """Accepts connections on the job socket and hands each received message to ``on_message``."""
+    """Accepts connections on the job socket: a worker's messages go to ``on_worker_message`` (and
+    its leaving to ``on_close``), requests from anyone else to ``on_request`` in the connection's
+    own thread."""
 
-    def __init__(self, path: Path, token: str, on_message: Callable, on_close: Callable):
+    def __init__(
+        self, path: Path, token: str, on_worker_message: Callable, on_close: Callable, on_request: Callable
+    ):
         self.path = path
         self.token = token
-        self.on_message = on_message
+        self.on_worker_message = on_worker_message
         self.on_close = on_close
+        self.on_request = on_request
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
         try:
             self._sock.bind(str(path))
         finally:
             os.umask(old)
-        self._sock.listen(64)
+        self._sock.listen(min(socket.SOMAXCONN, 4096))
         self._closed = False
         self._thread = threading.Thread(target=self._accept, name="stretch-control", daemon=True)
         self._thread.start()
@@ -148,19 +178,39 @@ class ControlServer:
     def _serve(self, conn: Connection) -> None:
         try:
             while True:
-                msg = recv(conn.sock, trusted=conn.worker is not None)
-                if isinstance(msg, dict) and msg.get("op") == "hello":
-                    if not hmac.compare_digest(str(msg.get("token", "")), self.token):
-                        conn.send({"ok": False, "error": "bad token"})
-                        break
-                    conn.worker = int(msg["worker"])
-                    conn.pid = int(msg["pid"])
-                self.on_message(conn, msg)
-        except (ConnectionError, OSError, ValueError):
+                try:
+                    msg = recv(conn.sock, trusted=conn.worker is not None)
+                except ValueError as e:  # not JSON
+                    conn.reply({"ok": False, "error": f"a request must be JSON: {e}"})
+                    return
+                if conn.worker is not None:
+                    self.on_worker_message(conn, msg)
+                elif isinstance(msg, dict) and msg.get("op") == "hello":
+                    if not self._hello(conn, msg):
+                        return
+                    self.on_worker_message(conn, msg)
+                else:
+                    self.on_request(conn, msg)
+        except (ConnectionError, OSError):
             pass
         finally:
             conn.close()
-            self.on_close(conn)
+            if conn.worker is not None:
+                self.on_close(conn)
+
+    def _hello(self, conn: Connection, msg: dict) -> bool:
+        """A worker proves it belongs to the job with the job's token."""
+        token = msg.get("token")
+        try:
+            ok = isinstance(token, str) and hmac.compare_digest(token.encode(), self.token.encode())
+            worker, pid = int(msg["worker"]), int(msg["pid"])
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            conn.reply({"ok": False, "error": "bad token"})
+            return False
+        conn.worker, conn.pid = worker, pid
+        return True
 
     def close(self) -> None:
         self._closed = True
@@ -171,10 +221,34 @@ class ControlServer:
             self.path.unlink()
 
 
-def request(path: Path | str, obj: dict, timeout: float = 30.0):
-    """Send one JSON request to a job socket and return its JSON reply."""
+def request(path: Path | str, obj: dict, timeout: float | None = 30.0, on_progress: Callable | None = None):
+    """Send one JSON request to a job socket and return its JSON reply.
+
+    A long operation sends progress frames while it works (each passed to ``on_progress``); the
+    ``timeout`` bounds the silence between two frames, not the whole operation.
+    """
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
-        sock.connect(str(path))
+        _connect(sock, str(path), timeout)
         send(sock, obj)
-        return recv(sock, trusted=False)
+        while True:
+            reply = recv(sock, trusted=False, limit=MAX_REPLY)
+            if not (isinstance(reply, dict) and reply.get("progress")):
+                return reply
+            if on_progress is not None:
+                on_progress(reply)
+
+
+def _connect(sock: socket.socket, path: str, timeout: float | None) -> None:
+    """Connect, waiting while the job's backlog of connections is full (many clients at once)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError as e:
+            if e.errno != errno.EAGAIN or (deadline is not None and time.monotonic() > deadline):
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)

@@ -22,24 +22,23 @@ from dataclasses import dataclass, field
 
 import cloudpickle
 
-from stretch.common.job_status import JobStatus
-from stretch.datastream.connectors.channel import ChannelLogWriter, ChannelSink
-from stretch.errors import JobExecutionError, UserFunctionError
-from stretch.plan.stages import JobPlan, SinkSpec
-from stretch.runtime import control_block as cbk
 from stretch import _shm as shm
-from stretch.runtime.channel_log import ChannelLog, LogTail
+from stretch.common.job_status import JobStatus
+from stretch.errors import JobExecutionError, UserFunctionError
+from stretch.plan.stages import JobPlan
+from stretch.runtime import control_block as cbk
+from stretch.runtime.channels import JobChannels
 from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.control_socket import ControlServer, running_jobs, runtime_dir
 from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
-from stretch.runtime.event_time import MAX_WATERMARK, producer_id
+from stretch.runtime.event_time import producer_id
 from stretch.runtime.gate import Gate, Kind
-from stretch.runtime.input_logger import InputLogger
-from stretch.runtime.publisher import ChannelPublisher
+from stretch.runtime.requests import ControlRequests
 from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
 from stretch.runtime.state_dir import JobDir
+from stretch.runtime.status import describe_job
 from stretch.runtime.zygote import Zygote
 from stretch.state.arena import Arena
 from stretch.state.key_groups import assignment as range_assignment
@@ -59,18 +58,9 @@ class EngineConfig:
     checkpointing: bool = False  # barriers, snapshots and transactional sinks (enable_checkpointing)
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     restore: bool = False  # start from the job's latest complete checkpoint, if it has one
-    dead_letter_channel: str | None = None  # the dead-letter policy: rejected records go here
     elasticity: ElasticityConfig | None = None
     shutdown_timeout: float = 10.0
-
-
-@dataclass
-class _OutputChannel:
-    log: ChannelLog
-    tail: LogTail
-    run_start: int  # the log's end when this run began: where this run's output starts
-    type_info: object = None  # of its records, where the job declares it
-    writer: ChannelLogWriter | None = None  # the job's side, once it runs
+    preload: tuple[str, ...] = ()  # modules every worker imports ahead of time (see runtime.zygote)
 
 
 @dataclass
@@ -95,17 +85,6 @@ class Coordinator:
     def __init__(self, plan: JobPlan, job_name: str, config: EngineConfig | None = None):
         self.plan = plan
         self.config = config or EngineConfig()
-        self.dead_letter_sink: int | None = None
-        if self.config.dead_letter_channel is not None:  # a sink that every stage may write to
-            self.dead_letter_sink = len(plan.sinks)
-            plan.sinks.append(
-                SinkSpec(
-                    self.dead_letter_sink,
-                    "dead letters",
-                    ChannelSink(self.config.dead_letter_channel),
-                    [s.id for s in plan.stages],
-                )
-            )
         self.exclusive = threading.RLock()  # rescales, checkpoints and recoveries take turns
         self.generation = 0  # bumped by each recovery: waiters of an earlier one give up
         self.checkpointer: Checkpointer | None = None
@@ -116,9 +95,6 @@ class Coordinator:
         self.recoveries_in_a_row = 0  # since the last complete checkpoint
         self.last_checkpoint_error: str | None = None
         self._positions: dict[int, int] = {}  # source stage id -> position to restart at
-        self._log_starts: dict[int, int] = {}  # channel source stage -> its log's end as the run began
-        self._channel_logs: dict[str, tuple[str, str]] = {}  # input channel -> (log directory, tail)
-        self._input_logs: dict[int, ChannelLog] = {}  # channel source stage -> the log it reads
         self._worker_ids = itertools.count()
         self.job_name = job_name
         self.job_id = secrets.token_hex(16)
@@ -137,7 +113,7 @@ class Coordinator:
         self._parallelism: dict[int, int] = {}  # stage id -> current parallelism
         self._rescale_lock = threading.Lock()
         self._stopping = False  # set before segments close: waiters must stop touching them
-        self._final: dict | None = None  # describe() as the job ended, kept after its segments go
+        self.final_status: dict | None = None  # describe() as the job ended, kept after its segments go
         self._rescaling: dict[int, threading.Event] = {}  # stage id -> set when its rescale ends
         self._sinks_done: set[int] = set()
         self._finished_gates: set[int] = set()
@@ -151,22 +127,15 @@ class Coordinator:
         self.collected: dict = {}  # sink id -> QueueWriter, for execute_and_collect in checkpointed jobs
         self.controller: ElasticController | None = None
         self.rescales: list[dict] = []  # every completed rescale's report, in order
-        self.input_channels: dict[str, Gate] = {}
-        self.direct_channels: dict = {}  # channel name -> source stage whose writers feed a gate
-        self.output_channels: dict[str, _OutputChannel] = {}
         self.job_dir: JobDir | None = None  # held while the job runs, if it keeps logs or checkpoints
         self._dataplane: list = []  # segments rebuilt by a recovery (see _build_dataplane)
-        self._loggers: list[InputLogger] = []
         self._metrics = None  # (server, thread, port) of the Prometheus endpoint
-        self._ended_channels: set[str] = set()
         self._server: ControlServer | None = None
         self._zygote: Zygote | None = None
         self.socket_path = runtime_dir() / f"{self.job_id}.sock"
         self.info_path = runtime_dir() / f"{self.job_id}.json"
-        self.publisher = ChannelPublisher(
-            runtime_dir() / "staging" / self.job_id,
-            lambda name: self._channel_request("channel", {"name": name, "role": "writer"}),
-        )
+        self.channels = JobChannels(self, runtime_dir() / "staging" / self.job_id)
+        self.requests = ControlRequests(self)
 
     # ---- public, thread-safe ------------------------------------------------------------
     def wait_started(self, timeout: float | None = None) -> bool:
@@ -221,88 +190,41 @@ class Coordinator:
             store = CheckpointStore(self.job_dir.path / "checkpoints")
             if cfg.restore:
                 restore = self._restorable(store)
-        for sink in plan.sinks:
-            if sink.runs_in == "job" and isinstance(sink.sink, ChannelSink):
-                if sink.sink.name in self.output_channels:
-                    raise ValueError(f"two sinks write to channel {sink.sink.name!r}: give each its own name")
-                log = self._channel_log(sink.sink.name, "out")
-                # what no checkpoint covers was never readable: a restored run makes it again
-                committed = log.readable_end
-                log.truncate(restore["outputs"].get(sink.sink.name, committed) if restore else committed)
-                tail = LogTail.create(self.prefix, log.end_offset)
-                self._segments.append(tail.segment)
-                self.output_channels[sink.sink.name] = _OutputChannel(
-                    log, tail, log.end_offset, sink.type_info
-                )
-        for stage in plan.stages:
-            name = getattr(stage.source, "channel_name", None)
-            durable = getattr(stage.source, "durable", False)
-            if name is not None and stage.direct:
-                self.direct_channels[name] = stage
-            elif name is not None:
-                g = Gate.create(self.prefix, "channel", cfg.gate_slots, cfg.gate_bytes)
-                if not cfg.checkpointing:  # else the source reads the channel's log, not its gate
-                    g.open_reader(0, 0)
-                self.input_channels[name] = g
-                self._segments.append(g.segment)
-                if durable:
-                    log = self._channel_log(name, "in")
-                    tail = None
-                    if cfg.checkpointing:  # its source reads the log: from here, or a checkpoint's offset
-                        tail = LogTail.create(self.prefix, log.end_offset)
-                        self._segments.append(tail.segment)
-                        self._channel_logs[name] = (str(log.dir), tail.name)
-                        self._log_starts[stage.id] = log.end_offset
-                        self._input_logs[stage.id] = log
-                    self._loggers.append(InputLogger(name, g, 1, log, tail=tail))
+        self.channels.open_outputs(restore)
+        self.channels.open_inputs()
         if store is not None:
             if restore is None:  # a restore from nothing left to restore starts over too
-                outputs = {name: out.run_start for name, out in self.output_channels.items()}
-                sources = {str(stage): offset for stage, offset in self._log_starts.items()}
+                outputs = {name: out.run_start for name, out in self.channels.outputs.items()}
+                sources = {str(stage): offset for stage, offset in self.channels.log_starts.items()}
                 store.begin({"max_parallelism": plan.max_parallelism, "sources": sources, "outputs": outputs})
             self.checkpointer = Checkpointer(self, store, cfg.checkpoint)
         self._build_dataplane(restore)
         if restore is not None:
             self.restored_from = restore["id"]
-        for stage_id, log in self._input_logs.items():  # what a recovery would read again
-            log.pinned = self._positions[stage_id]
-        for stage in plan.stages:
-            name = getattr(stage.source, "channel_name", None)
-            if name is not None and stage.direct and getattr(stage.source, "durable", False):
-                gate = self.gates[stage.chain[0].gate]
-                self._loggers.append(
-                    InputLogger(
-                        name,
-                        gate,
-                        gate.max_readers - 1,
-                        self._channel_log(name, "in"),
-                        producer_id(stage.id, 0),
-                    )
-                )
+        self.channels.pin_inputs(self._positions)  # what a recovery would read again
+        self.channels.log_direct_inputs(self.gates)
         self._stage_blobs = {s.id: cloudpickle.dumps(s) for s in plan.stages}
-        self.publisher.create()
-        self._server = ControlServer(self.socket_path, self._token, self._on_message, self._on_close)
+        self.channels.publisher.create()
+        self._server = ControlServer(
+            self.socket_path, self._token, self._on_worker_message, self._on_close, self.requests.answer
+        )
         if cfg.metrics is not None:
             from stretch.runtime.metrics import serve
 
             self._metrics = serve(self, *cfg.metrics)
         self._write_info()
-        self._zygote = Zygote(str(self.socket_path), self._token)
+        self._zygote = Zygote(str(self.socket_path), self._token, cfg.preload)
         for _ in range(len(self._pending) + cfg.spare_workers):
             self._spawn_worker()
         for sink in plan.sinks:
             if sink.runs_in == "job" or (sink.runs_in == "reader" and cfg.checkpointing):
-                channel = self.output_channels.get(getattr(sink.sink, "name", None))
-                writer = None
-                if channel is not None:
-                    writer = channel.writer = ChannelLogWriter(channel.log, channel.tail, cfg.checkpointing)
-                elif sink.runs_in == "reader":  # execute_and_collect: committed batches only
+                writer = self.channels.writer_for(sink)
+                if writer is None and sink.runs_in == "reader":  # execute_and_collect: committed batches only
                     writer = self.collected[sink.id] = sink.sink.create_writer(sink.upstream_parallelism)
                 runner = SinkRunner(sink, self.sink_gates[sink.id], self, writer, cfg.checkpointing)
                 self._sink_runners.append(runner)
                 runner.start()
-        for logger in self._loggers:
-            logger.start()
+        self.channels.start()
         self.status = JobStatus.RUNNING
         if cfg.elasticity is not None:
             self.controller = ElasticController(self, cfg.elasticity)
@@ -340,7 +262,7 @@ class Coordinator:
         self.control = ControlBlock.create(prefix, len(keyed), plan.max_parallelism)
         self._dataplane.append(self.control)
         res = JobResources(prefix, self.control.segment.name, len(keyed), plan.max_parallelism)
-        res.dead_letter_sink = self.dead_letter_sink
+        res.dead_letter_sink = plan.dead_letter_sink
         if self.checkpointer is not None:
             res.checkpoints = str(self.checkpointer.store.dir)
         self.gates, self.sink_gates, self.arenas = {}, {}, {}
@@ -361,8 +283,7 @@ class Coordinator:
             self.sink_gates[sink.id] = g
             res.sink_gates[sink.id] = g.name
             self._dataplane.append(g.segment)
-        for name, g in self.input_channels.items():
-            res.channels[name] = g.name
+        res.channels = {name: g.name for name, g in self.channels.inputs.items()}
         self._pending = []
         self._stages = {s.id: _StageState() for s in plan.stages}
         self._finished_gates = set()
@@ -389,8 +310,8 @@ class Coordinator:
                 gate.open_reader(i, 0)
             self._pending.extend((stage.id, i, 0) for i in range(p))
             self._parallelism[stage.id] = p
-        res.channel_logs = dict(self._channel_logs)
-        self._positions = dict(self._log_starts)  # channel sources start at the log's end
+        res.channel_logs = dict(self.channels.log_locations)
+        self._positions = dict(self.channels.log_starts)  # channel sources start at the log's end
         if restore is not None:
             self._positions.update({int(k): v for k, v in restore["sources"].items()})
         for stage in plan.stages:
@@ -426,7 +347,7 @@ class Coordinator:
         tmp.replace(self.info_path)
 
     # ---- events ---------------------------------------------------------------------------
-    def _on_message(self, conn, msg) -> None:
+    def _on_worker_message(self, conn, msg) -> None:
         self._events.put(("msg", conn, msg))
 
     def _on_close(self, conn) -> None:
@@ -459,6 +380,9 @@ class Coordinator:
                 except BaseException as e:
                     event[3].put(e)
                     raise
+            elif kind == "end_channel":
+                self.channels.end(event[1])
+                event[2].set()
             elif kind == "replenish" and self.status is JobStatus.RUNNING:
                 self._replenish()
             elif kind == "cancel" and not self.status.is_globally_terminal_state():
@@ -477,6 +401,7 @@ class Coordinator:
         )
 
     def _handle(self, conn, msg) -> None:
+        """A message of one of the job's own workers (requests from outside: ``runtime.requests``)."""
         op = msg.get("op")
         if op == "hello":
             w = self._workers.get(conn.worker)
@@ -499,30 +424,9 @@ class Coordinator:
             elif op == "done" and msg.get("retired"):
                 self._stages[msg["stage"]].running.discard(msg["index"])  # its worker rejoins the pool
             elif op == "done":
-                self._instance_done(msg["stage"], msg["index"])
+                self.instance_done(msg["stage"], msg["index"])
             if self.status is JobStatus.RUNNING:
                 self._assign(w)
-        elif op == "status":
-            conn.send(self.describe())
-        elif op == "metrics":
-            try:
-                from stretch.runtime.metrics import render
-
-                conn.send({"ok": True, "text": render(self)})
-            except Exception as e:  # e.g. no prometheus-client: an error for the asker, not the job
-                conn.send({"ok": False, "error": f"{type(e).__name__}: {e}"})
-        elif op == "state":
-            conn.send(self._state_request(msg.get("operator")))
-        elif op in ("channel", "channel_end"):
-            conn.send(self._channel_request(op, msg))
-        elif op == "scale":
-            threading.Thread(target=self._scale_request, args=(conn, msg), daemon=True).start()
-        elif op == "checkpoint":
-            threading.Thread(target=self._checkpoint_request, args=(conn,), daemon=True).start()
-        elif op in ("channel_publish", "channel_discard"):
-            threading.Thread(target=self._publish_request, args=(conn, op, msg), daemon=True).start()
-        else:
-            conn.send({"ok": False, "error": f"unknown request {op!r}"})
 
     def _assign(self, w: _Worker) -> None:
         if not self._pending or w.conn is None:
@@ -545,7 +449,7 @@ class Coordinator:
     def _idle_workers(self) -> list[_Worker]:
         return [w for w in self._workers.values() if w.conn is not None and w.task is None and not w.exited]
 
-    def _instance_done(self, stage_id: int, index: int) -> None:
+    def instance_done(self, stage_id: int, index: int) -> None:
         st = self._stages[stage_id]
         st.running.discard(index)
         st.done.add(index)
@@ -620,9 +524,7 @@ class Coordinator:
             try:
                 self._build_dataplane(latest)
                 for runner in self._sink_runners:
-                    name = getattr(runner.spec.sink, "name", None)
-                    out = self.output_channels.get(name)
-                    offset = None if out is None else latest["outputs"].get(name, out.run_start)
+                    offset = self.channels.output_offset(runner.spec, latest)
                     runner.replace_gate(self.sink_gates[runner.spec.id], offset, self.config.shutdown_timeout)
             finally:
                 for seg in old:
@@ -666,8 +568,7 @@ class Coordinator:
     def checkpoint_completed(self, metadata: dict) -> None:
         """Input logs may now let go of what comes before the checkpoint's offsets."""
         self.checkpoint_failures_in_a_row = self.recoveries_in_a_row = 0
-        for stage_id, log in self._input_logs.items():
-            log.pinned = metadata["sources"].get(str(stage_id), log.pinned)
+        self.channels.pin_inputs(metadata["sources"])
 
     def accepting_checkpoints(self) -> bool:
         return self.status is JobStatus.RUNNING and not self._stopping
@@ -704,18 +605,22 @@ class Coordinator:
             self.status = JobStatus.FAILING
 
     def _stop_everything(self) -> None:
-        for g in (*self.gates.values(), *self.sink_gates.values(), *self.input_channels.values()):
+        for g in (*self.gates.values(), *self.sink_gates.values()):
             g.close()
+        self.channels.close_gates()
         for w in self._workers.values():
             if w.conn is not None and not w.exited:
                 with contextlib.suppress(OSError):
                     w.conn.send({"op": "stop"})
 
     # ---- rescale ----------------------------------------------------------------------------
-    def rescale(self, operator: str, parallelism: int, timeout: float = 60.0) -> dict:
+    def rescale(self, operator: str, parallelism: int, timeout: float | None = None) -> dict:
         """Change an operator's parallelism live; returns once every instance runs the new epoch.
 
-        Thread-safe; rescales of one operator are serialized, of different operators may overlap.
+        Under a backlog that takes as long as the instances need to read up to the epoch record;
+        ``timeout`` (None: as long as the job runs) bounds the wait, after which the new epoch
+        still takes effect. Thread-safe; rescales of one operator are serialized, of different
+        operators may overlap.
         """
         t0 = time.monotonic_ns()
         stage = self.plan.stage(operator)
@@ -744,7 +649,7 @@ class Coordinator:
                 del self._rescaling[stage.id]
             done.set()
 
-    def _rescale(self, stage, operator: str, parallelism: int, timeout: float, t0: int) -> dict:
+    def _rescale(self, stage, operator: str, parallelism: int, timeout: float | None, t0: int) -> dict:
         if self.status is not JobStatus.RUNNING:
             raise RuntimeError(f"the job is {self.status.name}; only a running job rescales")
         generation = self.generation
@@ -754,12 +659,17 @@ class Coordinator:
         if isinstance(prepared, BaseException):
             raise prepared
         op, epoch, old, instances = prepared
-        deadline = time.monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self._stopping or self.generation != generation or time.monotonic() > deadline:
+            if self._stopping or self.generation != generation:
                 raise RuntimeError(
-                    f"rescale of {operator!r} did not complete (job {self.status.name})"
+                    f"rescale of {operator!r} did not complete: the job is {self.status.name}"
                 ) from self.error
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rescale of {operator!r} to {parallelism} is in effect (epoch {epoch}) but its "
+                    f"instances have not all reached it within {timeout} s: they are working off a backlog"
+                )
             if self.control.wait_epochs(op, instances, epoch, timeout=0.05, word=cbk.I_ACTIVE):
                 break
         # completed when the last instance became active (its own clock reading), not when this
@@ -809,32 +719,7 @@ class Coordinator:
         for _ in range(max(missing, 0)):
             self._spawn_worker()
 
-    def _scale_request(self, conn, msg) -> None:
-        """`stretch scale` from another process, answered over the control socket."""
-        try:
-            report = self.rescale(str(msg.get("operator")), msg.get("parallelism"))
-            conn.send({"ok": True, **report})
-        except (KeyError, ValueError, RuntimeError) as e:
-            conn.send({"ok": False, "error": str(e.args[0]) if e.args else str(e)})
-
-    def _checkpoint_request(self, conn) -> None:
-        """`stretch checkpoint` from another process."""
-        try:
-            reply = {"ok": True, **self.trigger_checkpoint()}
-        except Exception as e:
-            reply = {"ok": False, "error": str(e)}
-        with contextlib.suppress(Exception):
-            conn.send(reply)
-
-    def _channel_log(self, name: str, direction: str) -> ChannelLog:
-        """A channel's durable log in the job's directory, continued by this run."""
-        if self.job_dir is None:
-            self.job_dir = JobDir(self.job_name, self.job_id)
-        log = ChannelLog(self.job_dir.channel(name, direction), self.config.channel_retention_bytes)
-        log.resume()
-        return log
-
-    def _state_request(self, operator) -> dict:
+    def state_location(self, operator) -> dict:
         """Where another process reads an operator's keyed state (queryable state)."""
         try:
             stage = self.plan.stage(operator)
@@ -845,162 +730,27 @@ class Coordinator:
             return {
                 "ok": False,
                 "error": f"job has no keyed operator {operator!r} (keyed operators: {keyed})",
+                "type": "LookupError",
             }
         return {"ok": True, "arena": self.arenas[stage.id].name, "max_parallelism": stage.max_parallelism}
 
-    # ---- channels ---------------------------------------------------------------------------
-    def _publish_request(self, conn, op: str, msg: dict) -> None:
-        """A staged transaction (Spark's sink commit or abort); may block while the channel is full."""
-        try:
-            if op == "channel_publish":
-                reply = self.publisher.publish(
-                    msg["name"], str(msg["query"]), int(msg["batch"]), msg["files"]
-                )
-            else:
-                self.publisher.discard(msg["files"])
-                reply = {"ok": True}
-        except Exception as e:
-            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-        with contextlib.suppress(Exception):
-            conn.send(reply)
+    # ---- channels (see runtime.channels) ------------------------------------------------------
+    def add_segment(self, segment) -> None:
+        """A segment the job keeps for its whole run (channel gates and tails)."""
+        self._segments.append(segment)
 
-    def _channel_request(self, op: str, msg: dict) -> dict:
-        name = msg.get("name")
-        if op == "channel":
-            if name in self.direct_channels and msg.get("role") == "writer":
-                stage = self.direct_channels[name]
-                step = stage.chain[0]
-                t = stage.source.type_info
-                return {
-                    "ok": True,
-                    "segment": self.gates[step.gate].name,
-                    "staging": str(self.publisher.staging),
-                    "type": t.to_json() if t else None,
-                    "key_field": step.key.field,
-                    "max_parallelism": step.key.max_parallelism,
-                    "producer": producer_id(stage.id, 0),
-                }
-            if name in self.input_channels and msg.get("role") == "writer":
-                source = next(
-                    s.source for s in self.plan.stages if getattr(s.source, "channel_name", None) == name
-                )
-                t = source.type_info
-                return {
-                    "ok": True,
-                    "segment": self.input_channels[name].name,
-                    "staging": str(self.publisher.staging),
-                    "type": t.to_json() if t else None,
-                }
-            if name in self.output_channels and msg.get("role") == "reader":
-                out = self.output_channels[name]
-                return {
-                    "ok": True,
-                    "log": str(out.log.dir),
-                    "tail": out.tail.name,
-                    "run_start": out.run_start,
-                    "type": out.type_info.to_json() if out.type_info is not None else None,
-                }
-            inputs, outputs = (
-                sorted([*self.input_channels, *self.direct_channels]),
-                sorted(self.output_channels),
-            )
-            return {
-                "ok": False,
-                "error": f"job has no channel {name!r} to {'write' if msg.get('role') == 'writer' else 'read'} "
-                f"(input channels: {inputs}, output channels: {outputs})",
-            }
-        if op == "channel_end" and name in self.direct_channels:
-            stage = self.direct_channels[name]
-            if 0 not in self._stages[stage.id].done:
-                # the writers' input ended: as a bounded source does, move their watermark to the end
-                self.gates[stage.chain[0].gate].append_control(
-                    Kind.WATERMARK, producer_id(stage.id, 0), MAX_WATERMARK
-                )
-                self._instance_done(stage.id, 0)
-            return {"ok": True}
-        if op == "channel_end" and name in self.input_channels:
-            if name not in self._ended_channels:
-                self._ended_channels.add(name)
-                self.input_channels[name].append_control(Kind.END_OF_STREAM)
-            return {"ok": True}
-        return {"ok": False, "error": f"unknown channel {name!r}"}
+    def end_channel(self, name: str) -> None:
+        """A writer ended input channel ``name``; handled in the job thread, in order with the rest."""
+        done = threading.Event()
+        self._events.put(("end_channel", name, done))
+        while not done.wait(0.05):
+            if self.done:
+                raise RuntimeError(f"the job ended before channel {name!r} was")
 
     # ---- status -----------------------------------------------------------------------------
     def describe(self) -> dict:
         """The job's operators and counters; after the job ended, their values at its end."""
-        deadline = time.monotonic() + self.config.shutdown_timeout
-        while self._final is None:
-            generation = self.generation
-            try:
-                return self._describe_live()
-            except ValueError:  # segments released while reading: the job just ended or recovers
-                recovering = self.status is JobStatus.RESTARTING or self.generation != generation
-                if self._final is None and not (recovering and time.monotonic() < deadline):
-                    raise
-                time.sleep(0.01)  # a recovery builds them anew: read those
-        return {**self._final, "status": self.status.name}
-
-    def _describe_live(self) -> dict:
-        ops = []
-        for stage in self.plan.stages:
-            if stage.kind != "keyed" or self.control is None:
-                continue
-            op = self.resources.keyed_index[stage.id]
-            epoch = self.control.epoch(op)
-            owners = self.control.table(op, epoch)
-            p = int(owners.max()) + 1
-            inst = self.control.instances(op)[:p]
-            ops.append(
-                {
-                    "name": stage.name,
-                    "kind": stage.operator.kind,  # process | aggregate | vector_window (vectorized)
-                    "parallelism": p,
-                    "epoch": epoch,
-                    "gate_depth": self.gates[stage.input_gate].depth(),
-                    # totals over every instance slot ever used: they never go down on a rescale
-                    "records_in": int(self.control.instances(op)[:, cbk.I_RECORDS_IN].sum()),
-                    "records_out": int(self.control.instances(op)[:, cbk.I_RECORDS_OUT].sum()),
-                    "state_bytes": self.arenas[stage.id].resident_bytes(),
-                    "instances": [
-                        {
-                            "index": i,
-                            "records_in": int(inst[i, cbk.I_RECORDS_IN]),
-                            "records_out": int(inst[i, cbk.I_RECORDS_OUT]),
-                            "busy_ms": int(inst[i, cbk.I_BUSY_NS]) // 1_000_000,
-                            "busy_ns": int(inst[i, cbk.I_BUSY_NS]),
-                            "epoch": int(inst[i, cbk.I_EPOCH]),
-                            "position": int(inst[i, cbk.I_GATE_SEQ]),
-                            "max_stall_ns": int(inst[i, cbk.I_MAX_STALL_NS]),
-                            "watermark": int(inst[i, cbk.I_WATERMARK]) or None,
-                        }
-                        for i in range(p)
-                    ],
-                }
-            )
-        return {
-            "ok": True,
-            "job_id": self.job_id,
-            "name": self.job_name,
-            "status": self.status.name,
-            "operators": ops,
-            "checkpoints": self._describe_checkpoints(),
-        }
-
-    def _describe_checkpoints(self) -> dict | None:
-        c = self.checkpointer
-        if c is None:
-            return None
-        return {
-            "interval_ms": c.settings.interval_ms,
-            "completed": c.completed,
-            "latest": c.history[-1] if c.history else None,
-            "failed": self.checkpoint_failures,
-            "last_error": self.last_checkpoint_error,
-            "restored_from": self.restored_from,
-            "recoveries": len(self.recoveries),
-            "last_recovery": self.recoveries[-1] if self.recoveries else None,
-            "directory": str(c.store.dir),
-        }
+        return describe_job(self)
 
     # ---- shutdown ------------------------------------------------------------------------------
     def _shutdown(self) -> None:
@@ -1028,11 +778,7 @@ class Coordinator:
             self._metrics[0].server_close()
         for r in self._sink_runners:
             r.join(self.config.shutdown_timeout)
-        for logger in self._loggers:  # they read gates: done before the gates go
-            logger.join(self.config.shutdown_timeout)
-            if logger.is_alive():
-                logger.gate.close()
-                logger.join()
+        self.channels.stop_loggers(self.config.shutdown_timeout)
         if self.controller is not None:
             self.controller.join(self.config.shutdown_timeout)
         if self.checkpointer is not None:
@@ -1041,13 +787,8 @@ class Coordinator:
         while self._rescaling and time.monotonic() < deadline:  # rescale waiters read the control block
             time.sleep(0.01)
         with contextlib.suppress(Exception):
-            self._final = self._describe_live()
-        for out in self.output_channels.values():  # no reader waits on a run that is over
-            if out.tail.state == LogTail.RUNNING:
-                ended = self.status is JobStatus.FINISHED and out.log.ended
-                out.tail.publish(out.log.end_offset, LogTail.ENDED if ended else LogTail.FAILED)
-        for out in self.output_channels.values():
-            out.log.close()
+            self.final_status = describe_job(self, live=True)
+        self.channels.close(finished=self.status is JobStatus.FINISHED)
         if self.checkpointer is not None:
             store = self.checkpointer.store
             if self.status is JobStatus.FINISHED:
@@ -1065,7 +806,6 @@ class Coordinator:
             shm.unlink_prefix(self.resources.prefix)
         with contextlib.suppress(FileNotFoundError):
             self.info_path.unlink()
-        self.publisher.remove()
 
     def _await_workers(self) -> None:
         deadline = time.monotonic() + self.config.shutdown_timeout

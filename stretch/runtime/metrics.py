@@ -16,7 +16,7 @@ import time
 from stretch.runtime.event_time import MAX_WATERMARK
 
 
-def _prometheus():
+def require_prometheus():
     try:
         import prometheus_client
     except ImportError:  # pragma: no cover - an install without the metrics extra
@@ -104,7 +104,7 @@ class JobCollector:
 
 
 def registry_of(coordinator):
-    prometheus_client = _prometheus()
+    prometheus_client = require_prometheus()
     registry = prometheus_client.CollectorRegistry()
     registry.register(JobCollector(coordinator))
     return registry
@@ -112,10 +112,12 @@ def registry_of(coordinator):
 
 def render(coordinator) -> str:
     """The job's metrics in Prometheus' text format."""
-    return _prometheus().generate_latest(registry_of(coordinator)).decode()
+    return require_prometheus().generate_latest(registry_of(coordinator)).decode()
 
 
 def serve(coordinator, host: str, port: int):
     """Start the HTTP endpoint; returns (server, thread, the port it listens on)."""
-    server, thread = _prometheus().start_http_server(port, addr=host, registry=registry_of(coordinator))
+    server, thread = require_prometheus().start_http_server(
+        port, addr=host, registry=registry_of(coordinator)
+    )
     return server, thread, server.server_port

@@ -14,11 +14,12 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from stretch.datastream import state as api_state
-from stretch.datastream.functions import KeyedProcessFunction, RuntimeContext, TimeDomain, TimerService
+from stretch.contracts import state as api_state
+from stretch.contracts.functions import KeyedProcessFunction, RuntimeContext, TimeDomain, TimerService
 from stretch.plan.stages import OperatorSpec
-from stretch.runtime.chain import KEY_COLUMN, Records, StepError, resolve_field, split_outputs
+from stretch.runtime.batch import KEY_COLUMN, Records, resolve_field, split_outputs
 from stretch.runtime.event_time import MIN_WATERMARK
+from stretch.runtime.outputs import StepError
 from stretch.state import _table_kernels as K
 from stretch.state.backend import KeyedStateBackend
 from stretch.state.key_codec import decode_key

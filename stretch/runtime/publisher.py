@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from stretch.channels import ChannelAppender
+from stretch.runtime.channel_writers import ChannelAppender
 
 
 class ChannelPublisher:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 
-from stretch.datastream.connectors.channel import ChannelLogWriter
 from stretch.plan.stages import SinkSpec
+from stretch.runtime.channel_writers import ChannelLogWriter
 from stretch.runtime.gate import Gate, GateClosed, Kind
 
 _FINAL = 1 << 62

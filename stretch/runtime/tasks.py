@@ -11,12 +11,15 @@ import numpy as np
 
 from stretch.plan.stages import StageSpec
 from stretch.runtime import control_block as cbk
-from stretch.runtime.chain import KG_COLUMN, Chain, Outputs, Records
+from stretch.runtime.batch import KG_COLUMN, Records
+from stretch.runtime.chain import Chain
+from stretch.runtime.channel_source import read_channel
 from stretch.runtime.checkpointing import Barrier, snapshot_file, write_snapshot_or_report
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker, producer_id
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
+from stretch.runtime.outputs import Outputs
 from stretch.runtime.resources import JobResources
 from stretch.state.arena import Arena
 from stretch.state.keyed_table import KeyedTable, writable
@@ -98,8 +101,12 @@ class Task:
         return outputs
 
     def channel_gate(self, name: str) -> Gate:
-        """An input channel's gate (for ChannelSource readers)."""
+        """An input channel's gate."""
         return self.attached.gate(self.res.channels[name])
+
+    def read_channel(self, name: str):
+        """A ChannelSource's batches (see ``runtime.channel_source``)."""
+        return read_channel(self, name)
 
     def _count_out(self, n: int) -> None:
         self._records_out += n

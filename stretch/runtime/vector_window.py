@@ -10,13 +10,13 @@ through live rescales like any other state.
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from stretch.common.records import PICKLE_PROTOCOL, to_batch
-from stretch.runtime.chain import TS_COLUMN, Records, resolve_field
+from stretch.plan.specs import VectorWindowSpec
+from stretch.runtime.batch import TS_COLUMN, Records, resolve_field
 from stretch.runtime.operators import KeyedOperator
 from stretch.state import _table_kernels as TK
 from stretch.state import _window_kernels as K
@@ -31,28 +31,6 @@ _NO_TIMESTAMPS = (
     "event-time windows need record timestamps: use assign_timestamps_and_watermarks "
     "or from_source with a WatermarkStrategy that has a timestamp assigner"
 )
-
-
-@dataclass
-class VectorWindowSpec:
-    """What the planner decided: the windows, the aggregates and where late records go."""
-
-    size: int
-    slide: int
-    offset: int
-    aggregates: list  # of BuiltinAggregate
-    late_tag: object = None
-
-    @property
-    def ring(self) -> int:
-        """Initial window slots per key: room for a window's span twice over and a watermark that
-        trails the records by a dozen windows; a key that needs more grows its own ring."""
-        span = -(-self.size // self.slide)
-        return _pow2(max(16, 2 * span + 4))
-
-
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
 
 
 class VectorWindowOperator(KeyedOperator):

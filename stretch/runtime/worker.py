@@ -11,26 +11,29 @@ import traceback
 import cloudpickle
 
 from stretch.runtime import control_socket as cs
-from stretch.runtime.chain import StepError
 from stretch.runtime.gate import GateClosed
+from stretch.runtime.outputs import StepError
 from stretch.runtime.tasks import Assignment, Stopped, _Attached, make_task
 
 
-def warm_up() -> None:
-    """Import and compile (or load from numba's cache) everything a task needs, ahead of time.
+def warm_up(preload: list[str] = ()) -> None:
+    """Import and compile (or load from numba's cache) everything a task needs, ahead of time, and
+    the ``preload`` modules (the function libraries the API builds jobs from).
 
     Runs in the zygote, so every forked worker starts with all of it in memory.
     """
+    import importlib
+
     import pyarrow as pa
     import pyarrow.compute
     import pyarrow.parquet
 
-    import stretch.datastream.connectors
-    import stretch.datastream.keyed_functions  # noqa: F401
     from stretch.common.records import from_batch, to_batch
     from stretch.state import _hash_kernels
     from stretch.state.warm import warm_fused_kernels, warm_table_kernels, warm_timer_kernels
 
+    for module in preload:
+        importlib.import_module(module)
     _hash_kernels.warm_up()
     warm_table_kernels()
     warm_fused_kernels()

@@ -25,7 +25,7 @@ def _serve(cmd_fd: int, resp_fd: int) -> int:
     sys.path[:] = config["sys_path"]
     from stretch.runtime import worker
 
-    worker.warm_up()
+    worker.warm_up(config["preload"])
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     resp.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
     for line in cmd:
@@ -56,7 +56,8 @@ def main() -> int:
 class Zygote:
     """The coordinator's handle on its zygote: start it, fork workers, stop it."""
 
-    def __init__(self, socket_path: str, token: str):
+    def __init__(self, socket_path: str, token: str, preload: tuple[str, ...] = ()):
+        """``preload``: modules the zygote imports before it forks (the job's function libraries)."""
         cmd_r, self._cmd_w = os.pipe()
         self._resp_r, resp_w = os.pipe()
         env = dict(os.environ)
@@ -72,7 +73,7 @@ class Zygote:
         self._cmd = os.fdopen(self._cmd_w, "w", buffering=1)
         self._resp = os.fdopen(self._resp_r, "r")
         self._lock = threading.Lock()
-        self._send({"socket": socket_path, "token": token, "sys_path": sys.path})
+        self._send({"socket": socket_path, "token": token, "sys_path": sys.path, "preload": list(preload)})
         self._ready = None
 
     def _send(self, obj) -> None:

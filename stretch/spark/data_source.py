@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource
 
-from stretch.spark.schemas import output_schema, spark_ddl
+from stretch.channels import output_schema
+from stretch.spark.schemas import spark_ddl
+from stretch.spark.sink import StretchStreamWriter
+from stretch.spark.source import StretchBatchReader, StretchStreamReader
+from stretch.spark.state_source import StretchStateReader, state_schema
 
 
 class StretchDataSource(DataSource):
@@ -24,26 +28,16 @@ class StretchDataSource(DataSource):
         """What a read returns, so that Spark needs no schema from the user: an output channel's
         records, or (``option("state", operator)``) an operator's keyed state."""
         if self.options.get("state"):
-            from stretch.spark.state_source import state_schema
-
             return state_schema(self._required("job"), self.options["state"])
         return spark_ddl(output_schema(self._required("job"), self._required("channel")))
 
     def streamWriter(self, schema, overwrite: bool):
-        from stretch.spark.sink import StretchStreamWriter
-
         return StretchStreamWriter(self.options, schema)
 
     def streamReader(self, schema):
-        from stretch.spark.source import StretchStreamReader
-
         return StretchStreamReader(self.options, schema)
 
     def reader(self, schema):
         if self.options.get("state"):
-            from stretch.spark.state_source import StretchStateReader
-
             return StretchStateReader(self.options, schema)
-        from stretch.spark.source import StretchBatchReader
-
         return StretchBatchReader(self.options, schema)

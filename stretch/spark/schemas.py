@@ -6,9 +6,7 @@ import json
 
 import pyarrow as pa
 
-from stretch.channels import _join
-from stretch.common.records import schema_for
-from stretch.common.typeinfo import TypeInformation
+from stretch.channels import input_schema
 
 _DDL = [
     (pa.types.is_int8, "TINYINT"),
@@ -25,38 +23,12 @@ _DDL = [
 ]
 
 
-def channel_join(job: str, channel: str) -> dict:
-    """The job's reply to a writer joining ``channel``; clear errors for unknown jobs and channels."""
-    _, reply = _join(job, channel, "writer")
-    return reply
-
-
 def channel_schema(job: str, channel: str) -> pa.Schema:
-    reply = channel_join(job, channel)
-    if not reply.get("type"):
+    """An input channel's schema; a clear error for unknown jobs and channels and untyped channels."""
+    schema = input_schema(job, channel)
+    if schema is None:
         raise ValueError(f"channel {channel!r} of job {job!r} declares no record type")
-    return schema_for(TypeInformation.from_json(reply["type"])).remove_metadata()
-
-
-def output_schema(job: str, channel: str) -> pa.Schema:
-    """An output channel's schema: the type the job declares for it, else its first batch's."""
-    from stretch.channels import _reader_join
-    from stretch.runtime.channel_log import ChannelLog
-
-    reply = _reader_join(job, channel)
-    if reply.get("type"):
-        return schema_for(TypeInformation.from_json(reply["type"])).remove_metadata()
-    log = ChannelLog(reply["log"], create=False)
-    try:
-        if log.end_offset > log.start_offset:
-            (first,) = log.read(log.start_offset, log.start_offset + 1)
-            return first.schema.remove_metadata()
-    finally:
-        log.close()
-    raise ValueError(
-        f"channel {channel!r} of job {job!r} has no declared type and no data yet: give Spark a "
-        "schema (.schema(...)) or declare the output type of the stream that feeds it"
-    )
+    return schema
 
 
 def spark_type(t: pa.DataType) -> str | None:

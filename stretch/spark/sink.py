@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from stretch.channels import _socket_of
-from stretch.runtime.control_socket import request
-from stretch.spark.schemas import channel_join, channel_schema, check_fits
+from stretch.jobs import find
+from stretch.spark.schemas import channel_schema, check_fits
 
 
 @dataclass
@@ -40,7 +39,7 @@ class StretchStreamWriter(DataSourceStreamArrowWriter):
                 'writing to stretch exactly once needs a stable query identity: set .option("checkpointLocation", ...) '
                 'or .option("query", ...)'
             )
-        reply = channel_join(self.job, self.channel)  # unknown job or channel: a clear error now
+        reply = find(self.job).join_channel(self.channel, "writer")  # unknown job or channel: an error now
         self.schema = channel_schema(self.job, self.channel)
         check_fits(schema, self.schema, f"channel {self.channel!r} of job {self.job!r}")
         self.staging = reply["staging"]
@@ -59,15 +58,11 @@ class StretchStreamWriter(DataSourceStreamArrowWriter):
     # ---- driver ------------------------------------------------------------------------------
     def commit(self, messages, batchId: int) -> None:  # noqa: N803 (Spark calls it so)
         files = [f for m in messages if m is not None for f in m.files]
-        reply = self._ask({"op": "channel_publish", "query": self.query, "batch": batchId, "files": files})
-        if not reply.get("ok"):
-            raise RuntimeError(
-                f"stretch job {self.job!r} refused micro-batch {batchId}: {reply.get('error')}"
-            )
+        try:
+            find(self.job).publish(self.channel, self.query, batchId, files)
+        except (LookupError, RuntimeError, ValueError, ConnectionError) as e:
+            raise RuntimeError(f"stretch job {self.job!r} refused micro-batch {batchId}: {e}") from e
 
     def abort(self, messages, batchId: int) -> None:  # noqa: N803
         files = [f for m in messages if m is not None for f in m.files]
-        self._ask({"op": "channel_discard", "files": files})
-
-    def _ask(self, message: dict) -> dict:
-        return request(_socket_of(self.job), {**message, "name": self.channel}, timeout=600)
+        find(self.job).discard(self.channel, files)

@@ -15,8 +15,7 @@ from itertools import pairwise
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
-from stretch.channels import _reader_join
-from stretch.runtime.channel_log import ChannelLog
+from stretch.channels import OutputLog, locate_output
 from stretch.spark.schemas import spark_values
 
 _ARROW = {
@@ -52,13 +51,10 @@ def _arrow_schema(spark_schema) -> pa.Schema:
 
 def read_range(partition: LogRange, schema: pa.Schema):
     """The partition's batches, as Spark's schema has them (by position)."""
-    log = ChannelLog(partition.directory, create=False)
-    try:
+    with OutputLog(partition.directory) as log:
         for batch in log.read(partition.start, partition.end):
             columns = [spark_values(c).cast(f.type) for c, f in zip(batch.columns, schema)]
             yield pa.RecordBatch.from_arrays(columns, schema=schema)
-    finally:
-        log.close()
 
 
 def split(directory: str, start: int, end: int, parts: int) -> list[LogRange]:
@@ -73,23 +69,23 @@ class _ChannelOptions:
         self.channel = options.get("channel")
         if not self.job or not self.channel:
             raise ValueError('format("stretch") needs .option("job", ...) and .option("channel", ...)')
-        reply = _reader_join(self.job, self.channel)
+        reply = locate_output(self.job, self.channel)
         self.directory = reply["log"]
         self.run_start = reply["run_start"]
         self.parts = int(options.get("partitions", 2))
         self.arrow_schema = _arrow_schema(schema)
 
-    def log(self) -> ChannelLog:
-        return ChannelLog(self.directory, create=False)
+    def log(self) -> OutputLog:
+        return OutputLog(self.directory)
 
-    def offset_of(self, name: str, log: ChannelLog) -> int:
+    def offset_of(self, name: str, log: OutputLog) -> int:
         """``earliest`` retained, ``latest``, ``run`` (this run's first result) or a number."""
         if name == "earliest" or (name == "run" and self.run_start is None):
-            return log.start_offset
+            return log.start
         if name == "run":
             return self.run_start
         if name == "latest":
-            return log.readable_end
+            return log.end
         try:
             return int(name)
         except ValueError:
@@ -117,7 +113,7 @@ class StretchStreamReader(_ChannelOptions, DataSourceStreamReader):
         return {"offset": start}
 
     def latestOffset(self, start=None, limit=None) -> dict:
-        return {"offset": self.log().readable_end}
+        return {"offset": self.log().end}
 
     def partitions(self, start: dict, end: dict) -> list[LogRange]:
         return split(self.directory, start["offset"], end["offset"], self.parts)

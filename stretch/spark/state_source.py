@@ -14,12 +14,8 @@ from itertools import pairwise
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from stretch.channels import _socket_of
-from stretch.runtime.control_socket import request
+from stretch.jobs import QueryableState, find
 from stretch.spark.schemas import spark_ddl, spark_values
-from stretch.state.arena import Arena
-from stretch.state.keyed_table import KeyedTable
-from stretch.state.queryable import read_key_group, read_state
 
 
 @dataclass
@@ -29,37 +25,15 @@ class KeyGroups(InputPartition):
     last: int  # exclusive
 
 
-def locate(job: str, operator: str) -> dict:
-    reply = request(_socket_of(job), {"op": "state", "operator": operator})
-    if not reply.get("ok"):
-        raise LookupError(reply.get("error"))
-    return reply
-
-
 def state_schema(job: str, operator: str) -> str:
-    reply = locate(job, operator)
-    arena = Arena.attach(reply["arena"])
-    try:
-        table = KeyedTable(arena)
-        sample = next(
-            (read_key_group(table, kg) for kg in range(table.maxp) if table.n_keys(kg)),
-            read_key_group(table, 0),
-        )
-        return spark_ddl(
-            pa.schema(
-                [
-                    (n, spark_values(c.combine_chunks()).type)
-                    for n, c in zip(sample.column_names, sample.columns)
-                ]
-            )
-        )
-    finally:
-        arena.close()
+    with QueryableState(find(job).state_location(operator)["arena"]) as state:
+        schema = state.schema()
+    return spark_ddl(pa.schema([(f.name, spark_values(pa.array([], f.type)).type) for f in schema]))
 
 
 class StretchStateReader(DataSourceReader):
     def __init__(self, options, schema):
-        reply = locate(options["job"], options["state"])
+        reply = find(options["job"]).state_location(options["state"])
         self.arena = reply["arena"]
         self.max_parallelism = reply["max_parallelism"]
         self.parts = int(options.get("partitions", 2))
@@ -71,11 +45,9 @@ class StretchStateReader(DataSourceReader):
         return [KeyGroups(self.arena, a, b) for a, b in pairwise(bounds)]
 
     def read(self, partition: KeyGroups):
-        arena = Arena.attach(partition.arena)
-        try:
-            table = read_state(KeyedTable(arena), range(partition.first, partition.last))
+        with QueryableState(partition.arena) as state:  # the rows are read before it is unmapped
+            table = state.read(range(partition.first, partition.last))
             columns = [spark_values(table.column(n).combine_chunks()) for n in self.names]
-            if table.num_rows:
-                yield pa.RecordBatch.from_arrays(columns, names=self.names)
-        finally:
-            arena.close()
+            batch = pa.RecordBatch.from_arrays(columns, names=self.names) if table.num_rows else None
+        if batch is not None:
+            yield batch

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from stretch.datastream import state as api
+from stretch.contracts import state as api
 from stretch.state.codecs import ElementStream, fixed_dtype, value_codec
 
 _UNSET = object()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from stretch.common.typeinfo import Types
-from stretch.datastream import state as api
+from stretch.contracts import state as api
 
 TTL_PREFIX = "__ttl__"
 

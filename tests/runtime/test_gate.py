@@ -14,8 +14,8 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from stretch.runtime.gate import Gate, GateClosed, Kind
 from stretch._shm import Segment
+from stretch.runtime.gate import Gate, GateClosed, Kind
 
 SLOTS = 4
 DATA = 64 << 10

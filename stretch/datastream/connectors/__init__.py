@@ -1,7 +1,7 @@
 """Sources and sinks (PyFlink: ``pyflink.datastream.connectors``)."""
 
+from stretch.contracts.connectors import Sink, Source
 from stretch.datastream.connectors.arrow import ArrowSource, ParquetSink, ParquetSource
-from stretch.datastream.connectors.base import Sink, Source
 from stretch.datastream.connectors.datagen import DataGeneratorSource, RateLimiterStrategy
 from stretch.datastream.connectors.discard import DiscardingSink
 from stretch.datastream.connectors.number_seq import NumberSequenceSource

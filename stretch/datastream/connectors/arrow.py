@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stretch.common.records import RECORD_KIND_KEY
-from stretch.datastream.connectors.base import RecordPositionedSource, Sink, SinkWriter, Source
+from stretch.contracts.connectors import RecordPositionedSource, Sink, SinkWriter, Source
 
 
 def _as_rows(batch: pa.RecordBatch) -> pa.RecordBatch:

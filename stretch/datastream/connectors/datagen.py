@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from stretch.common.typeinfo import TypeInformation
-from stretch.datastream.connectors.base import RecordPositionedSource
+from stretch.contracts.connectors import RecordPositionedSource
 
 
 class RateLimiterStrategy:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stretch.datastream.connectors.base import Sink, SinkWriter
+from stretch.contracts.connectors import Sink, SinkWriter
 
 
 class _Discard(SinkWriter):

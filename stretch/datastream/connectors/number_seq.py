@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from stretch.common.records import schema_for
 from stretch.common.typeinfo import Types
-from stretch.datastream.connectors.base import RecordPositionedSource
+from stretch.contracts.connectors import RecordPositionedSource
 
 BATCH_ROWS = 65536
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from stretch.common.records import RECORD_KIND_KEY, from_batch
 from stretch.common.row import Row, RowKind
-from stretch.datastream.connectors.base import Sink, SinkWriter
+from stretch.contracts.connectors import Sink, SinkWriter
 
 _INFERRED = b"stretch.inferred"
 _KIND_PREFIX = {

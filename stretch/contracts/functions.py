@@ -1,0 +1,226 @@
+"""User function interfaces, as in ``pyflink.datastream.functions``."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from enum import Enum
+
+
+class TimeDomain(Enum):
+    EVENT_TIME = 0
+    PROCESSING_TIME = 1
+
+
+class RuntimeContext(ABC):
+    """What an operator instance knows about itself, and its keyed state."""
+
+    @abstractmethod
+    def get_task_name(self) -> str: ...
+
+    @abstractmethod
+    def get_number_of_parallel_subtasks(self) -> int: ...
+
+    @abstractmethod
+    def get_max_number_of_parallel_subtasks(self) -> int: ...
+
+    @abstractmethod
+    def get_index_of_this_subtask(self) -> int: ...
+
+    def get_attempt_number(self) -> int:
+        return 0
+
+    def get_task_name_with_subtasks(self) -> str:
+        return (
+            f"{self.get_task_name()} ({self.get_index_of_this_subtask() + 1}/"
+            f"{self.get_number_of_parallel_subtasks()})"
+        )
+
+    def get_job_parameter(self, key: str, default_value: str):
+        return default_value
+
+    @abstractmethod
+    def get_state(self, state_descriptor): ...
+
+    @abstractmethod
+    def get_list_state(self, state_descriptor): ...
+
+    @abstractmethod
+    def get_map_state(self, state_descriptor): ...
+
+    @abstractmethod
+    def get_reducing_state(self, state_descriptor): ...
+
+    @abstractmethod
+    def get_aggregating_state(self, state_descriptor): ...
+
+
+class Function(ABC):  # noqa: B024 - PyFlink's base class has no abstract methods either
+    """Base of every user function: open/close bracket its life in one operator instance."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:  # noqa: B027
+        pass
+
+    def close(self) -> None:  # noqa: B027
+        pass
+
+
+class MapFunction(Function):
+    @abstractmethod
+    def map(self, value): ...
+
+
+class FlatMapFunction(Function):
+    @abstractmethod
+    def flat_map(self, value): ...
+
+
+class FilterFunction(Function):
+    @abstractmethod
+    def filter(self, value) -> bool: ...
+
+
+class ReduceFunction(Function):
+    @abstractmethod
+    def reduce(self, value1, value2): ...
+
+
+class AggregateFunction(Function):
+    @abstractmethod
+    def create_accumulator(self): ...
+
+    @abstractmethod
+    def add(self, value, accumulator): ...
+
+    @abstractmethod
+    def get_result(self, accumulator): ...
+
+    def merge(self, acc_a, acc_b):
+        raise NotImplementedError(f"{type(self).__name__} does not implement merge")
+
+
+class KeySelector(Function):
+    @abstractmethod
+    def get_key(self, value): ...
+
+
+class TimerService(ABC):
+    @abstractmethod
+    def current_processing_time(self) -> int: ...
+
+    @abstractmethod
+    def current_watermark(self) -> int: ...
+
+    @abstractmethod
+    def register_processing_time_timer(self, timestamp: int) -> None: ...
+
+    @abstractmethod
+    def register_event_time_timer(self, timestamp: int) -> None: ...
+
+    @abstractmethod
+    def delete_processing_time_timer(self, timestamp: int) -> None: ...
+
+    @abstractmethod
+    def delete_event_time_timer(self, timestamp: int) -> None: ...
+
+
+class ProcessFunction(Function):
+    class Context(ABC):
+        @abstractmethod
+        def timer_service(self) -> TimerService: ...
+
+        @abstractmethod
+        def timestamp(self) -> int | None: ...
+
+    @abstractmethod
+    def process_element(self, value, ctx: ProcessFunction.Context): ...
+
+
+class KeyedProcessFunction(Function):
+    """A function over a keyed stream with keyed state; yield outputs from process_element."""
+
+    class Context(ABC):
+        @abstractmethod
+        def get_current_key(self): ...
+
+        @abstractmethod
+        def timer_service(self) -> TimerService: ...
+
+        @abstractmethod
+        def timestamp(self) -> int | None: ...
+
+    class OnTimerContext(Context):
+        @abstractmethod
+        def time_domain(self) -> TimeDomain: ...
+
+    @abstractmethod
+    def process_element(self, value, ctx: KeyedProcessFunction.Context): ...
+
+    def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
+        pass
+
+
+class WindowFunction(Function):
+    """Called with all of a window's elements (or its pre-aggregated result) when it fires."""
+
+    @abstractmethod
+    def apply(self, key, window, inputs): ...
+
+
+class ProcessWindowFunction(Function):
+    """Like WindowFunction, with a context giving the window, the time and the watermark."""
+
+    class Context(ABC):
+        @abstractmethod
+        def window(self): ...
+
+        @abstractmethod
+        def current_processing_time(self) -> int: ...
+
+        @abstractmethod
+        def current_watermark(self) -> int: ...
+
+        def window_state(self):
+            raise NotImplementedError("per-window state is not supported; use global_state()")
+
+        @abstractmethod
+        def global_state(self): ...
+
+    @abstractmethod
+    def process(self, key, context: ProcessWindowFunction.Context, elements): ...
+
+    def clear(self, context: ProcessWindowFunction.Context) -> None:
+        pass
+
+
+class JoinFunction(Function):
+    """A window join's function: called once per pair of a window's left and right elements."""
+
+    @abstractmethod
+    def join(self, first, second): ...
+
+
+class CoGroupFunction(Function):
+    """A window co-group's function: all left and all right elements of one window and key."""
+
+    @abstractmethod
+    def co_group(self, first, second): ...
+
+
+class ProcessJoinFunction(Function):
+    """An interval join's function: called once per joined pair; yield its outputs."""
+
+    class Context(ABC):
+        @abstractmethod
+        def get_left_timestamp(self) -> int: ...
+
+        @abstractmethod
+        def get_right_timestamp(self) -> int: ...
+
+        @abstractmethod
+        def get_timestamp(self) -> int: ...
+
+        @abstractmethod
+        def output(self, output_tag, value) -> None: ...
+
+    @abstractmethod
+    def process_element(self, left, right, ctx: ProcessJoinFunction.Context): ...

@@ -1,0 +1,192 @@
+"""Find a stretch job on this machine and talk to it: the one public way to a running job.
+
+>>> job = jobs.find("clicks")            # a job name, a job id (or a unique prefix), or a JobClient
+>>> job.status()["operators"]            # what `stretch status` shows
+>>> job.rescale("per-user windows", 4)   # what `stretch scale` does
+
+Every job listens on an owner-only control socket in this user's runtime directory; ``find``
+looks there, and a name that matches several running jobs is refused (give more of the id). A
+``JobClient`` of this process is asked directly, also after its job ended. The CLI, the channel
+clients and the Spark connector all come through here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from stretch.datastream.job_client import JobClient
+from stretch.runtime.control_socket import request, running_jobs
+from stretch.state.arena import Arena
+from stretch.state.keyed_table import KeyedTable
+from stretch.state.queryable import read_key_group, read_state
+
+
+class JobNotFound(LookupError):
+    """No running job of that name or id on this machine."""
+
+
+class AmbiguousJob(LookupError):
+    """A name or id prefix that matches several running jobs."""
+
+
+class JobGone(ConnectionError):
+    """The job ended (or its process died) while it was being asked."""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What a running job says about itself in the runtime directory."""
+
+    job_id: str
+    name: str
+    pid: int
+    socket: str
+    started: float
+    operators: list[str] = field(default_factory=list)
+    metrics: str | None = None  # the Prometheus endpoint, if the job serves one
+
+    @classmethod
+    def of(cls, info: dict) -> JobInfo:
+        return cls(**{k: info[k] for k in cls.__dataclass_fields__ if k in info})
+
+
+def list_jobs() -> list[JobInfo]:
+    """This user's running jobs on this machine (what dead jobs left behind is removed)."""
+    return [JobInfo.of(info) for info in running_jobs()]
+
+
+def find(job: str | JobClient) -> Job:
+    """The job given by a JobClient, a job id (or a unique prefix of one) or a job name."""
+    if isinstance(job, Job):
+        return job
+    if isinstance(job, JobClient):
+        return Job(job.get_job_id(), job.name, local=job.control)
+    if not isinstance(job, str) or not job:
+        raise TypeError(f"job must be a JobClient, a job id or a job name, got {job!r}")
+    found = list_jobs()
+    matches = [j for j in found if job in (j.job_id, j.name)]
+    if not matches:
+        matches = [j for j in found if j.job_id.startswith(job)]
+    if not matches:
+        raise JobNotFound(f"no running stretch job {job!r} on this machine (see `stretch jobs`)")
+    if len(matches) > 1:
+        ids = ", ".join(j.job_id[:12] for j in matches)
+        raise AmbiguousJob(f"{job!r} matches {len(matches)} running jobs ({ids}): give more of the job id")
+    info = matches[0]
+    return Job(info.job_id, info.name, socket=info.socket, info=info)
+
+
+class Job:
+    """A handle on one job: each method is one request, answered by the job."""
+
+    def __init__(
+        self,
+        job_id: str,
+        name: str,
+        socket: str | None = None,
+        local: Callable[[dict], dict] | None = None,
+        info: JobInfo | None = None,
+    ):
+        self.job_id, self.name, self.socket, self.info = job_id, name, socket, info
+        self._local = local
+
+    def __repr__(self) -> str:
+        return f"Job({self.name!r}, {self.job_id[:12]})"
+
+    def request(self, msg: dict, timeout: float | None = 30.0, on_progress: Callable | None = None) -> dict:
+        """One control request; ``timeout`` bounds the job's silence (long operations report
+        progress, each passed to ``on_progress``). Raises JobGone if the job is not there any more."""
+        if self._local is not None:
+            return self._local(msg)
+        try:
+            return request(self.socket, msg, timeout, on_progress)
+        except (ConnectionError, FileNotFoundError, ConnectionRefusedError) as e:
+            raise JobGone(f"job {self.name!r} ({self.job_id[:12]}) is not running any more") from e
+
+    def _ok(self, msg: dict, **kw) -> dict:
+        reply = self.request(msg, **kw)
+        if not reply.get("ok"):
+            kind = _REFUSALS.get(reply.get("type"), RuntimeError)
+            raise kind(reply.get("error", "refused"))
+        return reply
+
+    def status(self) -> dict:
+        """Operators, parallelism, epochs, gate depths, per-instance counters, checkpoints."""
+        return self._ok({"op": "status"})
+
+    def metrics(self) -> str:
+        """The job's metrics in Prometheus' text format."""
+        return self._ok({"op": "metrics"})["text"]
+
+    def rescale(self, operator: str, parallelism: int, on_progress: Callable | None = None) -> dict:
+        """A live rescale (see ``JobClient.rescale``); waits while the job works off a backlog."""
+        return self._ok(
+            {"op": "scale", "operator": operator, "parallelism": parallelism}, on_progress=on_progress
+        )
+
+    def checkpoint(self, on_progress: Callable | None = None) -> dict:
+        """Take a checkpoint now; its report once it is complete."""
+        return self._ok({"op": "checkpoint"}, on_progress=on_progress)
+
+    def state_location(self, operator: str) -> dict:
+        """Where an operator's keyed state is (``arena``, ``max_parallelism``), for readers in
+        other processes (``QueryableState``)."""
+        return self._ok({"op": "state", "operator": operator})
+
+    def join_channel(self, name: str, role: str) -> dict:
+        """Where a ``writer`` or ``reader`` of channel ``name`` finds it."""
+        return self._ok({"op": "channel", "name": name, "role": role})
+
+    def end_channel(self, name: str) -> None:
+        """The end of input channel ``name``: the job finishes once it has processed it."""
+        self._ok({"op": "channel_end", "name": name})
+
+    def publish(self, channel: str, query: str, batch: int, files: list[str]) -> dict:
+        """Publish staged Arrow IPC files into ``channel`` once per (query, batch) (Spark's commit)."""
+        msg = {"op": "channel_publish", "name": channel, "query": query, "batch": batch, "files": files}
+        return self._ok(msg, timeout=600)
+
+    def discard(self, channel: str, files: list[str]) -> None:
+        """Remove staged files of an aborted transaction."""
+        self._ok({"op": "channel_discard", "name": channel, "files": files})
+
+
+class QueryableState:
+    """An operator's keyed state, read from shared memory while the job runs, without stopping or
+    slowing it: each key group under its seqlock, so every row is a consistent snapshot of its key.
+    ``arena`` is where ``Job.state_location`` says the state is (readers in other processes of this
+    user, such as Spark's executors, attach it by that name)."""
+
+    def __init__(self, arena: str):
+        self._arena = Arena.attach(arena)
+        self._table = KeyedTable(self._arena)
+
+    def read(self, key_groups: Iterable[int] | None = None) -> pa.Table:
+        """One row per key (key group, key, one column per declared state)."""
+        return read_state(self._table, key_groups)
+
+    def schema(self) -> pa.Schema:
+        """The rows' schema, as the first key group with keys has it."""
+        table = self._table
+        kg = next((kg for kg in range(table.maxp) if table.n_keys(kg)), 0)
+        return read_key_group(table, kg).schema
+
+    def close(self) -> None:
+        self._arena.close()
+
+    def __enter__(self) -> QueryableState:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_REFUSALS = {
+    "LookupError": LookupError,
+    "ValueError": ValueError,
+    "TypeError": TypeError,
+    "TimeoutError": TimeoutError,
+}

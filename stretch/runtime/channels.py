@@ -1,0 +1,235 @@
+"""The job side of channels: the gates and logs behind a job's input and output channels, and the
+answers to the outside processes that write or read them.
+
+Input channels: outside writers append to a gate of the channel's own, which the channel's source
+task reads; a channel keyed by a field right away is *direct*: its writers append to the keyed
+operator's gate themselves. A durable channel is also copied, in gate order, into a log under the
+job's directory (``runtime.input_logger``), which a checkpointed job reads instead of the gate.
+Output channels: the job appends its results to a durable log that readers read by offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stretch.runtime.channel_log import ChannelLog, LogTail
+from stretch.runtime.channel_writers import ChannelLogWriter
+from stretch.runtime.event_time import MAX_WATERMARK, producer_id
+from stretch.runtime.gate import Gate, Kind
+from stretch.runtime.input_logger import InputLogger
+from stretch.runtime.publisher import ChannelPublisher
+from stretch.runtime.state_dir import JobDir
+
+
+@dataclass
+class OutputChannel:
+    log: ChannelLog
+    tail: LogTail
+    run_start: int  # the log's end when this run began: where this run's output starts
+    type_info: object = None  # of its records, where the job declares it
+    writer: ChannelLogWriter | None = None  # the job's side, once it runs
+
+
+class JobChannels:
+    """A job's channels; built by ``open`` while the job starts, answered from any thread."""
+
+    def __init__(self, job, staging):
+        self.job = job  # the Coordinator: its plan, config, job directory and segments
+        self.inputs: dict[str, Gate] = {}  # channel name -> its gate (not direct channels)
+        self.direct: dict = {}  # channel name -> source stage whose writers feed a keyed gate
+        self.outputs: dict[str, OutputChannel] = {}
+        self.log_starts: dict[int, int] = {}  # channel source stage -> its log's end as the run began
+        self.input_logs: dict[int, ChannelLog] = {}  # channel source stage -> the log it reads
+        self.log_locations: dict[str, tuple[str, str]] = {}  # input channel -> (log directory, tail)
+        self.loggers: list[InputLogger] = []
+        self._ended: set[str] = set()
+        self.publisher = ChannelPublisher(
+            staging, lambda name: self.request("channel", {"name": name, "role": "writer"})
+        )
+
+    # ---- while the job starts ---------------------------------------------------------------
+    def open_outputs(self, restore: dict | None) -> None:
+        """The output channels' logs, without what no checkpoint covered (a restored run makes
+        it again, and no reader ever saw it)."""
+        job = self.job
+        for sink in job.plan.sinks:
+            name = getattr(sink.sink, "channel_name", None)
+            if sink.runs_in != "job" or name is None:
+                continue
+            if name in self.outputs:
+                raise ValueError(f"two sinks write to channel {name!r}: give each its own name")
+            log = self.log(name, "out")
+            committed = log.readable_end
+            log.truncate(restore["outputs"].get(name, committed) if restore else committed)
+            tail = LogTail.create(job.prefix, log.end_offset)
+            job.add_segment(tail.segment)
+            self.outputs[name] = OutputChannel(log, tail, log.end_offset, sink.type_info)
+
+    def open_inputs(self) -> None:
+        """Gates (and durable logs) of the input channels that are not direct."""
+        job, cfg = self.job, self.job.config
+        for stage in job.plan.stages:
+            name = getattr(stage.source, "channel_name", None)
+            if name is None:
+                continue
+            if stage.direct:
+                self.direct[name] = stage
+                continue
+            g = Gate.create(job.prefix, "channel", cfg.gate_slots, cfg.gate_bytes)
+            if not cfg.checkpointing:  # else the source reads the channel's log, not its gate
+                g.open_reader(0, 0)
+            self.inputs[name] = g
+            job.add_segment(g.segment)
+            if getattr(stage.source, "durable", False):
+                log = self.log(name, "in")
+                tail = None
+                if cfg.checkpointing:  # its source reads the log: from here, or a checkpoint's offset
+                    tail = LogTail.create(job.prefix, log.end_offset)
+                    job.add_segment(tail.segment)
+                    self.log_locations[name] = (str(log.dir), tail.name)
+                    self.log_starts[stage.id] = log.end_offset
+                    self.input_logs[stage.id] = log
+                self.loggers.append(InputLogger(name, g, 1, log, tail=tail))
+
+    def log_direct_inputs(self, gates: dict[int, Gate]) -> None:
+        """Durable direct channels are logged from the keyed gate, with a reader slot of their own."""
+        for name, stage in self.direct.items():
+            if getattr(stage.source, "durable", False):
+                gate = gates[stage.chain[0].gate]
+                log = self.log(name, "in")
+                self.loggers.append(
+                    InputLogger(name, gate, gate.max_readers - 1, log, producer_id(stage.id, 0))
+                )
+
+    def writer_for(self, sink) -> ChannelLogWriter | None:
+        """The job's writer of an output channel sink (None: the sink is not a channel)."""
+        out = self.outputs.get(getattr(sink.sink, "channel_name", None))
+        if out is None:
+            return None
+        out.writer = ChannelLogWriter(out.log, out.tail, self.job.config.checkpointing)
+        return out.writer
+
+    def start(self) -> None:
+        for logger in self.loggers:
+            logger.start()
+
+    def log(self, name: str, direction: str) -> ChannelLog:
+        """A channel's durable log in the job's directory, continued by this run."""
+        job = self.job
+        if job.job_dir is None:
+            job.job_dir = JobDir(job.job_name, job.job_id)
+        log = ChannelLog(job.job_dir.channel(name, direction), job.config.channel_retention_bytes)
+        log.resume()
+        return log
+
+    # ---- checkpoints and recovery -----------------------------------------------------------
+    def pin_inputs(self, positions: dict[int, int]) -> None:
+        """Input logs keep everything from these positions on (what a recovery would read again)."""
+        for stage_id, log in self.input_logs.items():
+            log.pinned = positions.get(stage_id, positions.get(str(stage_id), log.pinned))
+
+    def output_offset(self, sink, checkpoint: dict) -> int | None:
+        """Where a recovered run's output channel continues: the checkpoint's offset."""
+        name = getattr(sink.sink, "channel_name", None)
+        out = self.outputs.get(name)
+        return None if out is None else checkpoint["outputs"].get(name, out.run_start)
+
+    # ---- requests from writers and readers --------------------------------------------------
+    def request(self, op: str, msg: dict) -> dict:
+        """A writer or reader joining a channel (``channel``), or a writer ending it (``channel_end``)."""
+        name = msg.get("name")
+        if not isinstance(name, str):
+            return {"ok": False, "error": f"a channel name must be a string, got {name!r}"}
+        role = msg.get("role")
+        if op == "channel":
+            if name in self.direct and role == "writer":
+                stage = self.direct[name]
+                step = stage.chain[0]
+                t = stage.source.type_info
+                return {
+                    "ok": True,
+                    "segment": self.job.gates[step.gate].name,
+                    "staging": str(self.publisher.staging),
+                    "type": t.to_json() if t else None,
+                    "key_field": step.key.field,
+                    "max_parallelism": step.key.max_parallelism,
+                    "producer": producer_id(stage.id, 0),
+                }
+            if name in self.inputs and role == "writer":
+                source = next(
+                    s.source for s in self.job.plan.stages if getattr(s.source, "channel_name", None) == name
+                )
+                t = source.type_info
+                return {
+                    "ok": True,
+                    "segment": self.inputs[name].name,
+                    "staging": str(self.publisher.staging),
+                    "type": t.to_json() if t else None,
+                }
+            if name in self.outputs and role == "reader":
+                out = self.outputs[name]
+                return {
+                    "ok": True,
+                    "log": str(out.log.dir),
+                    "tail": None if self.job.done else out.tail.name,  # its segment goes with the job
+                    "run_start": out.run_start,
+                    "type": out.type_info.to_json() if out.type_info is not None else None,
+                }
+            return {
+                "ok": False,
+                "type": "LookupError",
+                "error": f"job has no channel {name!r} to {'write' if role == 'writer' else 'read'} "
+                f"(input channels: {sorted([*self.inputs, *self.direct])}, "
+                f"output channels: {sorted(self.outputs)})",
+            }
+        if op == "channel_end" and (name in self.direct or name in self.inputs):
+            self.job.end_channel(name)
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown channel {name!r}", "type": "LookupError"}
+
+    def end(self, name: str) -> None:
+        """In the job thread: a writer ended channel ``name``: the end of its stream goes into its gate."""
+        if name in self._ended:
+            return
+        self._ended.add(name)
+        stage = self.direct.get(name)
+        if stage is not None:
+            # the writers' input ended: as a bounded source does, move their watermark to the end
+            self.job.gates[stage.chain[0].gate].append_control(
+                Kind.WATERMARK, producer_id(stage.id, 0), MAX_WATERMARK
+            )
+            self.job.instance_done(stage.id, 0)
+        else:
+            self.inputs[name].append_control(Kind.END_OF_STREAM)
+
+    def publish(self, op: str, msg: dict) -> dict:
+        """A staged transaction (Spark's sink commit or abort); may block while the channel is full."""
+        if op == "channel_publish":
+            return self.publisher.publish(
+                msg["name"], str(msg["query"]), int(msg["batch"]), list(msg["files"])
+            )
+        self.publisher.discard(list(msg["files"]))
+        return {"ok": True}
+
+    # ---- shutdown ---------------------------------------------------------------------------
+    def close_gates(self) -> None:
+        for g in self.inputs.values():
+            g.close()
+
+    def stop_loggers(self, timeout: float) -> None:
+        """Loggers read gates: they end before the gates go."""
+        for logger in self.loggers:
+            logger.join(timeout)
+            if logger.is_alive():
+                logger.gate.close()
+                logger.join()
+
+    def close(self, finished: bool) -> None:
+        """No reader waits on a run that is over: each output's live end says how it ended."""
+        for out in self.outputs.values():
+            if out.tail.state == LogTail.RUNNING:
+                ended = finished and out.log.ended
+                out.tail.publish(out.log.end_offset, LogTail.ENDED if ended else LogTail.FAILED)
+        for out in self.outputs.values():
+            out.log.close()
+        self.publisher.remove()

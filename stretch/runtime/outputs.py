@@ -1,0 +1,119 @@
+"""Where a stage's results go, and what happens to a record a user function rejects.
+
+Under the default error policy a failure fails the job with a ``StepError`` that names the operator,
+the record and the key; under the dead-letter policy the record, the error and the time go to the
+job's dead-letter channel and the stage goes on with the next record.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+
+import pyarrow as pa
+
+from stretch.contracts.functions import Function
+
+
+class StepError(Exception):
+    """A user function failed on a record; carries what the job error must name."""
+
+    def __init__(self, operator: str, record, key, cause: BaseException, what: str = "user function"):
+        self.operator = operator
+        self.record = record
+        self.key = key
+        self.cause = cause
+        self.what = what
+        self.user_traceback = "".join(traceback.format_exception(cause))
+        super().__init__(describe_failure(operator, record, key, cause, what))
+
+
+def describe_failure(operator: str, record, key, cause: BaseException, what: str = "user function") -> str:
+    key_part = "" if key is NO_KEY else f", key {short(key)}"
+    reason = f"{type(cause).__name__}: {cause}"
+    return f"{what} of operator {operator!r} failed on record {short(record)}{key_part}: {reason}"
+
+
+NO_KEY = object()
+
+
+def short(value, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def call_of(fn, method: str):
+    """The callable behind a user function object or plain callable."""
+    if isinstance(fn, Function):
+        return getattr(fn, method)
+    if callable(fn):
+        return fn
+    raise TypeError(f"{fn!r} is neither a {method} function nor callable")
+
+
+class Outputs:
+    """Where a stage's terminal steps write: gates, sink gates and chained sinks by id."""
+
+    def __init__(
+        self, gates: dict, sink_gates: dict, sinks: dict, producer: int, count_out, producer_id: int = 0
+    ):
+        self.gates = gates
+        self.sink_gates = sink_gates
+        self.sinks = sinks  # sink id -> SinkSpec, for sinks chained into this stage
+        self.producer = producer  # 1-based instance index (print prefixes)
+        self.producer_id = producer_id  # stage and instance, in watermark records
+        self.count_out = count_out
+        self.dead_letter_gate = None  # the job's dead-letter policy: where rejected records go
+
+    def dead_letter(self, error: StepError) -> None:
+        """Under the dead-letter policy: the record, the error and the time go to the job's
+        dead-letter channel; the caller skips the record. Otherwise the error fails the job."""
+        if self.dead_letter_gate is None:
+            raise error
+        self.dead_letter_gate.append_batch(dead_letter_batch(error), producer=self.producer)
+
+
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        ("operator", pa.string()),
+        ("function", pa.string()),
+        ("record", pa.string()),
+        ("key", pa.string()),
+        ("error", pa.string()),
+        ("traceback", pa.string()),
+        ("time", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+
+
+def dead_letter_batch(error: StepError) -> pa.RecordBatch:
+    key = None if error.key is NO_KEY else repr(error.key)
+    values = [
+        error.operator,
+        error.what,
+        repr(error.record),
+        key,
+        f"{type(error.cause).__name__}: {error.cause}",
+        error.user_traceback,
+        int(time.time() * 1000),
+    ]
+    return pa.record_batch(
+        [pa.array([v], f.type) for v, f in zip(values, DEAD_LETTER_SCHEMA)], DEAD_LETTER_SCHEMA
+    )
+
+
+def per_record(items: list, f, stage: str, what: str, outputs: Outputs) -> tuple[list, list[int]]:
+    """``f`` of each record, one by one, after a batch failed: the failing records go to dead
+    letters (or the first fails the job). Returns the results and the indexes they belong to."""
+    out, kept = [], []
+    for i, r in enumerate(items):
+        try:
+            out.append(f(r))
+        except Exception as e:
+            e.__suppress_context__ = True  # raised while handling the batch's failure: unrelated
+            err = StepError(stage, r, NO_KEY, e, what)
+            err.__cause__ = e
+            outputs.dead_letter(err)
+            continue
+        kept.append(i)
+    return out, kept

@@ -1,0 +1,133 @@
+"""Requests from outside the job (the CLI, channel writers and readers, Spark): each is answered
+in the thread of the connection that asked, never in the job's event loop.
+
+So a request can fail but the job never fails because of one: a malformed request gets an error
+reply, a client that vanishes or never reads its answer costs only its own thread, and requests
+are answered concurrently. Long operations (a rescale under a backlog, a checkpoint, a publish
+that waits for room in a channel) send a progress frame every second until their answer, so a
+client knows the job is still at it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from stretch.runtime.control_socket import Connection
+from stretch.runtime.metrics import render
+
+PROGRESS_INTERVAL = 1.0  # seconds between progress frames of a long operation
+
+
+class ControlRequests:
+    def __init__(self, job):
+        self.job = job  # the Coordinator
+
+    def answer(self, conn: Connection, msg) -> None:
+        """Answer one request on its connection; a client gone is no error."""
+        conn.reply(self.handle(msg, conn))
+
+    def handle(self, msg, conn: Connection | None = None) -> dict:
+        """The reply to one request; every failure is an error reply (``type`` names its kind)."""
+        try:
+            if not isinstance(msg, dict):
+                raise ValueError(f"a request must be a JSON object, got {type(msg).__name__}")
+            op = msg.get("op")
+            handler = _HANDLERS.get(op) if isinstance(op, str) else None
+            if handler is None:
+                raise ValueError(f"unknown request {op!r}")
+            return handler(self, conn, msg)
+        except Exception as e:
+            return {"ok": False, "error": _message(e), "type": _kind(e)}
+
+    # ---- quick requests ---------------------------------------------------------------------
+    def _status(self, conn, msg) -> dict:
+        return self.job.describe()
+
+    def _metrics(self, conn, msg) -> dict:
+        return {"ok": True, "text": render(self.job)}
+
+    def _state(self, conn, msg) -> dict:
+        return self.job.state_location(msg.get("operator"))
+
+    def _timeline(self, conn, msg) -> dict:
+        """When recent transactions were published into the input channels and results appended
+        to the output channels (this host's monotonic clock): for latency plots."""
+        channels = self.job.channels
+        appended = {n: list(o.writer.appended_at) for n, o in channels.outputs.items() if o.writer}
+        return {"ok": True, "published": list(channels.publisher.published_at), "appended": appended}
+
+    def _channel(self, conn, msg) -> dict:
+        return self.job.channels.request(msg["op"], msg)
+
+    # ---- long operations --------------------------------------------------------------------
+    def _scale(self, conn, msg) -> dict:
+        operator, parallelism = msg.get("operator"), msg.get("parallelism")
+        if not isinstance(operator, str):
+            raise ValueError(f"operator must be a string, got {operator!r}")
+        return {
+            "ok": True,
+            **_with_progress(conn, lambda: self.job.rescale(operator, parallelism, timeout=None)),
+        }
+
+    def _checkpoint(self, conn, msg) -> dict:
+        return {"ok": True, **_with_progress(conn, self.job.trigger_checkpoint)}
+
+    def _publish(self, conn, msg) -> dict:
+        return _with_progress(conn, lambda: self.job.channels.publish(msg["op"], msg))
+
+
+_HANDLERS = {
+    "status": ControlRequests._status,
+    "metrics": ControlRequests._metrics,
+    "state": ControlRequests._state,
+    "timeline": ControlRequests._timeline,
+    "channel": ControlRequests._channel,
+    "channel_end": ControlRequests._channel,
+    "scale": ControlRequests._scale,
+    "checkpoint": ControlRequests._checkpoint,
+    "channel_publish": ControlRequests._publish,
+    "channel_discard": ControlRequests._publish,
+}
+
+
+def _with_progress(conn: Connection | None, operation):
+    """Run ``operation`` while telling the client, every second, that it is still under way."""
+    if conn is None:  # asked in the job's own process
+        return operation()
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = operation()
+        except BaseException as e:
+            result["error"] = e
+
+    worker = threading.Thread(target=run, name="stretch-request", daemon=True)
+    t0 = time.monotonic()
+    worker.start()
+    while True:
+        worker.join(PROGRESS_INTERVAL)
+        if not worker.is_alive():
+            break
+        conn.reply({"progress": True, "elapsed_ms": round((time.monotonic() - t0) * 1000)})
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _kind(e: BaseException) -> str:
+    """The exception a client raises for this refusal."""
+    for kind in (TimeoutError, LookupError, TypeError, ValueError):
+        if isinstance(e, kind):
+            return kind.__name__
+    return "RuntimeError"
+
+
+def _message(e: BaseException) -> str:
+    """An exception as the client reads it; one whose ``str`` fails still says what it was."""
+    try:
+        text = str(e.args[0]) if isinstance(e, (KeyError, ValueError, RuntimeError)) and e.args else str(e)
+    except Exception:
+        text = "<no message>"
+    return text if isinstance(e, (ValueError, RuntimeError, LookupError)) else f"{type(e).__name__}: {text}"

@@ -1,0 +1,93 @@
+"""What `stretch status` and ``JobClient.describe()`` show: a job's operators, their instances and
+counters (read from the control block), and its checkpoints."""
+
+from __future__ import annotations
+
+import time
+
+from stretch.common.job_status import JobStatus
+from stretch.runtime import control_block as cbk
+
+
+def describe_job(job, live: bool = False) -> dict:
+    """The job's operators and counters; after the job ended, their values at its end.
+
+    ``live``: read the segments now (the job's shutdown keeps what they said before they go)."""
+    if live:
+        return _describe_live(job)
+    deadline = time.monotonic() + job.config.shutdown_timeout
+    while job.final_status is None:
+        generation = job.generation
+        try:
+            return _describe_live(job)
+        except ValueError:  # segments released while reading: the job just ended or recovers
+            recovering = job.status is JobStatus.RESTARTING or job.generation != generation
+            if job.final_status is None and not (recovering and time.monotonic() < deadline):
+                raise
+            time.sleep(0.01)  # a recovery builds them anew: read those
+    return {**job.final_status, "status": job.status.name}
+
+
+def _describe_live(job) -> dict:
+    ops = []
+    for stage in job.plan.stages:
+        if stage.kind != "keyed" or job.control is None:
+            continue
+        op = job.resources.keyed_index[stage.id]
+        epoch = job.control.epoch(op)
+        owners = job.control.table(op, epoch)
+        p = int(owners.max()) + 1
+        inst = job.control.instances(op)[:p]
+        ops.append(
+            {
+                "name": stage.name,
+                "kind": stage.operator.kind,  # process | aggregate | vector_window (vectorized)
+                "parallelism": p,
+                "epoch": epoch,
+                "gate_depth": job.gates[stage.input_gate].depth(),
+                # totals over every instance slot ever used: they never go down on a rescale
+                "records_in": int(job.control.instances(op)[:, cbk.I_RECORDS_IN].sum()),
+                "records_out": int(job.control.instances(op)[:, cbk.I_RECORDS_OUT].sum()),
+                "state_bytes": job.arenas[stage.id].resident_bytes(),
+                "instances": [
+                    {
+                        "index": i,
+                        "records_in": int(inst[i, cbk.I_RECORDS_IN]),
+                        "records_out": int(inst[i, cbk.I_RECORDS_OUT]),
+                        "busy_ms": int(inst[i, cbk.I_BUSY_NS]) // 1_000_000,
+                        "busy_ns": int(inst[i, cbk.I_BUSY_NS]),
+                        "epoch": int(inst[i, cbk.I_EPOCH]),
+                        "position": int(inst[i, cbk.I_GATE_SEQ]),
+                        "max_stall_ns": int(inst[i, cbk.I_MAX_STALL_NS]),
+                        "watermark": int(inst[i, cbk.I_WATERMARK]) or None,
+                    }
+                    for i in range(p)
+                ],
+            }
+        )
+    return {
+        "ok": True,
+        "job_id": job.job_id,
+        "name": job.job_name,
+        "status": job.status.name,
+        "operators": ops,
+        "rescales": list(job.rescales),  # every completed live rescale's report, in order
+        "checkpoints": _describe_checkpoints(job),
+    }
+
+
+def _describe_checkpoints(job) -> dict | None:
+    c = job.checkpointer
+    if c is None:
+        return None
+    return {
+        "interval_ms": c.settings.interval_ms,
+        "completed": c.completed,
+        "latest": c.history[-1] if c.history else None,
+        "failed": job.checkpoint_failures,
+        "last_error": job.last_checkpoint_error,
+        "restored_from": job.restored_from,
+        "recoveries": len(job.recoveries),
+        "last_recovery": job.recoveries[-1] if job.recoveries else None,
+        "directory": str(c.store.dir),
+    }
