@@ -365,7 +365,7 @@ class BandJoinedStreams:
     right)`` holds is joined exactly once (output timestamp: the later of the two), except pairs
     with an element that was late on arrival (timestamp below the watermark), which is dropped as
     in the interval join. Elements are not keyed: each is stored in one key group chosen round
-    robin and probed by every instance (see ``stretch.runtime.band_join``).
+    robin and probed by every instance (see ``stretch.runtime.operators.band_join``).
     """
 
     def __init__(self, left: DataStream, right: DataStream):

@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from stretch._shm import Segment
+
 _ENTRY = 3  # int64 words per index entry: segment first offset, position, length
 
 
@@ -247,8 +249,6 @@ class LogTail:
 
     @classmethod
     def create(cls, prefix: str, end: int) -> LogTail:
-        from stretch._shm import Segment
-
         tail = cls(Segment.create(prefix, "tail", 64))
         tail.region.store64(cls._END, end)
         tail.region.store64(cls._PID, os.getpid())
@@ -256,8 +256,6 @@ class LogTail:
 
     @classmethod
     def attach(cls, name: str) -> LogTail:
-        from stretch._shm import Segment
-
         return cls(Segment.attach(name))
 
     @property

@@ -13,7 +13,7 @@ from stretch.common.typeinfo import TypeInformation
 from stretch.contracts.connectors import SinkWriter
 from stretch.runtime.gate import Gate, GateClosed
 from stretch.runtime.routing import keyed_by_field
-from stretch.state import _hash_kernels
+from stretch.state.key_groups import warm_up as warm_key_groups
 
 
 class ChannelAppender:
@@ -30,7 +30,7 @@ class ChannelAppender:
         self._max_parallelism = reply.get("max_parallelism")
         self._producer = reply.get("producer", 0)
         if self._key_field is not None:
-            _hash_kernels.warm_up()  # compile (or load) the key-group kernels now, not on the first write
+            warm_key_groups()  # compile (or load) the key-group kernels now, not on the first write
 
     def write(self, data) -> None:
         """Append records (a list), or a pyarrow RecordBatch/Table whose schema fits the channel."""

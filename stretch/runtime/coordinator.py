@@ -34,6 +34,7 @@ from stretch.runtime.control_socket import ControlServer, running_jobs, runtime_
 from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
 from stretch.runtime.event_time import producer_id
 from stretch.runtime.gate import Gate, Kind
+from stretch.runtime.metrics import serve
 from stretch.runtime.requests import ControlRequests
 from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
@@ -209,8 +210,6 @@ class Coordinator:
             self.socket_path, self._token, self._on_worker_message, self._on_close, self.requests.answer
         )
         if cfg.metrics is not None:
-            from stretch.runtime.metrics import serve
-
             self._metrics = serve(self, *cfg.metrics)
         self._write_info()
         self._zygote = Zygote(str(self.socket_path), self._token, cfg.preload)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import queue
 import socket
@@ -9,11 +10,17 @@ import threading
 import traceback
 
 import cloudpickle
+import pyarrow as pa
+import pyarrow.compute
+import pyarrow.parquet
 
+from stretch.common.records import from_batch, to_batch
 from stretch.runtime import control_socket as cs
 from stretch.runtime.gate import GateClosed
 from stretch.runtime.outputs import StepError
 from stretch.runtime.tasks import Assignment, Stopped, _Attached, make_task
+from stretch.state.key_groups import warm_up as warm_key_groups
+from stretch.state.warm import warm_fused_kernels, warm_table_kernels, warm_timer_kernels
 
 
 def warm_up(preload: list[str] = ()) -> None:
@@ -22,19 +29,9 @@ def warm_up(preload: list[str] = ()) -> None:
 
     Runs in the zygote, so every forked worker starts with all of it in memory.
     """
-    import importlib
-
-    import pyarrow as pa
-    import pyarrow.compute
-    import pyarrow.parquet
-
-    from stretch.common.records import from_batch, to_batch
-    from stretch.state import _hash_kernels
-    from stretch.state.warm import warm_fused_kernels, warm_table_kernels, warm_timer_kernels
-
     for module in preload:
         importlib.import_module(module)
-    _hash_kernels.warm_up()
+    warm_key_groups()
     warm_table_kernels()
     warm_fused_kernels()
     warm_timer_kernels()

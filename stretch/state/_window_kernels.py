@@ -1,4 +1,4 @@
-"""Numba kernels of the vectorized window aggregates (private; see stretch.runtime.vector_window).
+"""Numba kernels of the vectorized window aggregates (private; see stretch.runtime.operators.vector_window).
 
 Each key's open windows live in one variable-length value of the operator's state: a ring of
 window slots, ``[R, slot_0 .. slot_{R-1}]`` in int64 words, a slot being ``[window index, count,

@@ -404,3 +404,9 @@ def _hash_numpy(values: np.ndarray) -> np.ndarray:
             "integer, bool, floating point, str, bytes or object arrays of keys"
         )
     return out
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the hash kernels now, so that the first batch a worker
+    routes (or the first after a rescale) never waits for numba."""
+    _k.warm_up()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from stretch.state import _table_kernels as K
+from stretch.state import _window_kernels as W
 
 
 def warm_table_kernels() -> None:
@@ -85,8 +86,6 @@ def warm_timer_kernels() -> None:
 
 def warm_window_kernels() -> None:
     """The vectorized window kernels, with the argument kinds the window operator passes."""
-    from stretch.state import _window_kernels as W
-
     a64 = np.zeros(K.KG_WORDS * 2 + 64, dtype=np.int64)
     none64, kgs = np.zeros(0, np.int64), np.zeros(0, np.uint16)
     ops, is_float = np.zeros(1, np.int64), np.zeros(1, np.bool_)

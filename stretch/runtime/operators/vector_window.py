@@ -17,7 +17,7 @@ import pyarrow as pa
 from stretch.common.records import PICKLE_PROTOCOL, to_batch
 from stretch.plan.specs import VectorWindowSpec
 from stretch.runtime.batch import TS_COLUMN, Records, resolve_field
-from stretch.runtime.operators import KeyedOperator
+from stretch.runtime.operators.base import KeyedOperator
 from stretch.state import _table_kernels as TK
 from stretch.state import _window_kernels as K
 from stretch.state.keyed_table import KeyMode

@@ -29,7 +29,7 @@ from stretch.contracts.state import ListStateDescriptor
 from stretch.plan.specs import BandJoinSpec
 from stretch.runtime.batch import KEY_COLUMN, Records, split_outputs
 from stretch.runtime.event_time import MIN_WATERMARK
-from stretch.runtime.operators import KeyedOperator
+from stretch.runtime.operators.base import KeyedOperator
 from stretch.runtime.outputs import NO_KEY, StepError
 from stretch.state.key_groups import key_groups_of
 from stretch.state.keyed_table import KeyMode
