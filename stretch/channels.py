@@ -29,11 +29,17 @@ class ChannelWriter(ChannelAppender):
 
     def __init__(self, job, name: str):
         self.job = find(job)
-        super().__init__(name, self.job.join_channel(name, "writer"))
+        reply = self.job.join_channel(name, "writer")
+        super().__init__(name, reply, lambda schema: self.job.channel_shape(name, schema))
 
     def end(self) -> None:
         """Mark the end of the channel's stream: the job finishes once it has processed it."""
-        self.job.end_channel(self.name)
+        self.check_open()
+        try:
+            self.job.end_channel(self.name)
+        except (JobGone, RuntimeError):
+            self.check_open()  # the job ended meanwhile: say how
+            raise
 
     def __enter__(self):
         return self

@@ -12,6 +12,7 @@ clients and the Spark connector all come through here.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -139,6 +140,13 @@ class Job:
     def join_channel(self, name: str, role: str) -> dict:
         """Where a ``writer`` or ``reader`` of channel ``name`` finds it."""
         return self._ok({"op": "channel", "name": name, "role": role})
+
+    def channel_shape(self, name: str, schema: pa.Schema) -> pa.Schema:
+        """An untyped input channel's schema: ``schema`` if this is the channel's first, else the
+        first one any writer offered."""
+        offered = base64.b64encode(schema.serialize().to_pybytes()).decode()
+        reply = self._ok({"op": "channel_shape", "name": name, "schema": offered})
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(reply["schema"])))
 
     def end_channel(self, name: str) -> None:
         """The end of input channel ``name``: the job finishes once it has processed it."""

@@ -16,7 +16,7 @@ from stretch.runtime.batch import Records, resolve_field, take
 from stretch.runtime.event_time import MAX_WATERMARK, WatermarkGenerator, timestamps_of
 from stretch.runtime.gate import Kind
 from stretch.runtime.outputs import NO_KEY, Outputs, StepError, call_of, per_record
-from stretch.runtime.routing import keyed_by_field, keyed_by_selector
+from stretch.runtime.routing import keyed_by_field, keyed_by_selector, not_null
 
 
 class Chain:
@@ -296,6 +296,9 @@ class _ToGate(_Node):
     def push(self, records: Records) -> None:
         key = self.key
         if key.field is not None:
+            records = self._without_null_keys(records, key.field)
+            if not len(records):
+                return
             batch = keyed_by_field(records.data_batch(), key.field, key.max_parallelism, records.timestamps())
         else:
             items = records.items()
@@ -319,13 +322,33 @@ class _ToGate(_Node):
         self.outputs.count_out(batch.num_rows)
         self.gate.append_batch(batch, producer=self.outputs.producer)
 
+    def _without_null_keys(self, records: Records, field) -> Records:
+        """As in Flink, a key must not be null: such records fail the job, or go to dead letters."""
+        batch = records.data_batch()
+        valid = batch.column(resolve_field(batch.schema, field)).is_valid()
+        if valid.false_count == 0:
+            return records
+        items = records.items()
+        for i in np.flatnonzero(~valid.to_numpy(zero_copy_only=False)):
+            cause = ValueError(f"its key field {field!r} is null; keys must not be null (as in Flink)")
+            self.outputs.dead_letter(StepError(self.operator, items[i], NO_KEY, cause, "key_by"))
+        ts = records.timestamps()
+        return Records(
+            batch.filter(valid),
+            type_info=records.type_info,
+            timestamps=None if ts is None else ts[valid.to_numpy(zero_copy_only=False)],
+        )
+
     def _keys(self, items: list) -> tuple[list, list[int] | None]:
         """Each record's key, and which records have one (None: all of them)."""
         sel = self.key.selector.get_key if isinstance(self.key.selector, KeySelector) else self.key.selector
         try:
-            return [sel(r) for r in items], None
+            keys = [sel(r) for r in items]
+            if None not in keys:
+                return keys, None
         except Exception:
-            return per_record(items, sel, self.operator, "key selector", self.outputs)
+            pass
+        return per_record(items, lambda r: not_null(sel(r)), self.operator, "key selector", self.outputs)
 
 
 _KINDS = {

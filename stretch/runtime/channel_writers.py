@@ -3,27 +3,37 @@ output channel's log."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
+from collections.abc import Callable
 
 import pyarrow as pa
 
-from stretch.common.records import schema_for, to_batch
+from stretch.common.records import schema_for, to_batch, type_info_of
 from stretch.common.typeinfo import TypeInformation
 from stretch.contracts.connectors import SinkWriter
+from stretch.runtime.batch import resolve_field
 from stretch.runtime.gate import Gate, GateClosed
 from stretch.runtime.routing import keyed_by_field
 from stretch.state.key_groups import warm_up as warm_key_groups
 
 
 class ChannelAppender:
-    """Appends batches to an input channel's gate, given the job's reply to a writer's join."""
+    """Appends batches to an input channel's gate, given the job's reply to a writer's join.
 
-    def __init__(self, name: str, reply: dict):
+    An untyped channel takes the shape of the first batch any writer appends (``establish`` asks
+    the job for it, registering this writer's shape if it is the first): records are converted to
+    it, and a batch of another schema is refused here, before the job sees it.
+    """
+
+    def __init__(self, name: str, reply: dict, establish: Callable[[pa.Schema], pa.Schema] | None = None):
         self.name = name
         self._gate = Gate.attach(reply["segment"])
+        self._pid = reply.get("pid")  # the job's process: a writer of a killed job must not write on
         self.type_info = TypeInformation.from_json(reply["type"]) if reply["type"] else None
         self.schema = schema_for(self.type_info) if self.type_info is not None else None
+        self._establish = establish
         # When the job keys the channel by a field right away, this writer is the keyed operator's
         # producer: it computes the key groups and appends to the operator's gate directly.
         self._key_field = reply.get("key_field")
@@ -34,28 +44,73 @@ class ChannelAppender:
 
     def write(self, data) -> None:
         """Append records (a list), or a pyarrow RecordBatch/Table whose schema fits the channel."""
+        self.check_open()
         if isinstance(data, pa.Table):
             for batch in data.to_batches():
                 self.write(batch)
             return
         if isinstance(data, pa.RecordBatch):
             batch = data
-            if self.schema is not None and not batch.schema.remove_metadata().equals(
-                self.schema.remove_metadata()
-            ):
+            expected = self.schema if self.schema is not None else self._shape(batch.schema)
+            if not batch.schema.remove_metadata().equals(expected.remove_metadata()):
                 raise ValueError(
                     f"batch schema does not match channel {self.name!r}:\n  batch:   {batch.schema.remove_metadata()}"
-                    f"\n  channel: {self.schema.remove_metadata()}"
+                    f"\n  channel: {expected.remove_metadata()}"
                 )
         else:
-            batch = to_batch(list(data), self.type_info)
-        if batch.num_rows:
-            if self._key_field is not None:
-                batch = keyed_by_field(batch, self._key_field, self._max_parallelism)
-            try:
-                self._gate.append_batch(batch, producer=self._producer)
-            except GateClosed:
-                raise RuntimeError(f"the job reading channel {self.name!r} has stopped") from None
+            records = list(data)
+            batch = to_batch(records, self.type_info)
+            if self.type_info is None and batch.num_rows:
+                shape = self._shape(batch.schema)
+                if not batch.schema.equals(shape, check_metadata=True):
+                    batch = to_batch(records, type_info_of(shape))  # as the channel's first records
+        if not batch.num_rows:
+            return
+        if self._key_field is not None:
+            _refuse_null_keys(batch, self._key_field, self.name)
+            batch = keyed_by_field(batch, self._key_field, self._max_parallelism)
+        try:
+            self._gate.append_batch(batch, producer=self._producer)
+        except GateClosed as e:
+            raise RuntimeError(f"channel {self.name!r} takes no more records: {e}") from None
+
+    def check_open(self) -> None:
+        """Raise if the job reading the channel has ended (saying how) or its process is gone."""
+        if self._gate.closed:
+            reason = self._gate.closed_reason or "the job has ended"
+            raise RuntimeError(f"channel {self.name!r} takes no more records: {reason}")
+        if self._pid is not None and not _alive(self._pid):
+            raise RuntimeError(
+                f"channel {self.name!r} takes no more records: the process of its job ({self._pid}) is gone"
+            )
+
+    def _shape(self, schema: pa.Schema) -> pa.Schema:
+        """The untyped channel's shape: the first batch's, as the job recorded it."""
+        if self.schema is None:
+            self.schema = self._establish(schema) if self._establish is not None else schema
+        return self.schema
+
+
+def _refuse_null_keys(batch: pa.RecordBatch, field, channel: str) -> None:
+    """As in Flink, a key must not be null: the write is refused, naming the first such record."""
+    column = batch.column(resolve_field(batch.schema, field))
+    if column.null_count:
+        i = next(i for i, valid in enumerate(column.is_valid().to_pylist()) if not valid)
+        record = batch.slice(i, 1).to_pylist()[0]
+        raise ValueError(
+            f"record {i} written to channel {channel!r} has a null key (field {field!r}): {record!r}; "
+            "keys must not be null (as in Flink)"
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class ChannelLogWriter(SinkWriter):

@@ -10,7 +10,12 @@ Output channels: the job appends its results to a durable log that readers read 
 
 from __future__ import annotations
 
+import base64
+import os
+import threading
 from dataclasses import dataclass
+
+import pyarrow as pa
 
 from stretch.runtime.channel_log import ChannelLog, LogTail
 from stretch.runtime.channel_writers import ChannelLogWriter
@@ -43,8 +48,12 @@ class JobChannels:
         self.log_locations: dict[str, tuple[str, str]] = {}  # input channel -> (log directory, tail)
         self.loggers: list[InputLogger] = []
         self._ended: set[str] = set()
+        self._shapes: dict[str, pa.Schema] = {}  # untyped input channel -> the first batch's schema
+        self._shapes_lock = threading.Lock()
         self.publisher = ChannelPublisher(
-            staging, lambda name: self.request("channel", {"name": name, "role": "writer"})
+            staging,
+            lambda name: self.request("channel", {"name": name, "role": "writer"}),
+            self.establish_shape,
         )
 
     # ---- while the job starts ---------------------------------------------------------------
@@ -154,6 +163,7 @@ class JobChannels:
                     "key_field": step.key.field,
                     "max_parallelism": step.key.max_parallelism,
                     "producer": producer_id(stage.id, 0),
+                    "pid": os.getpid(),
                 }
             if name in self.inputs and role == "writer":
                 source = next(
@@ -165,6 +175,7 @@ class JobChannels:
                     "segment": self.inputs[name].name,
                     "staging": str(self.publisher.staging),
                     "type": t.to_json() if t else None,
+                    "pid": os.getpid(),
                 }
             if name in self.outputs and role == "reader":
                 out = self.outputs[name]
@@ -182,10 +193,19 @@ class JobChannels:
                 f"(input channels: {sorted([*self.inputs, *self.direct])}, "
                 f"output channels: {sorted(self.outputs)})",
             }
+        if op == "channel_shape" and (name in self.direct or name in self.inputs):
+            schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(msg["schema"])))
+            shape = self.establish_shape(name, schema)
+            return {"ok": True, "schema": base64.b64encode(shape.serialize().to_pybytes()).decode()}
         if op == "channel_end" and (name in self.direct or name in self.inputs):
             self.job.end_channel(name)
             return {"ok": True}
         return {"ok": False, "error": f"unknown channel {name!r}", "type": "LookupError"}
+
+    def establish_shape(self, name: str, schema: pa.Schema) -> pa.Schema:
+        """An untyped input channel's schema: the first one a writer offers, kept for the run."""
+        with self._shapes_lock:
+            return self._shapes.setdefault(name, schema)
 
     def end(self, name: str) -> None:
         """In the job thread: a writer ended channel ``name``: the end of its stream goes into its gate."""
@@ -212,9 +232,9 @@ class JobChannels:
         return {"ok": True}
 
     # ---- shutdown ---------------------------------------------------------------------------
-    def close_gates(self) -> None:
+    def close_gates(self, reason: str) -> None:
         for g in self.inputs.values():
-            g.close()
+            g.close(reason)
 
     def stop_loggers(self, timeout: float) -> None:
         """Loggers read gates: they end before the gates go."""

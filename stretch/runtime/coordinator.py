@@ -604,13 +604,29 @@ class Coordinator:
             self.status = JobStatus.FAILING
 
     def _stop_everything(self) -> None:
-        for g in (*self.gates.values(), *self.sink_gates.values()):
-            g.close()
-        self.channels.close_gates()
+        self._close_gates()
         for w in self._workers.values():
             if w.conn is not None and not w.exited:
                 with contextlib.suppress(OSError):
                     w.conn.send({"op": "stop"})
+
+    def _close_gates(self) -> None:
+        """Close every gate, saying how the job ended: writers in other processes that still hold
+        a channel's gate learn it at their next write instead of writing into the void."""
+        if self.status in (JobStatus.FAILED, JobStatus.FAILING):
+            error = self.error
+            try:
+                detail = f": {type(error).__name__}: {error}" if error is not None else ""
+            except Exception:  # an exception whose str fails still tells its type
+                detail = f": {type(error).__name__}"
+            reason = f"job {self.job_name!r} failed{detail}"
+        elif self.status in (JobStatus.CANCELED, JobStatus.CANCELLING):
+            reason = f"job {self.job_name!r} was cancelled"
+        else:
+            reason = f"job {self.job_name!r} has finished"
+        for g in (*self.gates.values(), *self.sink_gates.values()):
+            g.close(reason)
+        self.channels.close_gates(reason)
 
     # ---- rescale ----------------------------------------------------------------------------
     def rescale(self, operator: str, parallelism: int, timeout: float | None = None) -> dict:
@@ -743,8 +759,10 @@ class Coordinator:
         done = threading.Event()
         self._events.put(("end_channel", name, done))
         while not done.wait(0.05):
-            if self.done:
-                raise RuntimeError(f"the job ended before channel {name!r} was")
+            if self._stopping or self.status in (JobStatus.FAILING, JobStatus.CANCELLING) or self.done:
+                raise RuntimeError(
+                    f"job {self.job_name!r} is {self.status.name}: channel {name!r} was not ended"
+                )
 
     # ---- status -----------------------------------------------------------------------------
     def describe(self) -> dict:
@@ -778,6 +796,7 @@ class Coordinator:
         for r in self._sink_runners:
             r.join(self.config.shutdown_timeout)
         self.channels.stop_loggers(self.config.shutdown_timeout)
+        self._close_gates()  # a finished job's too: a write after the end is refused, not lost
         if self.controller is not None:
             self.controller.join(self.config.shutdown_timeout)
         if self.checkpointer is not None:

@@ -35,7 +35,8 @@ class Kind(IntEnum):
 
 
 class GateClosed(Exception):
-    """The gate was closed (job cancelled or failed) while a caller waited on it."""
+    """The gate was closed (its job ended) while a caller waited on it or appended to it; the
+    message says why, where the job said so."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ _H_LOCK = 64
 _H_TAIL, _H_DATA_TAIL, _H_CLOSED = 128, 136, 144
 _H_PUB_FUTEX, _H_READERS_SLEEPING = 192, 196
 _H_SPACE_FUTEX, _H_PRODUCERS_SLEEPING = 256, 260
+_H_REASON_LEN, _H_REASON = 272, 280  # why the gate was closed: UTF-8 text, up to the reader cursors
+_REASON_BYTES = 224
 _H_READERS_OFF = 512
 _READER_STRIDE = 64  # one cache line per cursor: no false sharing between instances
 _SLOT_WORDS = 8  # seq, kind, pos, len, arg0, arg1, input_index, rows
@@ -138,8 +141,19 @@ class Gate:
     def closed(self) -> bool:
         return self.region.load64(_H_CLOSED) != 0
 
-    def close(self) -> None:
-        """Mark closed and wake every sleeper, so nobody waits on a dead job."""
+    @property
+    def closed_reason(self) -> str:
+        """Why the gate was closed, as its closer said (empty if it did not)."""
+        n = self.region.load64(_H_REASON_LEN)
+        return bytes(self.segment.bytes[_H_REASON : _H_REASON + n]).decode(errors="replace")
+
+    def close(self, reason: str = "") -> None:
+        """Mark closed (saying why, for producers in other processes) and wake every sleeper, so
+        nobody waits on a dead job and nobody appends to one."""
+        if not self.closed:
+            text = reason.encode()[:_REASON_BYTES]
+            self.segment.bytes[_H_REASON : _H_REASON + len(text)] = np.frombuffer(text, np.uint8)
+            self.region.store64(_H_REASON_LEN, len(text))
         self.region.store64(_H_CLOSED, 1)
         self.region.fetch_add32(_H_PUB_FUTEX, 1)
         self.region.fetch_add32(_H_SPACE_FUTEX, 1)
@@ -215,6 +229,8 @@ class Gate:
 
     def _append(self, kind, size, batch, arg0, arg1, input_index, timeout, open_readers=()) -> int:
         r = self.region
+        if r.load64(_H_CLOSED):
+            raise GateClosed(self.closed_reason or f"gate {self.name} is closed")
         local = self._local_lock  # threads of one process: the shared mutex is per process
         if not local.acquire(timeout=-1 if timeout is None else timeout):
             raise TimeoutError("gate producer lock not acquired in time")
@@ -273,7 +289,7 @@ class Gate:
                 if self._has_space(seq, pos, size):
                     return
                 if self.closed:
-                    raise GateClosed(self.name)
+                    raise GateClosed(self.closed_reason or f"gate {self.name} is closed")
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"gate {self.name} stayed full for {timeout} s")
                 r.wait32(_H_SPACE_FUTEX, seen, _POLL)
@@ -294,7 +310,7 @@ class Gate:
                 if seq < r.load64(_H_TAIL):
                     return True
                 if r.load64(_H_CLOSED):
-                    raise GateClosed(self.name)
+                    raise GateClosed(self.closed_reason or f"gate {self.name} is closed")
                 left = _POLL if deadline is None else min(_POLL, deadline - time.monotonic())
                 if left <= 0:
                     return False

@@ -22,10 +22,12 @@ from stretch.runtime.channel_writers import ChannelAppender
 
 
 class ChannelPublisher:
-    def __init__(self, staging: Path, join_writer):
-        """``join_writer(name)`` is the job's reply to a writer joining channel ``name``."""
+    def __init__(self, staging: Path, join_writer, establish_shape):
+        """``join_writer(name)`` is the job's reply to a writer joining channel ``name``;
+        ``establish_shape(name, schema)`` the shape of an untyped channel (see ChannelAppender)."""
         self.staging = staging
         self._join_writer = join_writer
+        self._establish_shape = establish_shape
         self._lock = threading.Lock()
         self._published: dict[tuple[str, str], int] = {}  # (channel, query) -> last batch id
         self._appenders: dict[str, ChannelAppender] = {}
@@ -54,7 +56,9 @@ class ChannelPublisher:
                     reply = self._join_writer(name)
                     if not reply.get("ok"):
                         return reply
-                    appender = self._appenders[name] = ChannelAppender(name, reply)
+                    appender = self._appenders[name] = ChannelAppender(
+                        name, reply, lambda schema: self._establish_shape(name, schema)
+                    )
                 batches = []  # every file read before any batch is appended: all or nothing
                 for path in paths:
                     with pa.memory_map(str(path)) as source:

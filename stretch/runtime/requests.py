@@ -84,6 +84,7 @@ _HANDLERS = {
     "timeline": ControlRequests._timeline,
     "channel": ControlRequests._channel,
     "channel_end": ControlRequests._channel,
+    "channel_shape": ControlRequests._channel,
     "scale": ControlRequests._scale,
     "checkpoint": ControlRequests._checkpoint,
     "channel_publish": ControlRequests._publish,

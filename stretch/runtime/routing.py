@@ -109,3 +109,10 @@ def _selector_key_groups(items: list, keys: list, max_parallelism: int, operator
                     "float, str, bytes, bool, None or tuples of these"
                 ) from None
         raise
+
+
+def not_null(key):
+    """A key as a selector returned it; as in Flink, a key must not be None."""
+    if key is None:
+        raise ValueError("the key is None; keys must not be None (as in Flink)")
+    return key

@@ -167,10 +167,10 @@ def test_input_the_job_cannot_accept_is_refused_at_the_writer_and_loses_nothing(
         with pytest.raises(ValueError, match="does not fit a gate"):  # an oversized record
             writer.write(big)
         gate.max_entry_bytes = limit
-        staged = co.publisher.staging / "broken.arrows"  # undecodable data from an outside writer
+        staged = co.channels.publisher.staging / "broken.arrows"  # undecodable data from an outside writer
         staged.write_bytes(b"not arrow at all" * 100)
         with pytest.raises(pa.ArrowInvalid):
-            co.publisher.publish("in", "q", 0, [str(staged)])
+            co.channels.publisher.publish("in", "q", 0, [str(staged)])
         writer.write(accepted[100:])
         writer.end()
         assert client.wait(60).name == "FINISHED"
