@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from collections import defaultdict
 
 import pyarrow as pa
@@ -12,7 +13,7 @@ import pytest
 
 from stretch import channels
 from stretch.common import Types
-from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.runtime.channel_log import ChannelLog
 from stretch.runtime.state_dir import channel_dir
@@ -177,3 +178,113 @@ def test_two_sinks_into_one_channel_are_refused():
     ds.map(lambda r: r, PAIR).sink_to(ChannelSink("same"))
     with pytest.raises(Exception, match="two sinks write to channel 'same'"):
         env.execute("two sinks one channel")
+
+
+class _FailOnNegative(KeyedProcessFunction):
+    def process_element(self, value, ctx):
+        if value[1] < 0:
+            raise ValueError(f"negative value {value[1]}")
+        yield value
+
+
+def _ending_job(name: str, keyed: str):
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    if keyed == "checkpointed":
+        env.enable_checkpointing(100)
+    src = env.from_source(ChannelSource("clicks", Types.TUPLE([Types.LONG(), Types.LONG()])), None, "clicks")
+    keyed_stream = src.key_by("f0") if keyed == "field" else src.key_by(lambda r: r[0])
+    keyed_stream.process(_FailOnNegative()).sink_to(ChannelSink("out"))
+    return env.execute_async(name)
+
+
+@pytest.mark.parametrize("keyed", ["selector", "field", "checkpointed"])
+@pytest.mark.parametrize("ending", ["cancelled", "failed", "finished"])
+def test_a_write_to_a_job_that_ended_raises_saying_how_it_ended(ending, keyed):
+    name = f"ended {ending} {keyed}"
+    client = _ending_job(name, keyed)
+    writer, other = channels.open_writer(client, "clicks"), channels.open_writer(name, "clicks")
+    writer.write([(1, 1), (2, 2)])
+    if ending == "cancelled":
+        client.cancel()
+    elif ending == "failed":
+        writer.write([(3, -1)])
+        with pytest.raises(Exception, match="negative value"):
+            client.wait(60)
+    else:
+        writer.end()
+        assert client.wait(60).name == "FINISHED"
+    for w in (writer, other):
+        with pytest.raises(
+            RuntimeError, match=f"takes no more records: job '{name}' (was |has )?{ending.removesuffix('ed')}"
+        ):
+            w.write([(4, 4)])
+    if ending == "failed":
+        with pytest.raises(RuntimeError, match="negative value -1"):
+            other.end()
+
+
+def test_end_right_after_the_job_failed_says_so_at_once():
+    client = _ending_job("end after failure", "selector")
+    writer = channels.open_writer("end after failure", "clicks")  # as from another process
+    writer.write([(3, -1)])
+    while client.get_job_status().result().name == "RUNNING":
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"failed.*negative value -1"):
+        writer.end()
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(Exception, match="negative value"):
+        client.wait(60)
+
+
+def test_null_keys_are_refused_as_in_flink_naming_the_record_whatever_the_batching():
+    # a key field: the writer refuses the record before the job sees it
+    client = start_keyed_by_field("null key field")
+    writer = channels.open_writer(client, "clicks")
+    writer.write([("a", 1)])
+    with pytest.raises(ValueError, match=r"record 1 .* null key .*\{'f0': None, 'f1': 2\}"):
+        writer.write([("b", 5), (None, 2)])
+    writer.write([("a", 3)])
+    writer.end()
+    assert sorted(channels.open_reader(client, "totals")) == [("a", 1), ("a", 4)]
+    assert client.wait(60).name == "FINISHED"
+    # a key selector: the same records in one write or in two fail the job naming the record
+    for batches in ([[(1, 1), (None, 2)]], [[(1, 1)], [(None, 2)]]):
+        env = StreamExecutionEnvironment.get_execution_environment()
+        env.from_source(ChannelSource("in", None), None, "in").key_by(lambda r: r[0]).map(
+            lambda r: r
+        ).sink_to(ChannelSink("out"))
+        client = env.execute_async("null key selector")
+        writer = channels.open_writer(client, "in")
+        for b in batches:
+            writer.write(b)
+        with pytest.raises(Exception, match=r"key selector .* record \(None, 2\).*keys must not be None"):
+            client.wait(60)
+
+
+def start_keyed_by_field(name):
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.from_source(ChannelSource("clicks", PAIR), None, "clicks").key_by("f0").sum(1).sink_to(
+        ChannelSink("totals")
+    )
+    return env.execute_async(name)
+
+
+def test_an_untyped_channel_takes_the_shape_of_its_first_batch():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.from_source(ChannelSource("in"), None, "in").key_by(0).sum(1).sink_to(ChannelSink("out"))
+    client = env.execute_async("untyped channel")
+    writer = channels.open_writer(client, "in")
+    writer.write([(1, 2), (2, 3)])
+    with pytest.raises(ValueError, match="does not match channel 'in'"):
+        writer.write(pa.record_batch({"a": [1.5]}))
+    other = channels.open_writer("untyped channel", "in")  # a second writer: the same shape holds
+    with pytest.raises(TypeError):
+        other.write([(1, "x")])
+    other.write([(1, 5)])
+    other.end()
+    assert sorted(channels.open_reader(client, "out")) == [(1, 2), (1, 7), (2, 3)]
+    assert client.wait(60).name == "FINISHED"

@@ -74,6 +74,15 @@ class ControlRequests:
         return {"ok": True, **_with_progress(conn, self.job.trigger_checkpoint)}
 
     def _publish(self, conn, msg) -> dict:
+        files = msg.get("files")
+        if not (isinstance(files, list) and all(isinstance(f, str) for f in files)):
+            raise ValueError("files must be a list of staged file paths")
+        if msg["op"] == "channel_publish" and not (
+            isinstance(msg.get("name"), str)
+            and isinstance(msg.get("query"), str)
+            and type(msg.get("batch")) is int
+        ):
+            raise ValueError("a publish needs a channel name, a query name and an int batch id")
         return _with_progress(conn, lambda: self.job.channels.publish(msg["op"], msg))
 
 
