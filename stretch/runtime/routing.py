@@ -106,7 +106,7 @@ def _selector_key_groups(items: list, keys: list, max_parallelism: int, operator
                 raise TypeError(
                     f"key_by of operator {operator!r}: record {short(r)} has key {short(k)} "
                     f"of type {type(k).__name__}, which cannot be hashed stably; keys must be int, "
-                    "float, str, bytes, bool, None or tuples of these"
+                    "float, str, bytes, bool or tuples of these (which may hold None)"
                 ) from None
         raise
 
