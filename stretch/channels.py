@@ -14,6 +14,8 @@ shared memory so that readers wake as soon as the job appends.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pyarrow as pa
 
 from stretch.common.records import from_batch, schema_for
@@ -80,7 +82,8 @@ class OutputLog:
     def end(self) -> int:
         return self._log.readable_end
 
-    def read(self, start: int, end: int) -> list[pa.RecordBatch]:
+    def read(self, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        """Batches ``start`` .. ``end`` (exclusive), in order."""
         return self._log.read(start, end)
 
     def register(self, reader: str, offset: int) -> None:

@@ -157,6 +157,24 @@ class Job:
         msg = {"op": "channel_publish", "name": channel, "query": query, "batch": batch, "files": files}
         return self._ok(msg, timeout=600)
 
+    def publish_txn(
+        self, channel: str, output: str, query: str, batch: int, partition: int, files: list[str]
+    ) -> dict:
+        """One stage transaction (``stretch.spark.stage``): publish staged Arrow IPC files into
+        ``channel`` once per (query, batch, partition) and wait for the results they cause in
+        output channel ``output``: ``log`` (its directory) and ``offsets`` (of the result batches).
+        A transaction seen before gets the first attempt's results again."""
+        msg = {
+            "op": "stage_txn",
+            "name": channel,
+            "output": output,
+            "query": query,
+            "batch": batch,
+            "partition": partition,
+            "files": files,
+        }
+        return self._ok(msg, timeout=600)
+
     def discard(self, channel: str, files: list[str]) -> None:
         """Remove staged files of an aborted transaction."""
         self._ok({"op": "channel_discard", "name": channel, "files": files})

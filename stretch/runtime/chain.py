@@ -23,6 +23,7 @@ class Chain:
     """Runs a stage's chained steps on each batch and hands results to gates and sinks."""
 
     def __init__(self, steps: list[Step], stage_name: str, outputs: Outputs):
+        self.outputs = outputs
         self.roots = [_make(s, stage_name, outputs) for s in steps]
         self.functions = [f for r in self.roots for f in r.functions()]
         self.nodes = [n for r in self.roots for n in r.walk()]
@@ -56,6 +57,13 @@ class Chain:
         for n in self.nodes:
             if isinstance(n, _ToGate):
                 n.control(kind, value)
+
+    def end_txn(self, txn: int, producers: int) -> None:
+        """Input transaction ``txn`` ended here: every gate and sink gate the chain feeds learns it,
+        once from each of this stage's ``producers`` instances (see runtime.transactions)."""
+        for n in self.nodes:
+            if isinstance(n, (_ToGate, _ToSink)):
+                n.gate.append_control(Kind.MARK, producers, txn)
 
     def tick(self) -> None:
         """Time passes without records: watermark generators may declare the producer idle."""
@@ -204,7 +212,7 @@ class _ToSink(_Node):
     def push(self, records: Records) -> None:
         batch = records.data_batch()
         self.outputs.count_out(batch.num_rows)
-        self.gate.append_batch(batch, producer=self.outputs.producer)
+        self.gate.append_batch(batch, producer=self.outputs.producer, txn=self.outputs.txn)
 
 
 class _Assign(_Node):
@@ -320,7 +328,7 @@ class _ToGate(_Node):
                 records.timestamps(),
             )
         self.outputs.count_out(batch.num_rows)
-        self.gate.append_batch(batch, producer=self.outputs.producer)
+        self.gate.append_batch(batch, producer=self.outputs.producer, txn=self.outputs.txn)
 
     def _without_null_keys(self, records: Records, field) -> Records:
         """As in Flink, a key must not be null: such records fail the job, or go to dead letters."""

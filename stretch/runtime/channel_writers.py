@@ -14,8 +14,9 @@ from stretch.common.records import schema_for, to_batch, type_info_of
 from stretch.common.typeinfo import TypeInformation
 from stretch.contracts.connectors import SinkWriter
 from stretch.runtime.batch import resolve_field
-from stretch.runtime.gate import Gate, GateClosed
+from stretch.runtime.gate import Gate, GateClosed, Kind
 from stretch.runtime.routing import keyed_by_field
+from stretch.runtime.transactions import end_marker, tagged
 from stretch.state.key_groups import warm_up as warm_key_groups
 
 
@@ -42,12 +43,13 @@ class ChannelAppender:
         if self._key_field is not None:
             warm_key_groups()  # compile (or load) the key-group kernels now, not on the first write
 
-    def write(self, data) -> None:
-        """Append records (a list), or a pyarrow RecordBatch/Table whose schema fits the channel."""
+    def write(self, data, txn: int = 0) -> None:
+        """Append records (a list), or a pyarrow RecordBatch/Table whose schema fits the channel;
+        ``txn``: as part of that input transaction."""
         self.check_open()
         if isinstance(data, pa.Table):
             for batch in data.to_batches():
-                self.write(batch)
+                self.write(batch, txn)
             return
         if isinstance(data, pa.RecordBatch):
             batch = data
@@ -64,13 +66,30 @@ class ChannelAppender:
                 shape = self._shape(batch.schema)
                 if not batch.schema.equals(shape, check_metadata=True):
                     batch = to_batch(records, type_info_of(shape))  # as the channel's first records
-        if not batch.num_rows:
-            return
+        if batch.num_rows:
+            self._append(batch, txn)
+
+    def end_txn(self, txn: int) -> None:
+        """The end of input transaction ``txn`` (see runtime.transactions), after its batches."""
+        self.check_open()
+        try:
+            if self._key_field is not None:  # the keyed operator's gate: a marker entry
+                self._gate.append_control(Kind.MARK, 1, txn)
+            else:  # the channel's gate, whose log must keep it: a marker batch
+                self._gate.append_batch(
+                    end_marker(self.schema or pa.schema([]), txn), producer=self._producer
+                )
+        except GateClosed as e:
+            raise RuntimeError(f"channel {self.name!r} takes no more records: {e}") from None
+
+    def _append(self, batch: pa.RecordBatch, txn: int) -> None:
         if self._key_field is not None:
             _refuse_null_keys(batch, self._key_field, self.name)
             batch = keyed_by_field(batch, self._key_field, self._max_parallelism)
+        elif txn:
+            batch = tagged(batch, txn)
         try:
-            self._gate.append_batch(batch, producer=self._producer)
+            self._gate.append_batch(batch, producer=self._producer, txn=txn)
         except GateClosed as e:
             raise RuntimeError(f"channel {self.name!r} takes no more records: {e}") from None
 
@@ -123,13 +142,16 @@ class ChannelLogWriter(SinkWriter):
         log.set_committed(log.end_offset if transactional else None)
         self.appended_at: deque[float] = deque(maxlen=100_000)  # recent appends (latency plots)
 
-    def write(self, batch, producer: int) -> None:
+    def write(self, batch, producer: int) -> int | None:
+        """Append the batch to the log; its offset (None for an empty batch)."""
         data = [i for i, n in enumerate(batch.schema.names) if not n.startswith("__")]
-        if batch.num_rows:
-            offset = self.log.append(batch.select(data) if len(data) < batch.num_columns else batch)
-            if not self.transactional:
-                self.tail.publish(offset + 1)
-            self.appended_at.append(time.monotonic())
+        if not batch.num_rows:
+            return None
+        offset = self.log.append(batch.select(data) if len(data) < batch.num_columns else batch)
+        if not self.transactional:
+            self.tail.publish(offset + 1)
+        self.appended_at.append(time.monotonic())
+        return offset
 
     def commit(self, offset: int) -> None:
         """Readers may now read up to ``offset`` (a checkpoint covering it completed)."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 import base64
 import os
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -24,6 +25,7 @@ from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.input_logger import InputLogger
 from stretch.runtime.publisher import ChannelPublisher
 from stretch.runtime.state_dir import JobDir
+from stretch.runtime.transactions import TxnResults
 
 
 @dataclass
@@ -33,6 +35,7 @@ class OutputChannel:
     run_start: int  # the log's end when this run began: where this run's output starts
     type_info: object = None  # of its records, where the job declares it
     writer: ChannelLogWriter | None = None  # the job's side, once it runs
+    txns: TxnResults = field(default_factory=TxnResults)  # results of stage transactions
 
 
 class JobChannels:
@@ -117,6 +120,11 @@ class JobChannels:
             return None
         out.writer = ChannelLogWriter(out.log, out.tail, self.job.config.checkpointing)
         return out.writer
+
+    def txns_of(self, sink) -> TxnResults | None:
+        """Where an output channel sink records the results of stage transactions."""
+        out = self.outputs.get(getattr(sink.sink, "channel_name", None))
+        return None if out is None else out.txns
 
     def start(self) -> None:
         for logger in self.loggers:
@@ -221,6 +229,29 @@ class JobChannels:
             self.job.instance_done(stage.id, 0)
         else:
             self.inputs[name].append_control(Kind.END_OF_STREAM)
+
+    def publish_txn(self, msg: dict) -> dict:
+        """A stage transaction (``stretch.spark.stage``): publish its staged input into channel
+        ``name``; answer with the offsets of its results in output channel ``output`` (readable)."""
+        name, output = msg["name"], msg["output"]
+        out = self.outputs.get(output)
+        if out is None:
+            raise LookupError(
+                f"job has no output channel {output!r} (output channels: {sorted(self.outputs)})"
+            )
+
+        def results(txn: int) -> dict:
+            while True:
+                offsets, generation = out.txns.wait(txn)
+                end = max(offsets, default=-1) + 1
+                # a checkpointed job's output is readable once a checkpoint covers it
+                while out.log.readable_end < end and out.txns.generation == generation:
+                    time.sleep(0.002)
+                if out.txns.generation == generation:
+                    return {"ok": True, "log": str(out.log.dir), "offsets": offsets}
+
+        txn_id = (str(msg["query"]), int(msg["batch"]), int(msg["partition"]))
+        return self.publisher.publish_txn(name, txn_id, list(msg["files"]), results)
 
     def publish(self, op: str, msg: dict) -> dict:
         """A staged transaction (Spark's sink commit or abort); may block while the channel is full."""

@@ -221,6 +221,7 @@ class Coordinator:
                 if writer is None and sink.runs_in == "reader":  # execute_and_collect: committed batches only
                     writer = self.collected[sink.id] = sink.sink.create_writer(sink.upstream_parallelism)
                 runner = SinkRunner(sink, self.sink_gates[sink.id], self, writer, cfg.checkpointing)
+                runner.txns = self.channels.txns_of(sink)
                 self._sink_runners.append(runner)
                 runner.start()
         self.channels.start()

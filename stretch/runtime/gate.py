@@ -29,7 +29,7 @@ class Kind(IntEnum):
     EPOCH = 3
     WATERMARK = 4
     CHECKPOINT = 5
-    MARK = 6  # a no-op position marker (tests, flushes)
+    MARK = 6  # a position marker; with arg1 > 0: the end of input transaction arg1 (arg0 marks expected)
     IDLE = 7  # a producer (arg0) has no records for now: it does not hold the watermark back
     LEAVE = 8  # a producer (arg0) was scaled away: it never holds the watermark back again
 
@@ -188,15 +188,21 @@ class Gate:
 
     # ---- producer side -----------------------------------------------------------------
     def append_batch(
-        self, batch: pa.RecordBatch, producer: int = 0, input_index: int = 0, timeout: float | None = None
+        self,
+        batch: pa.RecordBatch,
+        producer: int = 0,
+        input_index: int = 0,
+        timeout: float | None = None,
+        txn: int = 0,
     ) -> int:
         """Append a batch (split if larger than a quarter of the gate); returns its last seq.
 
-        ``producer`` (1-based instance index, 0 unknown) travels with the entry as ``arg0``.
+        ``producer`` (1-based instance index, 0 unknown) travels with the entry as ``arg0``, and
+        ``txn`` (the input transaction whose processing made the batch, 0 for none) as ``arg1``.
         """
         seq = -1
         for piece, size in self._pieces(batch):
-            seq = self._append(Kind.DATA, size, piece, producer, 0, input_index, timeout)
+            seq = self._append(Kind.DATA, size, piece, producer, txn, input_index, timeout)
         return seq
 
     def _pieces(self, batch: pa.RecordBatch) -> list[tuple[pa.RecordBatch, int]]:

@@ -64,6 +64,7 @@ class Outputs:
         self.producer_id = producer_id  # stage and instance, in watermark records
         self.count_out = count_out
         self.dead_letter_gate = None  # the job's dead-letter policy: where rejected records go
+        self.txn = 0  # the input transaction being processed: its results carry it (runtime.transactions)
 
     def dead_letter(self, error: StepError) -> None:
         """Under the dead-letter policy: the record, the error and the time go to the job's

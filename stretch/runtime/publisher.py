@@ -1,24 +1,34 @@
-"""Exactly-once publishing of staged batches into a job's input channels (Spark's sink commits).
+"""Exactly-once publishing of staged batches into a job's input channels.
 
 Outside writers that may retry (Spark tasks, replayed micro-batches) do not append to a channel
-directly: they stage Arrow IPC files in the job's staging directory, and one commit request per
-transaction, named ``(query, batch id)``, publishes all of its files in order. A transaction with
-the query's last published batch id is Spark replaying it after a failure: it is only cleaned up,
-so it does not reach the job twice. A lower batch id means the query's checkpoint was reset, and
-is refused rather than dropped.
+directly: they stage Arrow IPC files in the job's staging directory, and one request per
+transaction publishes all of its files in order, or nothing.
+
+- Spark's sink (``format("stretch")``): a commit per micro-batch, named ``(query, batch id)``. A
+  transaction with the query's last published batch id is Spark replaying it after a failure: it
+  is only cleaned up, so it does not reach the job twice. A lower batch id means the query's
+  checkpoint was reset, and is refused rather than dropped.
+- The one-query stage (``stretch.spark.stage``): a transaction per task, named ``(query, batch id,
+  partition)``, numbered and tagged (``runtime.transactions``); the request returns once the
+  transaction's results are in the output channel, with their offsets. A task that Spark retries
+  or replays gets the first attempt's results again, and its input never reaches the job twice.
 """
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
+from concurrent.futures import Future
 from pathlib import Path
 
 import pyarrow as pa
 
 from stretch.runtime.channel_writers import ChannelAppender
+
+_KEPT_TXNS = 4096  # stage transactions remembered for replays (a few micro-batches' tasks)
 
 
 class ChannelPublisher:
@@ -31,6 +41,10 @@ class ChannelPublisher:
         self._lock = threading.Lock()
         self._published: dict[tuple[str, str], int] = {}  # (channel, query) -> last batch id
         self._appenders: dict[str, ChannelAppender] = {}
+        self._txns: OrderedDict[tuple, Future] = (
+            OrderedDict()
+        )  # (channel, query, batch, partition) -> results
+        self._txn_numbers = itertools.count(time.time_ns() // 1000)  # unique across runs of the job
         self.published_at: deque[float] = deque(maxlen=100_000)  # when recent transactions began
 
     def create(self) -> None:
@@ -51,14 +65,10 @@ class ChannelPublisher:
                         f"query {query!r} went back from micro-batch {last} to {batch_id}: its checkpoint "
                         "was reset; give the restarted query a new name (option 'query') or a new checkpoint"
                     )
-                appender = self._appenders.get(name)
-                if appender is None:
-                    reply = self._join_writer(name)
-                    if not reply.get("ok"):
-                        return reply
-                    appender = self._appenders[name] = ChannelAppender(
-                        name, reply, lambda schema: self._establish_shape(name, schema)
-                    )
+                try:
+                    appender = self._appender(name)
+                except LookupError as e:
+                    return {"ok": False, "error": str(e), "type": "LookupError"}
                 batches = []  # every file read before any batch is appended: all or nothing
                 for path in paths:
                     with pa.memory_map(str(path)) as source:
@@ -70,6 +80,62 @@ class ChannelPublisher:
                 return {"ok": True, "duplicate": False}
         finally:
             self.discard(files)
+
+    def publish_txn(self, name: str, txn_id: tuple, files: list[str], wait_results) -> dict:
+        """Publish one stage transaction (``txn_id``: query, batch id, partition) and return what
+        ``wait_results(number)`` says of its results; a transaction seen before is answered with
+        the first attempt's results, and its files are only cleaned up."""
+        key = (name, *txn_id)
+        with self._lock:
+            first = self._txns.get(key)
+            if first is None:
+                first = self._txns[key] = Future()
+                while len(self._txns) > _KEPT_TXNS:  # Spark replays only its latest micro-batch
+                    self._txns.popitem(last=False)
+                mine = True
+            else:
+                mine = False
+        if not mine:
+            self.discard(files)
+            return {**first.result(), "duplicate": True}
+        try:
+            number = next(self._txn_numbers)
+            self._append_all(name, files, number)
+            result = wait_results(number)
+        except BaseException as e:
+            with self._lock:
+                self._txns.pop(key, None)  # nothing of it was published, or the job is ending
+            first.set_exception(e)
+            raise
+        first.set_result(result)
+        return {**result, "duplicate": False}
+
+    def _append_all(self, name: str, files: list[str], txn: int) -> None:
+        paths = [self._staged(f) for f in files]
+        try:
+            with self._lock:
+                appender = self._appender(name)
+            batches = []  # every file read before any batch is appended: all or nothing
+            for path in paths:
+                with pa.memory_map(str(path)) as source:
+                    batches += [b for b in pa.ipc.open_stream(source)]
+            self.published_at.append(time.monotonic())
+            for batch in batches:
+                appender.write(batch, txn)
+            appender.end_txn(txn)
+        finally:
+            self.discard(files)
+
+    def _appender(self, name: str) -> ChannelAppender:
+        appender = self._appenders.get(name)
+        if appender is None:
+            reply = self._join_writer(name)
+            if not reply.get("ok"):
+                raise LookupError(reply.get("error", f"no channel {name!r}"))
+            appender = self._appenders[name] = ChannelAppender(
+                name, reply, lambda schema: self._establish_shape(name, schema)
+            )
+        return appender
 
     def discard(self, files: list[str]) -> None:
         """Remove staged files (published, duplicate or aborted)."""

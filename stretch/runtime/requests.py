@@ -73,6 +73,10 @@ class ControlRequests:
     def _checkpoint(self, conn, msg) -> dict:
         return {"ok": True, **_with_progress(conn, self.job.trigger_checkpoint)}
 
+    def _stage(self, conn, msg) -> dict:
+        _checked_txn(msg)
+        return _with_progress(conn, lambda: self.job.channels.publish_txn(msg))
+
     def _publish(self, conn, msg) -> dict:
         files = msg.get("files")
         if not (isinstance(files, list) and all(isinstance(f, str) for f in files)):
@@ -84,6 +88,21 @@ class ControlRequests:
         ):
             raise ValueError("a publish needs a channel name, a query name and an int batch id")
         return _with_progress(conn, lambda: self.job.channels.publish(msg["op"], msg))
+
+
+def _checked_txn(msg: dict) -> None:
+    if not (
+        isinstance(msg.get("name"), str)
+        and isinstance(msg.get("output"), str)
+        and isinstance(msg.get("query"), str)
+        and type(msg.get("batch")) is int
+        and type(msg.get("partition")) is int
+        and isinstance(msg.get("files"), list)
+        and all(isinstance(f, str) for f in msg["files"])
+    ):
+        raise ValueError(
+            "a stage transaction needs channel names, a query, int batch and partition ids and files"
+        )
 
 
 _HANDLERS = {
@@ -98,6 +117,7 @@ _HANDLERS = {
     "checkpoint": ControlRequests._checkpoint,
     "channel_publish": ControlRequests._publish,
     "channel_discard": ControlRequests._publish,
+    "stage_txn": ControlRequests._stage,
 }
 
 

@@ -13,6 +13,7 @@ import threading
 from stretch.plan.stages import SinkSpec
 from stretch.runtime.channel_writers import ChannelLogWriter
 from stretch.runtime.gate import Gate, GateClosed, Kind
+from stretch.runtime.transactions import TxnResults
 
 _FINAL = 1 << 62
 
@@ -38,6 +39,7 @@ class SinkRunner(threading.Thread):
         self._next_gate: Gate | None = None
         self._rollback_to: int | None = None
         self._switched = threading.Event()  # the runner let go of the gate replace_gate replaced
+        self.txns: TxnResults | None = None  # an output channel's: results per input transaction
 
     # ---- called by the coordinator ----------------------------------------------------------
     def output_offset(self, checkpoint: int) -> int | None:
@@ -97,6 +99,8 @@ class SinkRunner(threading.Thread):
                 except Exception:
                     pass
             self.finished = True
+            if self.txns is not None:
+                self.txns.fail(f"the job's sink {self.spec.name!r} stopped before the transaction completed")
             self.coordinator.sink_finished(self.spec.id, error)
 
     def _consume(self) -> bool:
@@ -110,9 +114,11 @@ class SinkRunner(threading.Thread):
                 # which appends it to its log at once, takes it as it is
                 entry = gate.read(seq, copy=not self._channel)
                 if entry.kind is Kind.DATA:
-                    self._write(entry.batch, entry.arg0)
+                    self._write(entry.batch, entry.arg0, entry.arg1)
                 elif entry.kind is Kind.CHECKPOINT:
                     self._barrier(entry.arg0)
+                elif entry.kind is Kind.MARK and entry.arg1 and self.txns is not None:
+                    self.txns.mark(entry.arg1, entry.arg0)
                 seq += 1
                 gate.advance(0, seq)
                 if entry.kind is Kind.END_OF_STREAM:  # everything upstream ended: all of it is final
@@ -124,12 +130,14 @@ class SinkRunner(threading.Thread):
                 raise
             return False
 
-    def _write(self, batch, producer: int) -> None:
+    def _write(self, batch, producer: int, txn: int) -> None:
         with self._lock:
             if self.transactional and not self._channel:
                 self._open.append((batch, producer))
-            else:
-                self._active.write(batch, producer)
+                return
+            offset = self._active.write(batch, producer)
+        if txn and offset is not None and self.txns is not None:
+            self.txns.output(txn, offset)
 
     def _barrier(self, checkpoint: int) -> None:
         with self._lock:
@@ -145,6 +153,8 @@ class SinkRunner(threading.Thread):
             self._open, self._staged = [], []
             if self._channel and self._rollback_to is not None:
                 self._active.rollback(self._rollback_to)
+            if self.txns is not None:
+                self.txns.reset()
             self.gate, self._next_gate = self._next_gate, None
             self.reached = 0
         self._switched.set()

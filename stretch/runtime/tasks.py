@@ -21,6 +21,7 @@ from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
 from stretch.runtime.outputs import Outputs
 from stretch.runtime.resources import JobResources
+from stretch.runtime.transactions import MarkCounter, txn_of
 from stretch.state.arena import Arena
 from stretch.state.keyed_table import KeyedTable, writable
 from stretch.state.snapshot import copy_key_groups
@@ -145,7 +146,12 @@ class SourceTask(Task):
                     if isinstance(item, list):
                         chain.push(Records(items=item, type_info=source_type))
                     else:
-                        chain.push(Records(batch=item))
+                        txn, end = txn_of(item)
+                        chain.outputs.txn = txn
+                        if end:
+                            chain.end_txn(txn, 1)
+                        else:
+                            chain.push(Records(batch=item))
                     position = source.advance(position, item)
                 if barrier is not None and not barrier.source_reached(position, self.should_stop):
                     raise Stopped()
@@ -213,6 +219,7 @@ class KeyedInstanceTask(Task):
         operator.open(ctx)
         chain.open(ctx)
         fused = hasattr(operator, "process_owned")
+        marks = MarkCounter()
         seq = gate.cursor(index)
         next_processing_check = 0.0
         while True:
@@ -228,6 +235,7 @@ class KeyedInstanceTask(Task):
                 raise Stopped()
             entry = gate.read(seq)
             if entry.kind is Kind.DATA:
+                outputs.txn = entry.arg1
                 t0 = time.perf_counter_ns()
                 batch = entry.batch
                 kgs = writable(batch.column(KG_COLUMN).to_numpy())
@@ -263,6 +271,8 @@ class KeyedInstanceTask(Task):
                     break
             elif entry.kind is Kind.CHECKPOINT:
                 self._checkpoint(entry.arg0, operator)
+            elif entry.kind is Kind.MARK and entry.arg1 and marks.ended(entry.arg1, entry.arg0):
+                chain.end_txn(entry.arg1, int(owners.max()) + 1)  # the parallelism of this epoch
             elif entry.kind is Kind.END_OF_STREAM:
                 gate.advance(index, seq + 1)
                 self._advance(

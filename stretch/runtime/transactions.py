@@ -1,0 +1,108 @@
+"""Input transactions and the results each one caused (the one-query Spark stage's exactly once).
+
+A transaction is what one Spark task hands the job in one go: its batches enter a channel together,
+numbered ``txn`` (in the batches' schema metadata in a channel's gate and log, so the number
+survives the input log and a recovery; as ``arg1`` of the entries of gates inside the job),
+followed by an end marker. Every task that processes one of its batches tags what it produces with
+the number; a stage forwards the end marker (a MARK entry) once each of its instances has seen it
+from all its own producers, so when the output channel's sink has the marker from every producer,
+every result of the transaction is in the output log, at offsets ``TxnResults`` recorded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pyarrow as pa
+
+TXN_KEY = b"stretch.txn"
+TXN_END_KEY = b"stretch.txn_end"
+
+
+def tagged(batch: pa.RecordBatch, txn: int) -> pa.RecordBatch:
+    """``batch`` as part of transaction ``txn``."""
+    return batch.replace_schema_metadata({**(batch.schema.metadata or {}), TXN_KEY: str(txn).encode()})
+
+
+def end_marker(schema: pa.Schema, txn: int) -> pa.RecordBatch:
+    """The zero-row batch that ends transaction ``txn`` in a channel."""
+    meta = {**(schema.metadata or {}), TXN_KEY: str(txn).encode(), TXN_END_KEY: b"1"}
+    return pa.RecordBatch.from_pylist([], schema=schema.with_metadata(meta))
+
+
+def txn_of(batch: pa.RecordBatch) -> tuple[int, bool]:
+    """(the batch's transaction, 0 for none; whether it is the transaction's end marker)."""
+    meta = batch.schema.metadata
+    if not meta or TXN_KEY not in meta:
+        return 0, False
+    return int(meta[TXN_KEY]), TXN_END_KEY in meta
+
+
+class MarkCounter:
+    """A stage's side: a transaction ends here once every producer upstream has said so."""
+
+    def __init__(self):
+        self._seen: dict[int, int] = {}
+
+    def ended(self, txn: int, expected: int) -> bool:
+        n = self._seen.get(txn, 0) + 1
+        if n < expected:
+            self._seen[txn] = n
+            return False
+        self._seen.pop(txn, None)
+        return True
+
+
+class TxnResults:
+    """An output channel's side: the log offsets of each transaction's results, and when they are
+    complete (its end marker arrived from every producer of the sink)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._offsets: dict[int, list[int]] = {}
+        self._marks = MarkCounter()
+        self._complete: set[int] = set()
+        self._failed: str | None = None
+        self.generation = 0  # bumped when a recovery drops uncommitted output (it is made again)
+
+    def output(self, txn: int, offset: int) -> None:
+        with self._cond:
+            self._offsets.setdefault(txn, []).append(offset)
+
+    def mark(self, txn: int, expected: int) -> None:
+        with self._cond:
+            if self._marks.ended(txn, expected):
+                self._complete.add(txn)
+                self._cond.notify_all()
+
+    def reset(self) -> None:
+        """A recovery rolled the output back to a checkpoint: the job replays the transactions
+        after it, from its input log, and their results arrive again."""
+        with self._cond:
+            self._offsets.clear()
+            self._marks = MarkCounter()
+            self._complete.clear()
+            self.generation += 1
+            self._cond.notify_all()
+
+    def fail(self, reason: str) -> None:
+        """The sink stopped: nobody waits for results that will not come."""
+        with self._cond:
+            self._failed = reason
+            self._cond.notify_all()
+
+    def wait(self, txn: int, timeout: float | None = None) -> tuple[list[int], int]:
+        """The offsets of ``txn``'s results once complete, and the generation they belong to;
+        they are then forgotten here."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while txn not in self._complete:
+                if self._failed is not None:
+                    raise RuntimeError(self._failed)
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"transaction {txn} did not complete within {timeout} s")
+                self._cond.wait(left)
+            self._complete.discard(txn)
+            return self._offsets.pop(txn, []), self.generation
