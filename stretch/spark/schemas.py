@@ -23,6 +23,21 @@ _DDL = [
 ]
 
 
+_SPARK_ARROW = {
+    "TINYINT": pa.int8(),
+    "SMALLINT": pa.int16(),
+    "INT": pa.int32(),
+    "BIGINT": pa.int64(),
+    "FLOAT": pa.float32(),
+    "DOUBLE": pa.float64(),
+    "BOOLEAN": pa.bool_(),
+    "STRING": pa.string(),
+    "BINARY": pa.binary(),
+    "TIMESTAMP": pa.timestamp("us", tz="UTC"),
+    "DATE": pa.date32(),
+}
+
+
 def channel_schema(job: str, channel: str) -> pa.Schema:
     """An input channel's schema; a clear error for unknown jobs and channels and untyped channels."""
     schema = input_schema(job, channel)
@@ -37,6 +52,12 @@ def spark_type(t: pa.DataType) -> str | None:
         if test(t):
             return name
     return None
+
+
+def spark_arrow_schema(schema: pa.Schema) -> pa.Schema:
+    """The Arrow schema Spark exchanges for a channel's records: its own Arrow types (regular
+    strings and binaries, microsecond timestamps), JSON text for fields Spark has no type for."""
+    return pa.schema([(f.name, _SPARK_ARROW.get(spark_type(f.type) or "STRING")) for f in schema])
 
 
 def spark_ddl(schema: pa.Schema) -> str:

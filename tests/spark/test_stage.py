@@ -1,0 +1,135 @@
+"""A stretch job as a stage inside one Spark query, on local Spark: results checked against plain
+Python on the same rows, in append and update mode, with task retries, a schema that does not fit
+and a job that dies mid-query."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stretch.common import Types
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from stretch.spark import stage
+
+RECORD = Types.TUPLE([Types.LONG(), Types.LONG()])  # user, amount
+
+
+def _job(name: str, parallelism: int = 2):
+    """Running totals per user."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(parallelism)
+    env.from_source(ChannelSource("in", RECORD), None, "in").key_by("f0").sum(1).name("totals").sink_to(
+        ChannelSink("out")
+    )
+    return env.execute_async(name)
+
+
+def _files(directory, parts: int, rows: int) -> list[list[tuple[int, int]]]:
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for p in range(parts):
+        records = [((p * rows + i) * 37 % 23, 1 + (p * rows + i) % 50) for i in range(rows)]
+        pq.write_table(
+            pa.table({"user": [r[0] for r in records], "amount": [r[1] for r in records]}),
+            directory / f"part-{p:03d}.parquet",
+        )
+        out.append(records)
+    return out
+
+
+def test_append_mode_gives_one_result_per_row(spark):
+    client = _job("stage append")
+    try:
+        rows = [(i % 7, i + 1) for i in range(500)]
+        df = spark.createDataFrame(rows, "user long, amount long").repartition(3)
+        got = [tuple(r) for r in stage(df, client, into="in", out="out").collect()]
+    finally:
+        client.cancel()
+    totals: dict = {}
+    for k, v in rows:
+        totals[k] = totals.get(k, 0) + v
+    by_key: dict = {}
+    for k, v in got:
+        by_key.setdefault(k, []).append(v)
+    assert sorted(k for k, _ in got) == sorted(k for k, _ in rows)  # one result per row
+    for k, values in by_key.items():  # running sums of the key's rows, in some order, ending at the total
+        assert len(set(values)) == len(values) and max(values) == totals[k]
+
+
+@pytest.mark.parametrize("retried", [False, True])
+def test_update_mode_gives_each_keys_latest_total_per_micro_batch_exactly_once(spark, tmp_path, retried):
+    name = f"stage update {retried}"
+    client = _job(name)
+    parts = _files(tmp_path / "in", parts=4, rows=300)
+    got: dict[int, list] = {}
+
+    def collect(df, batch_id):
+        got[batch_id] = sorted(tuple(r) for r in df.collect())
+
+    try:
+        clicks = spark.readStream.schema("user long, amount long").option("maxFilesPerTrigger", 1)
+        results = stage(
+            clicks.parquet(str(tmp_path / "in")),
+            name,
+            into="in",
+            out="out",
+            mode="update",
+            key="user",
+            result_key="f0",
+        )
+        if retried:  # a step after the stage fails each task's first attempt: Spark retries the task
+
+            def fail_first_attempt(batches):
+                from pyspark import TaskContext
+
+                batches = list(batches)
+                if TaskContext.get().attemptNumber() == 0 and batches:
+                    raise RuntimeError("injected task failure")
+                yield from batches
+
+            results = results.mapInArrow(fail_first_attempt, results.schema)
+        query = (
+            results.writeStream.outputMode("update")
+            .foreachBatch(collect)
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(300)
+        assert query.exception() is None
+    finally:
+        client.cancel()
+    totals: dict = {}
+    want = []
+    for records in parts:  # a file per micro-batch, in name order
+        for k, v in records:
+            totals[k] = totals.get(k, 0) + v
+        want.append(sorted((k, totals[k]) for k in {k for k, _ in records}))
+    assert [got[b] for b in sorted(got)] == want
+
+
+def test_a_dataframe_that_does_not_fit_the_channel_fails_before_anything_is_written(spark):
+    client = _job("stage misfit")
+    try:
+        df = spark.createDataFrame([("a", 1)], "user string, amount long")
+        with pytest.raises(
+            ValueError, match=r"(?s)does not fit channel 'in'.*Spark:.*user string.*channel:.*BIGINT"
+        ):
+            stage(df, client, into="in", out="out")
+        assert client.describe()["operators"][0]["records_in"] == 0
+    finally:
+        client.cancel()
+
+
+def test_a_job_that_dies_mid_query_fails_the_query_with_a_clear_error(spark, tmp_path):
+    name = "stage dies"
+    client = _job(name)
+    _files(tmp_path / "in", parts=3, rows=100)
+    clicks = spark.readStream.schema("user long, amount long").option("maxFilesPerTrigger", 1)
+    results = stage(clicks.parquet(str(tmp_path / "in")), name, into="in", out="out")
+    client.cancel()
+    query = results.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt")).start()
+    with pytest.raises(Exception, match=f"stretch job '{name}' .* of this stage is not running any more"):
+        query.awaitTermination(120)
