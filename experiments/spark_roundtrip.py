@@ -26,11 +26,12 @@ micro-batch; all of them keep a running count and sum per key.
   spark_scan         the file scan alone into ``noop``; ``spark_mapinarrow`` the same through a
                      no-op ``mapInArrow`` (what a one-query stage would run through).
 
-Latency (``*_latency_ms``): files of ``--latency-rows`` W1 events land one every
-``--latency-interval`` s (an atomic rename into the source directory) while the queries run with
-the default trigger (a micro-batch as soon as the previous one ends); a file's latency is from
-its landing until the micro-batch that put its last result into the sink ended (Spark SS: the
-aggregation query's; the round trip: the reading query's, counting results read back).
+Latency (``*_latency_ms``): after one untimed file (start-up), files of ``--latency-rows`` W1
+events land one every ``--latency-interval`` s (an atomic rename into the source directory) while
+the queries run with the default trigger (a micro-batch as soon as the previous one ends); a
+file's latency is from its landing until the micro-batch that put its last result into the sink
+ended (Spark SS: the aggregation query's; the round trip: the reading query's, counting results
+read back).
 
 Medians over ``--repeats``; median micro-batch durations (``durationMs``) from each query's
 progress reports.
@@ -286,10 +287,10 @@ def batch_ends(query) -> list[tuple[float, int]]:
 
 def file_latencies(landed: list[float], rows: int, ends: list[tuple[float, int]]) -> list[float]:
     """Per file: from its landing until the first micro-batch end by which all of its rows (the
-    files are read in landing order) were through."""
+    files are read in landing order, after the warm-up file) were through."""
     out = []
     for i, t in enumerate(landed):
-        need = (i + 1) * rows
+        need = (i + 2) * rows  # the warm-up file came first
         done = next((end for end, total in ends if total >= need), None)
         if done is None:
             raise SystemExit(f"file {i} never made it through ({ends[-1:]})")
@@ -307,25 +308,25 @@ def wait_rows(query, rows: int, timeout: float) -> None:
         time.sleep(0.05)
 
 
-def wait_started(query) -> None:
-    """Until the query has planned its first (empty) micro-batch, so that landing starts warm."""
-    while not query.recentProgress:
-        if query.exception() is not None:
-            raise query.exception()
-        time.sleep(0.05)
+def warm_up_landing(query, directory: Path, data: pa.Table, rows: int) -> None:
+    """Land one untimed file and wait for its results: the first micro-batch with data starts the
+    Python workers and plans the job, which is start-up, not latency."""
+    pq.write_table(data.slice(0, rows), directory / ".warm-up.parquet")
+    os.rename(directory / ".warm-up.parquet", directory / "warm-up.parquet")
+    wait_rows(query, rows, 120)
 
 
 def latency_run(spark, data: pa.Table, work: Path, peer: str, args) -> list[float]:
     directory = work / f"landing-{peer}"
     directory.mkdir()
-    total = args.latency_rows * args.latency_files
+    total = args.latency_rows * (args.latency_files + 1)  # the warm-up file's too
     if peer == "spark_ss":
         query = (
             spark_ss_query(spark, directory, None)
             .option("checkpointLocation", str(work / "ss-latency"))
             .start()
         )
-        wait_started(query)
+        warm_up_landing(query, directory, data, args.latency_rows)
         landed = land_files(directory, data, args.latency_rows, args.latency_files, args.latency_interval)
         wait_rows(query, total, 120)
         query.stop()
@@ -334,8 +335,7 @@ def latency_run(spark, data: pa.Table, work: Path, peer: str, args) -> list[floa
     client = start_job(name, args.parallelism)
     into, back = roundtrip_queries(spark, directory, work, name, "latency", None)
     try:
-        wait_started(into)
-        wait_started(back)
+        warm_up_landing(back, directory, data, args.latency_rows)
         landed = land_files(directory, data, args.latency_rows, args.latency_files, args.latency_interval)
         wait_rows(back, total, 120)
     finally:
