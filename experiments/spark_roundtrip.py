@@ -74,6 +74,9 @@ def spark_session():
         .appName("stretch spark round trip benchmark")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.streaming.numRecentProgressUpdates", "1000")
+        # a busy machine: the Python side's socket to the JVM times out after 15 s by default
+        # (CANNOT_OPEN_SOCKET); the JVM's own 10 s wait for a worker to connect back is fixed
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
@@ -142,16 +145,26 @@ def stretch_run(spark, files: Path, work: Path, per_trigger: int, parallelism: i
     client = start_job(name, parallelism)
     t0 = time.monotonic()
     into, back = roundtrip_queries(spark, files, work, name, str(run), per_trigger)
-    into.awaitTermination()
-    channels.open_writer(client, "w1").end()
-    client.wait()
-    reader = channels.open_reader(client, "totals")
-    end = reader.log.end_offset
-    reader.close()
-    while _offset_read(back) < end:
-        time.sleep(0.02)
-    elapsed = time.monotonic() - t0
-    back.stop()
+    try:
+        into.awaitTermination()
+        channels.open_writer(client, "w1").end()
+        client.wait()
+        reader = channels.open_reader(client, "totals")
+        end = reader.log.end_offset
+        reader.close()
+        while _offset_read(back) < end:
+            if back.exception() is not None:
+                raise back.exception()
+            time.sleep(0.02)
+        elapsed = time.monotonic() - t0
+    except BaseException:
+        # a failed query (e.g. a Python worker that did not start in time) must not leave the
+        # job running, which would keep this process alive
+        into.stop()
+        client.cancel()
+        raise
+    finally:
+        back.stop()
     rows_back = sum(p["numInputRows"] for p in back.recentProgress)
     if rows_back != events:
         raise SystemExit(f"stretch round trip read {rows_back} results for {events} events")
