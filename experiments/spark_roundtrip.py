@@ -15,6 +15,9 @@ micro-batch; all of them keep a running count and sum per key.
                      second Spark query reads every result back with ``format("stretch")`` into
                      the ``noop`` sink. Timed from the start of the writing query until the
                      reading query has read the last result.
+  stretch_stage      the same job as a stage inside one Spark query (``stretch.spark.stage``,
+                     update mode: each key's latest count and sum per micro-batch, as Spark's
+                     update mode gives), into ``noop``.
   spark_ss           ``groupBy(f0).agg(count, sum(f1), sum(f2))`` into ``noop``: Spark's state
                      store (its default, HDFS-backed in memory) keeps the per-key aggregates.
   spark_tws          ``groupBy(f0).transformWithStateInPandas`` with a ValueState holding the
@@ -57,11 +60,12 @@ from stretch import channels
 from stretch.common import Types
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from stretch.spark import stage
 
 W1_TYPE = Types.ROW_NAMED(["f0", "f1", "f2"], [Types.LONG(), Types.LONG(), Types.DOUBLE()])
 SCHEMA = "f0 BIGINT, f1 BIGINT, f2 DOUBLE"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-PEERS = ["stretch_roundtrip", "spark_ss", "spark_tws", "spark_scan", "spark_mapinarrow"]
+PEERS = ["stretch_stage", "stretch_roundtrip", "spark_ss", "spark_tws", "spark_scan", "spark_mapinarrow"]
 
 
 def spark_session():
@@ -205,6 +209,25 @@ def spark_ss_query(spark, files: Path, per_trigger: int | None):
     return agg.writeStream.format("noop").outputMode("update")
 
 
+def stage_query(spark, files: Path, name: str, per_trigger: int | None):
+    results = stage(
+        w1_stream(spark, files, per_trigger), name, into="w1", out="totals", mode="update", key="f0"
+    )
+    return results.writeStream.format("noop").outputMode("update")
+
+
+def stretch_stage_run(spark, files: Path, work: Path, per_trigger: int, parallelism: int, events: int, run):
+    name = f"spark stage {run}"
+    client = start_job(name, parallelism)
+    try:
+        writer = stage_query(spark, files, name, per_trigger).option(
+            "checkpointLocation", str(work / f"stage-{run}")
+        )
+        return _timed_query(writer, events)
+    finally:
+        client.cancel()
+
+
 def spark_ss_run(spark, files: Path, work: Path, per_trigger: int, run, events: int):
     writer = spark_ss_query(spark, files, per_trigger).option("checkpointLocation", str(work / f"ss-{run}"))
     return _timed_query(writer, events)
@@ -333,16 +356,22 @@ def latency_run(spark, data: pa.Table, work: Path, peer: str, args) -> list[floa
     directory = work / f"landing-{peer}"
     directory.mkdir()
     total = args.latency_rows * (args.latency_files + 1)  # the warm-up file's too
-    if peer == "spark_ss":
-        query = (
-            spark_ss_query(spark, directory, None)
-            .option("checkpointLocation", str(work / "ss-latency"))
-            .start()
-        )
-        warm_up_landing(query, directory, data, args.latency_rows)
-        landed = land_files(directory, data, args.latency_rows, args.latency_files, args.latency_interval)
-        wait_rows(query, total, 120)
-        query.stop()
+    if peer in ("spark_ss", "stretch_stage"):
+        client = start_job("spark stage latency", args.parallelism) if peer == "stretch_stage" else None
+        try:
+            writer = (
+                spark_ss_query(spark, directory, None)
+                if client is None
+                else stage_query(spark, directory, "spark stage latency", None)
+            )
+            query = writer.option("checkpointLocation", str(work / f"{peer}-latency")).start()
+            warm_up_landing(query, directory, data, args.latency_rows)
+            landed = land_files(directory, data, args.latency_rows, args.latency_files, args.latency_interval)
+            wait_rows(query, total, 120)
+            query.stop()
+        finally:
+            if client is not None:
+                client.cancel()
         return file_latencies(landed, args.latency_rows, batch_ends(query))
     name = "spark round trip latency"
     client = start_job(name, args.parallelism)
@@ -406,6 +435,8 @@ def main() -> None:
         def run(peer: str, files: Path, per_trigger: int, tag, events: int):
             if peer == "stretch_roundtrip":
                 return stretch_run(spark, files, work, per_trigger, args.parallelism, events, tag)
+            if peer == "stretch_stage":
+                return stretch_stage_run(spark, files, work, per_trigger, args.parallelism, events, tag)
             if peer == "spark_ss":
                 return spark_ss_run(spark, files, work, per_trigger, tag, events)
             if peer == "spark_tws":
@@ -429,7 +460,7 @@ def main() -> None:
                     batches[peer].append(ms)
                     phases[peer].append(ph)
             latency = {}
-            for peer in ("spark_ss", "stretch_roundtrip"):
+            for peer in ("spark_ss", "stretch_stage", "stretch_roundtrip"):
                 if peer in peers and args.latency_files:
                     log(f"latency: {peer}")
                     latency[peer] = latency_run(spark, data, work, peer, args)
@@ -442,15 +473,13 @@ def main() -> None:
         result["spark_tws_keys"] = max(1, int(args.keys * args.tws_key_share))
     for p in peers:
         result[f"{p}_batch_ms"] = round(median(batches[p]), 1)
-    if "stretch_roundtrip" in peers and "spark_ss" in peers:
-        result["ratio_stretch_vs_spark_ss"] = round(
-            result["stretch_roundtrip_meps"] / result["spark_ss_meps"], 2
-        )
-    if "stretch_roundtrip" in peers and "spark_tws" in peers:
-        result["ratio_stretch_vs_spark_tws"] = round(
-            result["stretch_roundtrip_meps"] / result["spark_tws_meps"], 1
-        )
-    short = {"spark_ss": "spark_ss", "stretch_roundtrip": "roundtrip"}
+    for ours in ("stretch_stage", "stretch_roundtrip"):
+        for peer in ("spark_ss", "spark_tws"):
+            if ours in peers and peer in peers:
+                result[f"ratio_{ours.removeprefix('stretch_')}_vs_{peer}"] = round(
+                    result[f"{ours}_meps"] / result[f"{peer}_meps"], 2
+                )
+    short = {"spark_ss": "spark_ss", "stretch_roundtrip": "roundtrip", "stretch_stage": "stage"}
     for peer, values in latency.items():
         result[f"{short[peer]}_p50_latency_ms"] = percentile(values, 50)
         result[f"{short[peer]}_p99_latency_ms"] = percentile(values, 99)
