@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import time
 
@@ -187,3 +188,66 @@ def test_unknown_policy_is_refused():
     env = StreamExecutionEnvironment.get_execution_environment()
     with pytest.raises(ValueError, match="'fail' or 'dead_letter'"):
         env.set_error_policy("ignore")
+
+
+class Unprintable(Exception):
+    """A user's exception whose own ``__str__`` raises."""
+
+    def __str__(self):
+        raise RuntimeError("no str for you")
+
+
+def _reject_elevens_unprintably(r):
+    if r[1] % 11 == 0:
+        raise Unprintable()
+    return r
+
+
+class RejectSevensUnprintably(KeyedProcessFunction):
+    def process_element(self, value, ctx):
+        if value[1] % 7 == 0:
+            raise Unprintable()
+        yield value
+
+
+def _unprintable_job(policy: str, where: str):
+    """``where`` ("map" or "process_element") rejects records with an exception that cannot be
+    printed: multiples of 11 or of 7."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.set_error_policy(policy)
+    stream = env.from_collection([(v % 5, v) for v in range(1, N + 1)], PAIR)
+    if where == "map":
+        stream = stream.map(_reject_elevens_unprintably, output_type=PAIR).name("unprintable")
+    else:
+        stream = stream.key_by(lambda r: r[0]).process(RejectSevensUnprintably(), output_type=PAIR)
+        stream = stream.name("unprintable")
+    stream.sink_to(ChannelSink("out"))
+    return env.execute_async(f"unprintable-{random.randrange(1 << 40):x}")
+
+
+PLACEHOLDER = "Unprintable: <exception str() failed: RuntimeError: no str for you>"
+
+
+@pytest.mark.parametrize("where, m", [("map", 11), ("process_element", 7)])
+def test_dead_letters_take_an_exception_whose_str_raises(where, m):
+    client = _unprintable_job("dead_letter", where)
+    assert client.wait(60).name == "FINISHED"
+    out = sorted(tuple(r) for r in channels.open_reader(client, "out"))
+    assert out == sorted((v % 5, v) for v in range(1, N + 1) if v % m)
+    letters = list(channels.open_reader(client, "dead-letters"))
+    assert sorted(int(r.record.strip("()").split(", ")[1]) for r in letters) == list(range(m, N + 1, m))
+    assert all(r.operator == "unprintable" and r.error == PLACEHOLDER for r in letters)
+
+
+@pytest.mark.parametrize("where, m", [("map", 11), ("process_element", 7)])
+def test_fail_policy_names_an_exception_whose_str_raises(where, m):
+    client = _unprintable_job("fail", where)
+    with pytest.raises(UserFunctionError) as info:
+        client.wait(60)
+    message = str(info.value)
+    assert f"{where if where != 'map' else 'map function'} of operator 'unprintable'" in message
+    assert PLACEHOLDER in message
+    failed_on = re.search(r"failed on record \((\d), (\d+)\)", message)  # instances race to fail first
+    assert failed_on and int(failed_on[2]) % m == 0 and int(failed_on[1]) == int(failed_on[2]) % 5
+    assert isinstance(info.value.__cause__, Unprintable)
