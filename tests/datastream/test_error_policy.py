@@ -251,3 +251,40 @@ def test_fail_policy_names_an_exception_whose_str_raises(where, m):
     failed_on = re.search(r"failed on record \((\d), (\d+)\)", message)  # instances race to fail first
     assert failed_on and int(failed_on[2]) % m == 0 and int(failed_on[1]) == int(failed_on[2]) % 5
     assert isinstance(info.value.__cause__, Unprintable)
+
+
+def _key_of(x: int):
+    """Int keys, but for some records after the first batch (65,536 records): a str or a tuple."""
+    if x >= 65_536 and x % 3 == 0:
+        return f"k{x % 10}" if x % 2 else (x % 10, "t")
+    return x % 10
+
+
+@pytest.mark.parametrize("aggregate", ["sum", "reduce"])
+def test_dead_letters_take_the_records_whose_keys_the_operator_cannot_hold(aggregate):
+    n = 70_000
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.set_error_policy("dead_letter")
+    keyed = env.from_collection(list(range(n)), Types.LONG()).key_by(_key_of)
+    summed = keyed.sum(0) if aggregate == "sum" else keyed.reduce(lambda a, b: a + b)
+    summed.name("summing").sink_to(ChannelSink("out"))
+    client = env.execute_async(f"key-types-{random.randrange(1 << 40):x}")
+    assert client.wait(60).name == "FINISHED"
+    acc, want = {}, []
+    for x in range(n):
+        k = _key_of(x)
+        if isinstance(k, int):
+            acc[k] = acc.get(k, 0) + x
+            want.append(acc[k])
+    assert sorted(channels.open_reader(client, "out")) == sorted(want)
+    letters = list(channels.open_reader(client, "dead-letters"))
+    assert sorted(int(r.record) for r in letters) == [x for x in range(n) if not isinstance(_key_of(x), int)]
+    for r in letters:
+        key = _key_of(int(r.record))
+        assert r.operator == "summing" and r.function == "key type" and r.key == repr(key)
+        assert r.error == (
+            f"TypeError: operator 'summing': record {r.record} has key {key!r} of type {type(key).__name__}, "
+            "but the operator's keys are int; one operator's keys must share one type, as in Flink: "
+            "make the key selector return one type"
+        )
