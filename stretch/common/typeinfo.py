@@ -658,6 +658,12 @@ class Types:
         return BasicTypeInfo.BYTE_TYPE_INFO()
 
     @staticmethod
+    def BYTES() -> TypeInformation:
+        """Python ``bytes``; Arrow ``large_binary``. Not in PyFlink, whose name for it is
+        ``PRIMITIVE_ARRAY(BYTE())``: this is that type (equal to it, with its repr)."""
+        return PrimitiveArrayTypeInfo(BasicTypeInfo.BYTE_TYPE_INFO())
+
+    @staticmethod
     def BOOLEAN() -> TypeInformation:
         """Python ``bool``; Arrow ``bool``."""
         return BasicTypeInfo.BOOLEAN_TYPE_INFO()

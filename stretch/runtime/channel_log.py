@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from stretch._shm import Segment
+from stretch.runtime.state_dir import make_private_dir, write_private
 
 _ENTRY = 3  # int64 words per index entry: segment first offset, position, length
 
@@ -41,7 +42,7 @@ class ChannelLog:
         self.dir = Path(directory)
         self._index = self.dir / "index"
         if create:  # the appending side
-            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            make_private_dir(self.dir)
             self._index.touch(mode=0o600, exist_ok=True)
             size = self._index.stat().st_size
             if size % (8 * _ENTRY):  # an entry torn by a crash: the batch never counted
@@ -84,9 +85,7 @@ class ChannelLog:
         if offset is None:
             path.unlink(missing_ok=True)
             return
-        tmp = self.dir / "committed.tmp"
-        tmp.write_text(str(offset))
-        tmp.replace(path)
+        write_private(path, str(offset))
 
     @property
     def start_offset(self) -> int:
@@ -205,13 +204,14 @@ class ChannelLog:
 
     def _update(self, change) -> None:
         """Read, change and replace commits.json under a lock: readers may commit at once."""
-        with open(self.dir / "commits.lock", "a") as lock:
+        lock = os.open(self.dir / "commits.lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             commits = self.commits()
             change(commits)
-            tmp = self.dir / f"commits.json.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(commits))
-            tmp.replace(self.dir / "commits.json")
+            write_private(self.dir / "commits.json", json.dumps(commits))
+        finally:
+            os.close(lock)
 
     def _retain(self) -> None:
         """Delete whole segments every reader committed past, then the oldest beyond the bound;

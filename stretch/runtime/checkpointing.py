@@ -31,6 +31,7 @@ from pathlib import Path
 
 from stretch.runtime import control_block as cbk
 from stretch.runtime.gate import Kind
+from stretch.runtime.state_dir import make_private_dir, write_private
 from stretch.state.snapshot import describe_arena, write_snapshot
 
 METADATA = "_metadata.json"
@@ -48,10 +49,11 @@ def write_snapshot_or_report(batches, path: Path) -> None:
     """An instance's snapshot thread: the file, or next to it why it could not be written (so the
     coordinator fails the checkpoint instead of waiting for it)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(path.parent)
         write_snapshot(batches, path)
+        os.chmod(path, 0o600)  # in an owner-only directory all along; owner-only itself, too
     except Exception as e:
-        path.with_name(path.name + ".failed").write_text(f"{type(e).__name__}: {e}")
+        write_private(path.with_name(path.name + ".failed"), f"{type(e).__name__}: {e}")
 
 
 class Barrier:
@@ -98,7 +100,7 @@ class CheckpointStore:
 
     def __init__(self, directory: Path):
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dir(self.dir)
         st = self.dir.stat()
         if st.st_uid != os.getuid() or st.st_mode & 0o022:  # state may hold pickled values
             raise PermissionError(f"{self.dir} must be owned by you and writable by nobody else")
@@ -163,9 +165,7 @@ class CheckpointStore:
 
 def _write_json(path: Path, value: dict) -> None:
     """Atomically: a reader (or a crash) sees the old file or the new one, never a part."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value))
-    tmp.replace(path)
+    write_private(path, json.dumps(value))
 
 
 @dataclass
@@ -247,7 +247,7 @@ class Checkpointer:
         co, cb, plan = self.co, self.co.control, self.co.plan
         t0 = time.monotonic()
         deadline = t0 + self.timeout
-        self.store.path(n).mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.store.path(n))
         keyed = {s.id: co.resources.keyed_index[s.id] for s in plan.stages if s.kind == "keyed"}
         parallelism = {sid: co.parallelism_of(sid) for sid in keyed}
         feeds: dict[int, list] = {s.id: [] for s in plan.stages}  # stage -> gates and sinks it feeds

@@ -30,15 +30,36 @@ class StepError(Exception):
 
 def describe_failure(operator: str, record, key, cause: BaseException, what: str = "user function") -> str:
     key_part = "" if key is NO_KEY else f", key {short(key)}"
-    reason = f"{type(cause).__name__}: {cause}"
+    reason = f"{type(cause).__name__}: {exception_text(cause)}"
     return f"{what} of operator {operator!r} failed on record {short(record)}{key_part}: {reason}"
 
 
 NO_KEY = object()
 
 
+def exception_text(e: BaseException) -> str:
+    """``str(e)``, or a placeholder when the exception's own ``__str__`` raises: reporting a
+    user's error must not fail in its turn."""
+    try:
+        return str(e)
+    except Exception as inner:
+        try:
+            why = f"{type(inner).__name__}: {inner}"
+        except Exception:
+            why = type(inner).__name__
+        return f"<exception str() failed: {why}>"
+
+
+def safe_repr(value) -> str:
+    """``repr(value)``, or a placeholder when the value's ``__repr__`` raises."""
+    try:
+        return repr(value)
+    except Exception as inner:
+        return f"<{type(value).__name__} object: repr() failed: {type(inner).__name__}>"
+
+
 def short(value, limit: int = 200) -> str:
-    text = repr(value)
+    text = safe_repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -88,13 +109,13 @@ DEAD_LETTER_SCHEMA = pa.schema(
 
 
 def dead_letter_batch(error: StepError) -> pa.RecordBatch:
-    key = None if error.key is NO_KEY else repr(error.key)
+    key = None if error.key is NO_KEY else safe_repr(error.key)
     values = [
         error.operator,
         error.what,
-        repr(error.record),
+        safe_repr(error.record),
         key,
-        f"{type(error.cause).__name__}: {error.cause}",
+        f"{type(error.cause).__name__}: {exception_text(error.cause)}",
         error.user_traceback,
         int(time.time() * 1000),
     ]

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import threading
 
+from stretch.errors import JobExecutionError
 from stretch.plan.stages import SinkSpec
 from stretch.runtime.channel_writers import ChannelLogWriter
 from stretch.runtime.gate import Gate, GateClosed, Kind
+from stretch.runtime.outputs import exception_text
 from stretch.runtime.transactions import TxnResults
 
 _FINAL = 1 << 62
@@ -60,7 +62,7 @@ class SinkRunner(threading.Thread):
                         for batch, producer in held:
                             self._active.write(batch, producer)
             except Exception as e:  # the sink's own failure: it fails the job, as it would unheld
-                self.coordinator.sink_finished(self.spec.id, e)
+                self.coordinator.sink_finished(self.spec.id, self._named(e))
                 raise
 
     def replace_gate(self, gate: Gate, committed_offset: int | None, timeout: float) -> None:
@@ -101,7 +103,18 @@ class SinkRunner(threading.Thread):
             self.finished = True
             if self.txns is not None:
                 self.txns.fail(f"the job's sink {self.spec.name!r} stopped before the transaction completed")
-            self.coordinator.sink_finished(self.spec.id, error)
+            self.coordinator.sink_finished(self.spec.id, error if error is None else self._named(error))
+
+    def _named(self, error: BaseException) -> BaseException:
+        """The sink's failure as the job's error: it names the sink as the user named it (or its
+        default name, the sink's class) and keeps the original as its cause."""
+        if isinstance(error, (GateClosed, JobExecutionError)):  # the job stopping, or named already
+            return error
+        named = JobExecutionError(
+            f"sink {self.spec.name!r} failed: {type(error).__name__}: {exception_text(error)}"
+        )
+        named.__cause__ = error
+        return named
 
     def _consume(self) -> bool:
         """Read the gate to its end (True); False when the gate was replaced after a failure."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -18,10 +20,40 @@ def state_root() -> Path:
     return Path(base) / "stretch"
 
 
+def job_dir_name(job_name: str) -> str:
+    """The directory name of a job name: readable (the name with anything but letters, digits,
+    ``_`` and ``-`` made ``_``) and one-to-one (a hash of the exact name follows), so that
+    ``clicks per user`` and ``clicks_per_user`` never share checkpoints or logs. No name has a
+    ``.``, which only private run directories (``<name>.run-<job id>``) have."""
+    slug = re.sub(r"[^A-Za-z0-9_-]", "_", job_name)[:80]
+    digest = hashlib.sha256(job_name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{slug}-{digest}"
+
+
 def job_dir(job_name: str) -> Path:
     """A job's directory, named after the job (the name is what a restarted job shares)."""
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", job_name) or "_"
-    return state_root() / "jobs" / safe
+    return state_root() / "jobs" / job_dir_name(job_name)
+
+
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` and any missing parent owner-only (0700): state may hold pickled values,
+    and ``mkdir -p`` would leave the parents open to everyone."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for p in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            p.mkdir(mode=0o700)
+
+
+def write_private(path: Path, data: str | bytes) -> None:
+    """Write a file owner-only (0600), atomically: readers see the old content or the new."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    tmp.replace(path)
 
 
 def channel_dir(job_name: str, channel: str, direction: str = "out") -> Path:
@@ -37,6 +69,10 @@ class JobDir:
 
     def __init__(self, job_name: str, job_id: str):
         shared = job_dir(job_name)
+        make_private_dir(shared.parent)
+        if shared.parent.stat().st_mode & 0o077:  # left open by an earlier version of stretch
+            with contextlib.suppress(PermissionError):
+                os.chmod(shared.parent, 0o700)
         self._sweep(shared)
         self.private = not self._hold(shared)
         self.path = shared
@@ -45,7 +81,7 @@ class JobDir:
             self._hold(self.path)
 
     def _hold(self, path: Path) -> bool:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dir(path)
         fd = os.open(path / "lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

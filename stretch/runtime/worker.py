@@ -17,7 +17,7 @@ import pyarrow.parquet
 from stretch.common.records import from_batch, to_batch
 from stretch.runtime import control_socket as cs
 from stretch.runtime.gate import GateClosed
-from stretch.runtime.outputs import StepError
+from stretch.runtime.outputs import StepError, exception_text
 from stretch.runtime.tasks import Assignment, Stopped, _Attached, make_task
 from stretch.state.key_groups import warm_up as warm_key_groups
 from stretch.state.warm import warm_fused_kernels, warm_table_kernels, warm_timer_kernels
@@ -45,7 +45,7 @@ def failure_report(e: BaseException) -> dict:
     report = {
         "type": type(e).__name__,
         "module": type(e).__module__,
-        "message": str(e),
+        "message": exception_text(e),
         "traceback": "".join(traceback.format_exception(e)),
     }
     if isinstance(e, StepError):

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from stretch.state import _table_kernels as K
 from stretch.state.arena import Arena
-from stretch.state.key_codec import decode_key
+from stretch.state.key_codec import decode_key, encode_key
 
 MAX_LOAD = 0.7
 _MIN_ROWS = 64
@@ -40,6 +40,44 @@ def key_mode_of(arrow_type: pa.DataType) -> KeyMode:
     if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
         return KeyMode.BINARY
     raise TypeError(f"keys of Arrow type {arrow_type} cannot be stored; key by an int, str or bytes field")
+
+
+_KEY_TYPE_NAMES = {
+    KeyMode.INT64: "int",
+    KeyMode.UTF8: "str",
+    KeyMode.BINARY: "bytes",
+    KeyMode.CANONICAL: "tuple, float, None or mixed",
+}
+
+
+def key_type_name(mode: KeyMode) -> str:
+    """How errors name the keys a mode stores."""
+    return _KEY_TYPE_NAMES[mode]
+
+
+def stored_mode_of(key: object) -> KeyMode:
+    """The mode a Python key is stored in when a batch holds only keys of its type."""
+    if isinstance(key, bool) or (isinstance(key, int) and -(1 << 63) <= key < 1 << 63):
+        return KeyMode.INT64
+    if isinstance(key, str):
+        return KeyMode.UTF8
+    if isinstance(key, bytes):
+        return KeyMode.BINARY
+    return KeyMode.CANONICAL
+
+
+def fits_mode(key: object, mode: KeyMode) -> bool:
+    """Whether an operator whose keys are stored in ``mode`` can hold this key (a canonical one
+    holds any key; the others, keys of their own type)."""
+    return mode is KeyMode.CANONICAL or stored_mode_of(key) is mode
+
+
+def key_array(keys: list, mode: KeyMode) -> pa.Array:
+    """Keys that fit ``mode`` as a key column of that mode (for a batch sent in another mode)."""
+    if mode is KeyMode.CANONICAL:
+        return pa.array([encode_key(k) for k in keys], pa.large_binary())
+    arrow = {KeyMode.INT64: pa.int64(), KeyMode.UTF8: pa.large_string(), KeyMode.BINARY: pa.large_binary()}
+    return pa.array(keys, arrow[mode])
 
 
 def pow2(n: int) -> int:

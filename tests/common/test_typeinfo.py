@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from stretch.common import Duration, Instant, Time, TimestampAssigner, Types, WatermarkStrategy
+from stretch.common.records import from_batch, to_batch
 from stretch.common.typeinfo import (
     RowTypeInfo,
     TupleTypeInfo,
@@ -44,6 +45,46 @@ SCALARS = [
     (T.PRIMITIVE_ARRAY(T.BYTE()), pa.large_binary(), "PrimitiveArrayTypeInfo<Byte>"),
     (T.PICKLED_BYTE_ARRAY(), pa.large_binary(), "PickledByteArrayTypeInfo"),
 ]
+
+
+def test_bytes_is_pyflinks_primitive_array_of_byte():
+    """Types.BYTES is not PyFlink's (it spells bytes PRIMITIVE_ARRAY(BYTE())): it is that type."""
+    assert T.BYTES() == T.PRIMITIVE_ARRAY(T.BYTE()) and hash(T.BYTES()) == hash(T.PRIMITIVE_ARRAY(T.BYTE()))
+    assert T.BYTES().to_arrow() == pa.large_binary()
+    assert repr(T.BYTES()) == "PrimitiveArrayTypeInfo<Byte>"
+    assert from_json(json.loads(json.dumps(T.BYTES().to_json()))) == T.BYTES()
+    assert pickle.loads(pickle.dumps(T.BYTES())) == T.BYTES()
+    assert from_arrow(pa.large_binary()) == from_arrow_field(T.BYTES().to_arrow_field("x")) == T.BYTES()
+
+
+def test_bytes_records_round_trip_through_arrow():
+    values = [b"", b"\x00\xff\xfe", "é".encode(), bytes(range(256)) * 40, None]
+    batch = to_batch(values, T.BYTES())
+    assert batch.schema.field(0).type == pa.large_binary()
+    assert from_batch(batch) == values
+    records = [(v, i) for i, v in enumerate(values)]
+    pairs = to_batch(records, T.TUPLE([T.BYTES(), T.LONG()]))
+    assert from_batch(pairs) == records
+    with pytest.raises(TypeError, match="expected"):
+        to_batch(["not bytes"], T.BYTES())
+
+
+def test_a_job_keys_sums_and_maps_bytes_declared_as_bytes():
+    from stretch.datastream import StreamExecutionEnvironment
+
+    records = [(bytes([i % 5, 0xFF]) if i % 5 else b"", i) for i in range(2000)]
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    summed = env.from_collection(records, T.TUPLE([T.BYTES(), T.LONG()])).key_by(0).sum(1)
+    tagged = summed.map(lambda r: (r[0] + b"!", r[1]), output_type=T.TUPLE([T.BYTES(), T.LONG()]))
+    with tagged.execute_and_collect("bytes") as results:
+        got = sorted(results)
+    acc, want = {}, []
+    for key, value in records:
+        acc[key] = acc.get(key, 0) + value
+        want.append((key + b"!", acc[key]))
+    assert got == sorted(want)
+
 
 COMPOSITES = [
     T.ROW([T.LONG(), T.STRING()]),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import time
 
@@ -187,3 +188,103 @@ def test_unknown_policy_is_refused():
     env = StreamExecutionEnvironment.get_execution_environment()
     with pytest.raises(ValueError, match="'fail' or 'dead_letter'"):
         env.set_error_policy("ignore")
+
+
+class Unprintable(Exception):
+    """A user's exception whose own ``__str__`` raises."""
+
+    def __str__(self):
+        raise RuntimeError("no str for you")
+
+
+def _reject_elevens_unprintably(r):
+    if r[1] % 11 == 0:
+        raise Unprintable()
+    return r
+
+
+class RejectSevensUnprintably(KeyedProcessFunction):
+    def process_element(self, value, ctx):
+        if value[1] % 7 == 0:
+            raise Unprintable()
+        yield value
+
+
+def _unprintable_job(policy: str, where: str):
+    """``where`` ("map" or "process_element") rejects records with an exception that cannot be
+    printed: multiples of 11 or of 7."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.set_error_policy(policy)
+    stream = env.from_collection([(v % 5, v) for v in range(1, N + 1)], PAIR)
+    if where == "map":
+        stream = stream.map(_reject_elevens_unprintably, output_type=PAIR).name("unprintable")
+    else:
+        stream = stream.key_by(lambda r: r[0]).process(RejectSevensUnprintably(), output_type=PAIR)
+        stream = stream.name("unprintable")
+    stream.sink_to(ChannelSink("out"))
+    return env.execute_async(f"unprintable-{random.randrange(1 << 40):x}")
+
+
+PLACEHOLDER = "Unprintable: <exception str() failed: RuntimeError: no str for you>"
+
+
+@pytest.mark.parametrize("where, m", [("map", 11), ("process_element", 7)])
+def test_dead_letters_take_an_exception_whose_str_raises(where, m):
+    client = _unprintable_job("dead_letter", where)
+    assert client.wait(60).name == "FINISHED"
+    out = sorted(tuple(r) for r in channels.open_reader(client, "out"))
+    assert out == sorted((v % 5, v) for v in range(1, N + 1) if v % m)
+    letters = list(channels.open_reader(client, "dead-letters"))
+    assert sorted(int(r.record.strip("()").split(", ")[1]) for r in letters) == list(range(m, N + 1, m))
+    assert all(r.operator == "unprintable" and r.error == PLACEHOLDER for r in letters)
+
+
+@pytest.mark.parametrize("where, m", [("map", 11), ("process_element", 7)])
+def test_fail_policy_names_an_exception_whose_str_raises(where, m):
+    client = _unprintable_job("fail", where)
+    with pytest.raises(UserFunctionError) as info:
+        client.wait(60)
+    message = str(info.value)
+    assert f"{where if where != 'map' else 'map function'} of operator 'unprintable'" in message
+    assert PLACEHOLDER in message
+    failed_on = re.search(r"failed on record \((\d), (\d+)\)", message)  # instances race to fail first
+    assert failed_on and int(failed_on[2]) % m == 0 and int(failed_on[1]) == int(failed_on[2]) % 5
+    assert isinstance(info.value.__cause__, Unprintable)
+
+
+def _key_of(x: int):
+    """Int keys, but for some records after the first batch (65,536 records): a str or a tuple."""
+    if x >= 65_536 and x % 3 == 0:
+        return f"k{x % 10}" if x % 2 else (x % 10, "t")
+    return x % 10
+
+
+@pytest.mark.parametrize("aggregate", ["sum", "reduce"])
+def test_dead_letters_take_the_records_whose_keys_the_operator_cannot_hold(aggregate):
+    n = 70_000
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.set_error_policy("dead_letter")
+    keyed = env.from_collection(list(range(n)), Types.LONG()).key_by(_key_of)
+    summed = keyed.sum(0) if aggregate == "sum" else keyed.reduce(lambda a, b: a + b)
+    summed.name("summing").sink_to(ChannelSink("out"))
+    client = env.execute_async(f"key-types-{random.randrange(1 << 40):x}")
+    assert client.wait(60).name == "FINISHED"
+    acc, want = {}, []
+    for x in range(n):
+        k = _key_of(x)
+        if isinstance(k, int):
+            acc[k] = acc.get(k, 0) + x
+            want.append(acc[k])
+    assert sorted(channels.open_reader(client, "out")) == sorted(want)
+    letters = list(channels.open_reader(client, "dead-letters"))
+    assert sorted(int(r.record) for r in letters) == [x for x in range(n) if not isinstance(_key_of(x), int)]
+    for r in letters:
+        key = _key_of(int(r.record))
+        assert r.operator == "summing" and r.function == "key type" and r.key == repr(key)
+        assert r.error == (
+            f"TypeError: operator 'summing': record {r.record} has key {key!r} of type {type(key).__name__}, "
+            "but the operator's keys are int; one operator's keys must share one type, as in Flink: "
+            "make the key selector return one type"
+        )

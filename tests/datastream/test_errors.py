@@ -115,11 +115,31 @@ def test_state_updated_with_wrong_type():
         ds.key_by(lambda x: x).process(Bad()).execute_and_collect(limit=5)
 
 
-def test_keys_of_one_operator_must_share_a_type():
-    ds = env(1).from_collection(list(range(70000)) + [-1], Types.LONG())
-    with pytest.raises(TypeError, match="one operator's keys must share one type"):
-        with ds.key_by(lambda x: "minus one" if x < 0 else x).sum(0).execute_and_collect() as it:
+@pytest.mark.parametrize("aggregate", ["sum", "reduce"])
+def test_keys_of_one_operator_must_share_a_type(aggregate):
+    ds = env(2).from_collection(list(range(70000)) + [-1], Types.LONG())  # the first batch: int keys
+    keyed = ds.key_by(lambda x: "minus one" if x < 0 else x % 10)
+    summed = keyed.sum(0) if aggregate == "sum" else keyed.reduce(lambda a, b: a + b)
+    with pytest.raises(TypeError) as info:
+        with summed.name("summing").execute_and_collect() as it:
             list(it)
+    assert str(info.value) == (
+        "operator 'summing': record -1 has key 'minus one' of type str, but the operator's keys are "
+        "int; one operator's keys must share one type, as in Flink: make the key selector return one type"
+    )
+
+
+def test_an_operator_whose_keys_are_mixed_takes_any_key():
+    ds = env(2).from_collection(list(range(70000)), Types.LONG())  # the first batch: mixed keys
+    summed = ds.key_by(lambda x: (x % 3, "t") if x < 10 else x % 3).reduce(lambda a, b: a + b)
+    with summed.execute_and_collect() as it:
+        got = sorted(it)
+    acc, want = {}, []
+    for x in range(70000):
+        k = (x % 3, "t") if x < 10 else x % 3
+        acc[k] = acc.get(k, 0) + x
+        want.append(acc[k])
+    assert got == sorted(want)
 
 
 def test_cancel_of_a_running_job_leaves_nothing_behind():

@@ -67,9 +67,13 @@ class AggregateOperator(KeyedOperator):
         sel = np.flatnonzero(mine)
         self.rows_in = len(sel)
         batch, kgs = batch.take(sel), kgs[sel]
-        if self._fallback is not None:
-            return self._fallback.process(batch, kgs)
-        return self._located(batch, kgs, layout)
+        try:
+            return self._fallback.process(batch, kgs) if self._fallback else self._located(batch, kgs, layout)
+        except TypeError as e:  # a key of another type: admit() routes or raises it
+            batch, kgs = self.admit(batch, kgs, e)
+            if batch is None:
+                return None
+            return self._fallback.process(batch, kgs) if self._fallback else self._located(batch, kgs, layout)
 
     def _layout(self, batch: pa.RecordBatch) -> _Layout:
         layout = self._layouts.get(batch.schema)
@@ -197,7 +201,7 @@ class _Layout:
                 f"{op.spec.op} of operator {op.name!r}: the records changed shape ({schema}); "
                 "a rolling aggregate needs records with the same fields throughout"
             ) from None
-        key_col, mode = op.key_column(batch)
+        key_col, mode = op._sent_keys(batch)  # each batch's keys are checked where they are used
         self.fused = (
             mode is KeyMode.INT64
             and pa.types.is_int64(key_col.type)

@@ -9,10 +9,11 @@ import pyarrow as pa
 from stretch.plan.stages import OperatorSpec
 from stretch.runtime.batch import KEY_COLUMN, Records, resolve_field
 from stretch.runtime.event_time import MIN_WATERMARK
+from stretch.runtime.outputs import StepError, short
 from stretch.state import _table_kernels as K
 from stretch.state.backend import KeyedStateBackend
 from stretch.state.key_codec import decode_key
-from stretch.state.keyed_table import KeyedTable, KeyMode, key_mode_of
+from stretch.state.keyed_table import KeyedTable, KeyMode, fits_mode, key_array, key_mode_of, key_type_name
 
 
 class KeyedOperator:
@@ -27,6 +28,7 @@ class KeyedOperator:
         self.watermark = MIN_WATERMARK  # this instance's input watermark
         self.rows_in = 0  # rows of the last batch this instance owned (operators with process_owned)
         self.owned = np.zeros(0, dtype=np.int64)  # key groups this instance owns (set per epoch)
+        self._key_mode: KeyMode | None = None  # the operator's, once its first batch fixed it
 
     def fire(self, domain: int, limit: int) -> Records | None:
         """Fire the timers due at ``limit`` (event time: the watermark; processing: the clock)."""
@@ -42,6 +44,57 @@ class KeyedOperator:
         pass
 
     def key_column(self, batch: pa.RecordBatch) -> tuple[pa.Array, KeyMode]:
+        """The batch's keys in the operator's key mode. A batch sent in another mode (its keys
+        mixed, or of one other type) fails the job, naming the first record whose key the
+        operator cannot hold (``admit`` routes those to dead letters under that policy)."""
+        col, mode = self._sent_keys(batch)
+        held = self._held_mode()
+        if held is None or mode is held:
+            return col, mode
+        keys = _keys_of(col, mode)
+        bad = next((i for i, k in enumerate(keys) if not fits_mode(k, held)), None)
+        if bad is not None:
+            error = TypeError(self._key_type_message(Records(batch=batch).items()[bad], keys[bad], held))
+            error.rejected_key = True  # callers that can route it to dead letters catch it
+            raise error
+        return key_array(keys, held), held
+
+    def _held_mode(self) -> KeyMode | None:
+        """The mode the operator's keys are stored in (fixed for good by the first batch)."""
+        if self._key_mode is None:
+            self._key_mode = self.table.mode()
+        return self._key_mode
+
+    def _key_type_message(self, record, key, held: KeyMode) -> str:
+        return (
+            f"operator {self.name!r}: record {short(record)} has key {short(key)} of type "
+            f"{type(key).__name__}, but the operator's keys are {key_type_name(held)}; one operator's "
+            "keys must share one type, as in Flink: make the key selector return one type"
+        )
+
+    def admit(self, batch: pa.RecordBatch, kgs: np.ndarray, error: TypeError):
+        """After ``key_column`` refused a batch (``error``): under the dead-letter policy, the
+        records whose keys the operator cannot hold go to dead letters and the batch and key
+        groups of the rest are returned (None, None: no rest); else ``error`` fails the job."""
+        outputs = getattr(self, "outputs", None)
+        if not getattr(error, "rejected_key", False) or outputs is None or outputs.dead_letter_gate is None:
+            raise error
+        held = self._held_mode()
+        col, mode = self._sent_keys(batch)
+        keys, records = _keys_of(col, mode), Records(batch=batch).items()
+        keep = []
+        for i, key in enumerate(keys):
+            if fits_mode(key, held):
+                keep.append(i)
+                continue
+            cause = TypeError(self._key_type_message(records[i], key, held))
+            outputs.dead_letter(StepError(self.name, records[i], key, cause, "key type"))
+        if not keep:
+            return None, None
+        return batch.take(pa.array(keep, pa.int64())), kgs[np.asarray(keep, dtype=np.int64)]
+
+    def _sent_keys(self, batch: pa.RecordBatch) -> tuple[pa.Array, KeyMode]:
+        """The batch's keys, in the mode its producer sent them."""
         schema = batch.schema
         if KEY_COLUMN in schema.names:
             i = schema.get_field_index(KEY_COLUMN)
@@ -77,3 +130,9 @@ class KeyedOperator:
         if mode is KeyMode.INT64 and pa.types.is_int64(col.type) and not picked.null_count:
             return picked.to_numpy().tolist()
         return picked.to_pylist()
+
+
+def _keys_of(col: pa.Array, mode: KeyMode) -> list:
+    """A key column's keys as Python values."""
+    keys = col.to_pylist()
+    return [decode_key(k) for k in keys] if mode is KeyMode.CANONICAL else keys

@@ -29,8 +29,14 @@ class ProcessOperator(KeyedOperator):
     def close(self) -> None:
         self.fn.close()
 
-    def process(self, batch: pa.RecordBatch, kgs: np.ndarray) -> Records:
-        col, mode, rows, uidx, first = self.locate(batch, kgs)
+    def process(self, batch: pa.RecordBatch, kgs: np.ndarray) -> Records | None:
+        try:
+            col, mode, rows, uidx, first = self.locate(batch, kgs)
+        except TypeError as e:  # a key of another type: admit() routes or raises it
+            batch, kgs = self.admit(batch, kgs, e)
+            if batch is None:
+                return None
+            col, mode, rows, uidx, first = self.locate(batch, kgs)
         b = self.backend
         b.begin(kgs[first], rows[first], self.python_keys(col, mode, first))
         records_in = Records(batch=batch)
