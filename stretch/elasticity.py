@@ -71,15 +71,15 @@ class LoadHistory:
     - capacity of a parallelism: the records per second it would process fully utilized,
       throughput / utilization (busy, or 1.0 while the backlog grows although busy is lower),
       smoothed over the windows measured at that parallelism, and only from windows at least
-      20 % utilized, where it means something. A measurement is forgotten ``memory`` intervals
-      after it was last updated, since the machine's other load changes too.
+      half utilized, where it means something (not as a backlog runs dry). A measurement is
+      forgotten ``memory`` intervals after it was last updated: the machine's load changes too.
     - ``predicted_busy(q)``: the busy fraction parallelism ``q`` would show under the current
       load: the larger of the linear estimate (utilization x current parallelism / q) and, if
       ``q`` measured a capacity, throughput / that capacity. Scaling is at best linear, so the
       larger is the better estimate; the linear one is the less noisy.
     """
 
-    window: int = 3
+    window: int = 2
     backlog_intervals: int = 3
     memory: int = 300
     parallelism: int = 0
@@ -111,7 +111,7 @@ class LoadHistory:
             if len(d) > self.window:
                 d.popleft()
         self._growing = self._growing + 1 if load.backlog_growth > 0 else 0
-        if self.settled and self.utilization >= 0.2:
+        if self.settled and self.utilization >= 0.5:
             now = self.throughput / self.utilization
             before = self.measured(self.parallelism)
             self._capacity[self.parallelism] = (now if before is None else (now + before) / 2, self.intervals)

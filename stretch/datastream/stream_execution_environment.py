@@ -101,7 +101,7 @@ class StreamExecutionEnvironment:
         ``operators``) and applies ``policy`` (default ``stretch.elasticity.ThresholdPolicy()``),
         keeping parallelism within [min_parallelism, max_parallelism] and waiting ``cooldown_ms``
         after each rescale before judging the operator again. The shipped policies judge a window
-        of three intervals, act only if the predicted busy fraction after a change stays inside
+        of two intervals, act only if the predicted busy fraction after a change stays inside
         their band (no rescale back and forth under a steady load), and do not widen past a
         parallelism that measured no more throughput; their rules: ``stretch.elasticity``.
         """
