@@ -139,6 +139,10 @@ def test_counters_never_go_down_when_the_operator_scales_down_and_up_again():
             fed += len(sent)
             for _ in sent:
                 next(results)
+            deadline = time.monotonic() + 30  # an instance counts a batch just after putting it out
+            while client.describe()["operators"][0]["records_out"] < fed:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
             found = samples(render(client._coordinator))
             assert total(found, "stretch_records_in_total") == fed
             assert total(found, "stretch_records_out_total") == fed
