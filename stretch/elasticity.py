@@ -64,10 +64,10 @@ class LoadHistory:
     - ``overloaded(high)``: the busiest instance's mean busy fraction (``peak_busy``) above
       ``high`` while the backlog did not shrink over the window (busy but catching up, as after
       a start or a rescale, is not overloaded; instances read one shared gate, so the busiest
-      one holds the others back when keys are uneven, and a full gate stops growing), or the backlog
-      grew in each of the last ``backlog_intervals`` intervals (so by at least that many
-      entries): the instances cannot keep up even if their busy fraction says otherwise (time
-      spent outside the functions is not counted as busy).
+      one holds the others back when keys are uneven, and a full gate stops growing), or the
+      backlog grew in each of the last ``backlog_intervals`` intervals (so by at least that
+      many entries): the instances cannot keep up even if their busy fraction says otherwise
+      (time spent outside the functions is not counted as busy).
     - capacity of a parallelism: the records per second it would process fully utilized,
       throughput / utilization (busy, or 1.0 while the backlog grows although busy is lower),
       smoothed over the windows measured at that parallelism, and only from windows at least
@@ -203,10 +203,10 @@ class ThresholdPolicy(ElasticityPolicy):
        go back to that one, loaded or not; it processes as much (on two cores, a third or fourth
        CPU-bound instance adds nothing). Rule 2 then stays below that parallelism until the
        measurement is forgotten (``LoadHistory.memory`` intervals).
-    2. Overloaded (``LoadHistory.overloaded``: the busiest instance above ``high``, not catching up): the
-       smallest wider ``q`` predicted at most ``target`` busy, but never up to a parallelism
-       that measured no better than a narrower one, and only to a ``q`` predicted at least
-       ``low`` busy: one that rule 3 would remove again is not added.
+    2. Overloaded (``LoadHistory.overloaded``: the busiest instance above ``high``, not
+       catching up): the smallest wider ``q`` predicted at most ``target`` busy, but never up to
+       a parallelism that measured no better than a narrower one, and only to a ``q`` predicted
+       at least ``low`` busy: one that rule 3 would remove again is not added.
     3. Underloaded (mean busy below ``low``, the backlog not growing): the smallest narrower
        ``q`` predicted at most ``target`` busy; none: stay. So an instance is removed only if the
        remaining ones stay well below ``high``, and rule 2 does not add it back.
@@ -266,8 +266,9 @@ class TrendPolicy(ElasticityPolicy):
        ``load_change`` from that baseline for two windows' worth of consecutive intervals: a new
        load level. The noise of single intervals (±40 % on a busy machine: records and busy
        time are counted when batches end) does not reach that.
-    3. Overloaded (``LoadHistory.overloaded``: the busiest instance above ``high``, not catching up) and one
-       more instance is below the ceiling and predicted at least ``low`` busy: widen by one.
+    3. Overloaded (``LoadHistory.overloaded``: the busiest instance above ``high``, not
+       catching up) and one more instance is below the ceiling and predicted at least ``low``
+       busy: widen by one.
     4. Underloaded (mean busy below ``low``) and one instance fewer is predicted at most
        ``target`` busy: narrow by one. Otherwise stay.
     """
