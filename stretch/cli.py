@@ -45,6 +45,9 @@ def _ask(job: jobs.Job, method, *args, **kw):
 
 def cmd_jobs(args) -> int:
     jobs = _jobs()
+    if args.json:  # each job's info (id, name, pid, control socket, metrics URL if served) and status
+        print(json.dumps(jobs, indent=2))
+        return 0
     if not jobs:
         print("no running stretch jobs")
         return 0
@@ -200,10 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("jobs", help="list running jobs on this machine")
+    p.add_argument("--json", action="store_true", help="machine-readable: a JSON list of the jobs")
     p.set_defaults(func=cmd_jobs)
     p = sub.add_parser("status", help="describe a running job")
     p.add_argument("job", help="job id (or a unique prefix) or job name")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable: the status as JSON, with rates")
     p.add_argument("--interval", type=float, default=0.5, help="seconds over which rates are measured")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("metrics", help="a running job's metrics, in Prometheus' text format")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import urllib.request
 
 import pyarrow.parquet as pq
 
@@ -28,11 +30,18 @@ def test_jobs_and_status_of_a_running_job():
         rate_limiter_strategy=RateLimiterStrategy.per_second(5000),
         type_info=Types.TUPLE([Types.LONG(), Types.LONG()]),
     )
+    env.enable_metrics()
     env.from_source(src, None, "gen").key_by(lambda r: r[0]).sum(1).name("totals").sink_to(DiscardingSink())
     client = env.execute_async("cli test job")
     try:
         listing = stretch("jobs").stdout
         assert client.get_job_id() in listing and "cli test job" in listing
+        (job,) = [
+            j for j in json.loads(stretch("jobs", "--json").stdout) if j["job_id"] == client.get_job_id()
+        ]
+        assert job["name"] == "cli test job" and job["status"] == "RUNNING" and job["pid"] == os.getpid()
+        assert job["metrics"].startswith("http://127.0.0.1:")
+        assert "stretch_parallelism{" in urllib.request.urlopen(job["metrics"], timeout=10).read().decode()
         status = json.loads(stretch("status", client.get_job_id()[:10], "--json").stdout)
         assert status["status"] == "RUNNING"
         (op,) = status["operators"]

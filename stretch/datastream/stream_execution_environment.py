@@ -100,7 +100,10 @@ class StreamExecutionEnvironment:
         Every ``interval_ms`` the controller measures each operator (or those named in
         ``operators``) and applies ``policy`` (default ``stretch.elasticity.ThresholdPolicy()``),
         keeping parallelism within [min_parallelism, max_parallelism] and waiting ``cooldown_ms``
-        after each rescale before judging the operator again.
+        after each rescale before judging the operator again. The shipped policies judge a window
+        of two intervals, act only if the predicted busy fraction after a change stays inside
+        their band (no rescale back and forth under a steady load), and do not widen past a
+        parallelism that measured no more throughput; their rules: ``stretch.elasticity``.
         """
 
         hi = (
@@ -122,8 +125,10 @@ class StreamExecutionEnvironment:
 
     def enable_metrics(self, port: int = 0, host: str = "127.0.0.1") -> StreamExecutionEnvironment:
         """Serve the job's metrics for Prometheus at ``http://host:port/metrics`` (port 0: any free
-        one; ``stretch jobs --json`` and the job's info show it). Loopback unless told otherwise;
-        ``stretch metrics JOB`` prints the same without any endpoint."""
+        one; ``stretch jobs --json`` shows it, as the ``metrics`` of the job's entry). Loopback
+        unless told otherwise; ``stretch metrics JOB`` prints the same without any endpoint.
+        Instance counters cover every instance slot ever used, so operator totals never go down
+        on a rescale."""
 
         require_prometheus()  # fail here, not when the job starts, without the metrics extra
         self.engine_config.metrics = (host, int(port))

@@ -64,9 +64,9 @@ class ElasticController(threading.Thread):
                 if now[0] < quiet_until[stage.id] or now[1] != before[1]:
                     continue  # cooling down, or a rescale happened inside the interval
                 dt = now[0] - before[0]
-                busy = tuple(
-                    min(max((a - b) / (dt * 1e9), 0.0), 1.0) for a, b in zip(now[2][:-1], before[2][:-1])
-                )
+                # not clamped at 1: busy time is counted when a batch ends, so an interval may hold
+                # a little of the previous one's, which the next interval then lacks
+                busy = tuple(max((a - b) / (dt * 1e9), 0.0) for a, b in zip(now[2][:-1], before[2][:-1]))
                 load = OperatorLoad(
                     operator=stage.name,
                     parallelism=now[1],

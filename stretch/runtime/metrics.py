@@ -4,7 +4,9 @@ scraped, so that keeping them costs the job nothing between scrapes.
 Per operator: parallelism, gate depth, state bytes, rescales (count and durations); per instance:
 records in and out, busy time, and the lag of its watermark behind the wall clock; per job, if it
 takes checkpoints: checkpoints (count, durations, latest size, failures) and recoveries. Rates and busy
-fractions are what Prometheus' ``rate()`` makes of the counters. Served only when asked
+fractions are what Prometheus' ``rate()`` makes of the counters. The instance counters cover every
+instance slot ever used (a retired instance's series stays), so that their sums never go down on a
+rescale, as Prometheus counters must not. Served only when asked
 (``env.enable_metrics(port)``), on loopback unless told otherwise; ``stretch metrics JOB`` prints
 the same text through the job's control socket without any listener.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import time
 
+from stretch.runtime import control_block as cbk
 from stretch.runtime.event_time import MAX_WATERMARK
 
 
@@ -71,15 +74,47 @@ class JobCollector:
             done = [r for r in c.rescales if r["operator"] == op["name"]]
             rescales.add_metric(labels, len(done), sum(r["elapsed_ms"] for r in done) / 1000)
             for inst in op["instances"]:
-                il = [*labels, str(inst["index"])]
-                records_in.add_metric(il, inst["records_in"])
-                records_out.add_metric(il, inst["records_out"])
-                busy.add_metric(il, inst["busy_ns"] / 1e9)
                 wm = inst.get("watermark")
                 if wm is not None and wm < MAX_WATERMARK:
-                    lag.add_metric(il, (now_ms - wm) / 1000)
+                    lag.add_metric([*labels, str(inst["index"])], (now_ms - wm) / 1000)
+            # counters of every instance slot the operator ever used, retired ones included, so
+            # that their sum over instances never goes down when the operator scales down
+            for index, records, out, busy_ns in self._slots(op["name"], op["instances"]):
+                il = [*labels, str(index)]
+                records_in.add_metric(il, records)
+                records_out.add_metric(il, out)
+                busy.add_metric(il, busy_ns / 1e9)
         yield from (parallelism, depth, state, records_in, records_out, busy, lag, rescales)
         yield from self._checkpoints(job)
+
+    def _slots(self, name: str, instances: list[dict]):
+        """(index, records in, records out, busy ns) of each instance slot ever used: the running
+        instances' from ``describe()``, retired ones' from the control block, where their counters
+        stay (a slot used again later continues them)."""
+        c = self.coordinator
+        running = {
+            i["index"]: (i["index"], i["records_in"], i["records_out"], i["busy_ns"]) for i in instances
+        }
+        stage = next((s for s in c.plan.stages if s.name == name and s.kind == "keyed"), None)
+        control = c.control
+        if stage is None or control is None or c._final is not None:  # ended: its segments are gone
+            yield from running.values()
+            return
+        try:
+            slots = control.instances(c.resources.keyed_index[stage.id]).copy()
+        except ValueError:  # the segments went away (the job ended or recovers)
+            yield from running.values()
+            return
+        for index in range(len(slots)):
+            if index in running:
+                yield running[index]
+            elif slots[index, cbk.I_STATE] != cbk.FREE:
+                yield (
+                    index,
+                    int(slots[index, cbk.I_RECORDS_IN]),
+                    int(slots[index, cbk.I_RECORDS_OUT]),
+                    int(slots[index, cbk.I_BUSY_NS]),
+                )
 
     def _checkpoints(self, job: str):
         """Checkpoints (count and durations, latest size) and recoveries, if the job takes them."""

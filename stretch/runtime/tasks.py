@@ -203,6 +203,7 @@ class KeyedInstanceTask(Task):
         owners = cb.table(op, epoch).copy()
         operator.owned = np.flatnonzero(owners == index)
         stats = self.stats = cb.instances(op)[index]
+        self._records_out = int(stats[cbk.I_RECORDS_OUT])  # a slot used before: continue its count
         stats[cbk.I_STATE] = cbk.RUNNING
         cb.announce(op, index, cbk.I_EPOCH, epoch)
         cb.announce(op, index, cbk.I_ACTIVE, epoch)

@@ -3,6 +3,7 @@ endpoint (loopback) and through `stretch metrics` from a second process."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -116,4 +117,47 @@ def test_checkpoint_and_recovery_metrics():
         assert found[("stretch_checkpoint_failures_total", job)] == 0
         assert found[("stretch_recovery_seconds_count", job)] == 1
     finally:
+        client.wait(60)
+
+
+def test_counters_never_go_down_when_the_operator_scales_down_and_up_again():
+    """Retired instances keep their series, and a slot used again continues its counts, so the
+    sums over instances equal what was fed after every rescale (as Prometheus counters must)."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.from_source(ChannelSource("in", RECORD), None, "in").key_by(lambda r: r[0]).sum(1).name(
+        "sums"
+    ).sink_to(ChannelSink("out"))
+    client = env.execute_async("rescaled metrics")
+    writer = channels.open_writer(client, "in")
+    try:
+        results = iter(channels.open_reader(client, "out"))
+        fed, scrapes = 0, []
+        for parallelism in (1, 3, 1, None):
+            sent = [(i % 13, i) for i in range(1000)]
+            writer.write(sent)
+            fed += len(sent)
+            for _ in sent:
+                next(results)
+            deadline = time.monotonic() + 30  # an instance counts a batch just after putting it out
+            while client.describe()["operators"][0]["records_out"] < fed:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            found = samples(render(client._coordinator))
+            assert total(found, "stretch_records_in_total") == fed
+            assert total(found, "stretch_records_out_total") == fed
+            scrapes.append(found)
+            if parallelism is not None:
+                client.rescale("sums", parallelism)
+        instances = {
+            dict(labels)["instance"] for (n, labels) in scrapes[-1] if n == "stretch_records_in_total"
+        }
+        assert instances == {"0", "1", "2"}  # at parallelism 1: every slot ever used
+        for before, after in itertools.pairwise(scrapes):  # and no series ever went down
+            for key, value in before.items():
+                if key[0].endswith("_total"):
+                    assert after[key] >= value, key
+        assert client.describe()["operators"][0]["records_out"] == fed
+    finally:
+        writer.end()
         client.wait(60)
