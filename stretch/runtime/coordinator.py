@@ -51,8 +51,8 @@ class EngineConfig:
     """Sizes of the node engine's structures; defaults suit a laptop-sized machine."""
 
     gate_slots: int = 64
-    gate_bytes: int = 32 << 20
-    sink_gate_bytes: int = 32 << 20
+    gate_bytes: int | None = None  # None: 32 MiB, less on a small /dev/shm (gate.default_data_bytes)
+    sink_gate_bytes: int | None = None
     channel_retention_bytes: int = 1 << 30  # an output channel's log keeps at most this much
     metrics: tuple[str, int] | None = None  # (host, port) of the Prometheus endpoint, if any
     spare_workers: int = 4  # warm, idle workers kept for rescales (replenished after each)

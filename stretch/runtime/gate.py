@@ -18,7 +18,7 @@ from enum import IntEnum
 import numpy as np
 import pyarrow as pa
 
-from stretch._shm import Segment
+from stretch._shm import Segment, free_bytes
 
 
 class Kind(IntEnum):
@@ -66,6 +66,8 @@ _SLOT_WORDS = 8  # seq, kind, pos, len, arg0, arg1, input_index, rows
 _ALIGN = 64
 _INACTIVE = -1
 _POLL = 0.05  # futex waits re-check at this period; wakes are normally immediate
+DEFAULT_DATA_BYTES = 32 << 20
+MIN_DEFAULT_DATA_BYTES = 1 << 20
 
 
 _local_locks: dict[str, threading.Lock] = {}
@@ -74,6 +76,14 @@ _local_locks_guard = threading.Lock()
 
 def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def default_data_bytes() -> int:
+    """A gate's data size when none is given: 32 MiB, or an eighth of what /dev/shm has free if
+    that is less (at least 1 MiB), so that a small /dev/shm (a container's 64 MB) keeps room for
+    the job's other gates and its state. A gate's memory is allocated in full when it is made."""
+    eighth = free_bytes() // 8 // (64 << 10) * (64 << 10)
+    return max(MIN_DEFAULT_DATA_BYTES, min(DEFAULT_DATA_BYTES, eighth))
 
 
 class Gate:
@@ -111,10 +121,13 @@ class Gate:
         prefix: str,
         kind: str = "gate",
         slot_capacity: int = 64,
-        data_bytes: int = 32 << 20,
+        data_bytes: int | None = None,
         max_readers: int = 64,
     ) -> Gate:
-        """Lay out a new gate; every reader cursor starts inactive."""
+        """Lay out a new gate (``data_bytes`` default: ``default_data_bytes()``); every reader
+        cursor starts inactive. Raises SharedMemoryFull if /dev/shm has no room for it."""
+        if data_bytes is None:
+            data_bytes = default_data_bytes()
         slots_off = _H_READERS_OFF + max_readers * _READER_STRIDE
         data_off = _align(slots_off + slot_capacity * _SLOT_WORDS * 8)
         seg = Segment.create(prefix, kind, data_off + data_bytes)

@@ -4,6 +4,11 @@ The coordinator starts one per job. It imports the engine and loads the numba ke
 worker is then a fork of it, so starting a worker (for a job or a rescale) never waits for Python to
 start, modules to import or numba to compile. Both the zygote and its workers die with their
 parent (PR_SET_PDEATHSIG), so nothing outlives the job even if the coordinator is killed.
+
+The zygote imports the very ``stretch`` package its parent runs, wherever the current directory
+is: a source checkout (with a ``stretch/`` folder but no built extension) or a user's folder must
+not shadow the installed package. Then it takes the parent's ``sys.path`` as it is, so the modules
+of the user's script folder that functions refer to import in workers as they do in the parent.
 """
 
 from __future__ import annotations
@@ -17,12 +22,32 @@ import threading
 
 from stretch._native import set_parent_death_signal
 
+# Run by ``python -c`` with argv [package root, cmd fd, resp fd]: the package root goes first on
+# the path before anything of stretch is imported (``-m`` would put the current directory first).
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from stretch.runtime.zygote import main; sys.exit(main(int(sys.argv[2]), int(sys.argv[3])))"
+)
+
+
+def package_root() -> str:
+    """The directory this process imported ``stretch`` from (its site-packages, or a checkout)."""
+    import stretch
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(stretch.__file__)))
+
+
+def parent_path() -> list[str]:
+    """This process's import path with relative entries ('' is the current directory) made
+    absolute, so that they mean the same in the zygote even if the directory changes later."""
+    return [os.path.abspath(p) if not os.path.isabs(p) else p for p in sys.path]
+
 
 def _serve(cmd_fd: int, resp_fd: int) -> int:
     cmd = os.fdopen(cmd_fd, "r")
     resp = os.fdopen(resp_fd, "w", buffering=1)
     config = json.loads(cmd.readline())
-    sys.path[:] = config["sys_path"]
+    sys.path[:] = config["sys_path"]  # stretch itself is imported already, from the parent's root
     from stretch.runtime import worker
 
     worker.warm_up(config["preload"])
@@ -48,9 +73,9 @@ def _serve(cmd_fd: int, resp_fd: int) -> int:
     return 0
 
 
-def main() -> int:
+def main(cmd_fd: int, resp_fd: int) -> int:
     set_parent_death_signal(signal.SIGKILL)
-    return _serve(int(sys.argv[1]), int(sys.argv[2]))
+    return _serve(cmd_fd, resp_fd)
 
 
 class Zygote:
@@ -63,7 +88,7 @@ class Zygote:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "stretch.runtime.zygote", str(cmd_r), str(resp_w)],
+            [sys.executable, "-c", _BOOT, package_root(), str(cmd_r), str(resp_w)],
             pass_fds=(cmd_r, resp_w),
             stdin=subprocess.DEVNULL,
             env=env,
@@ -73,7 +98,9 @@ class Zygote:
         self._cmd = os.fdopen(self._cmd_w, "w", buffering=1)
         self._resp = os.fdopen(self._resp_r, "r")
         self._lock = threading.Lock()
-        self._send({"socket": socket_path, "token": token, "sys_path": sys.path, "preload": list(preload)})
+        self._send(
+            {"socket": socket_path, "token": token, "sys_path": parent_path(), "preload": list(preload)}
+        )
         self._ready = None
 
     def _send(self, obj) -> None:
@@ -111,5 +138,5 @@ class Zygote:
             self._resp.close()
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m stretch.runtime.zygote CMD_FD RESP_FD, as engines before _BOOT ran it
+    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))

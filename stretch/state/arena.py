@@ -2,8 +2,10 @@
 
 The segment is reserved large (sparse: only touched pages use memory), so it never has to be
 remapped, and every process addresses the same structures by byte offset. Space is handed out by
-an atomic bump pointer; space given up by a structure that grew is returned to the OS page by page
-(``MADV_REMOVE``), so memory in use tracks the live state.
+an atomic bump pointer, and its memory allocated in /dev/shm as it is handed out (a full /dev/shm
+then fails that allocation with a clear error, not the first write with a bus error); space given
+up by a structure that grew is returned to the OS page by page (``MADV_REMOVE``), so memory in use
+tracks the live state.
 
 Layout: a header page, a registry of declared states (JSON, written under a robust mutex), then a
 directory with one fixed-size header per key group (see ``_table_kernels``), then the data.
@@ -69,11 +71,17 @@ class Arena:
 
     @classmethod
     def create(cls, prefix: str, max_parallelism: int, reserve: int = DEFAULT_RESERVE) -> Arena:
-        seg = Segment.create(prefix, "state", reserve)
+        seg = Segment.create(prefix, "state", size=reserve, reserve=False)  # sparse: reserved as used
+        first = _page_round(DIR_OFF + max_parallelism * K.KG_WORDS * 8)
+        try:
+            seg.reserve(0, first, "a state arena's key-group directory")
+        except BaseException:
+            seg.close()
+            raise
         r = seg.region
         r.store64(_A_RESERVE, reserve)
         r.store64(_A_MAXP, max_parallelism)
-        r.store64(_A_BUMP, _page_round(DIR_OFF + max_parallelism * K.KG_WORDS * 8))
+        r.store64(_A_BUMP, first)
         r.store64(_A_MAGIC, _MAGIC)
         return cls(seg)
 
@@ -91,6 +99,8 @@ class Arena:
                 f"state arena {self.name} is exhausted ({self.segment.size} bytes reserved); "
                 "set STRETCH_ARENA_RESERVE higher"
             )
+        held = self.resident_bytes() / (1 << 20)
+        self.segment.reserve(off, size, f"the keyed state (arena {self.name}, holding {held:.1f} MiB)")
         return off
 
     def free(self, off: int, nbytes: int) -> None:

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from stretch._shm import Segment
+from stretch.runtime import gate as gate_module
 from stretch.runtime.gate import Gate, GateClosed, Kind
 
 SLOTS = 4
@@ -360,3 +361,20 @@ def test_bad_reader_slot_and_non_gate_segment_are_rejected(make_gate, shm_prefix
             Gate(seg)
     finally:
         seg.close()
+
+
+@pytest.mark.parametrize(
+    ("free", "expected"),
+    [(1 << 30, 32 << 20), (64 << 20, 8 << 20), (16 << 20, 2 << 20), (3 << 20, 1 << 20), (0, 1 << 20)],
+)
+def test_default_gate_size_is_32_mib_or_an_eighth_of_the_free_shared_memory(
+    shm_prefix, monkeypatch, free, expected
+):
+    monkeypatch.setattr(gate_module, "free_bytes", lambda: free)
+    assert gate_module.default_data_bytes() == expected
+    if expected <= 8 << 20:  # and a gate made without a size gets it
+        g = Gate.create(shm_prefix, "gate")
+        try:
+            assert g.data_capacity == expected
+        finally:
+            g.segment.close()
