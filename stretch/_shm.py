@@ -177,7 +177,8 @@ def unlink_prefix(prefix: str) -> None:
         unlink(path.name)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this pid exists (an engine's, or a job's a client holds)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -196,7 +197,7 @@ def reap_dead_engines() -> list[str]:
             pid = int(path.name[len(mine) :].split("-", 1)[0])
         except ValueError:
             continue
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             unlink(path.name)
             reaped.append(path.name)
     return reaped

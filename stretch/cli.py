@@ -172,6 +172,7 @@ def cmd_demo(args) -> int:
         schedule=schedule,
         work_dir=args.work_dir,
         plot=not args.no_plot,
+        verbose=args.verbose,
     )
     return 0 if summary["results_match_reference"] and summary["status"] == "FINISHED" else 1
 
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schedule", default="2,1", help="parallelism to rescale to, live, during the run")
     p.add_argument("--work-dir", help="keep the clicks, checkpoints and results here (default: a temp dir)")
     p.add_argument("--no-plot", action="store_true", help="do not write stretch-demo.png")
+    p.add_argument("--verbose", action="store_true", help="show Spark's log (else it goes to spark.log)")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("scale", help="change a running operator's parallelism")
     p.add_argument("job", help="job id (or a unique prefix) or job name")

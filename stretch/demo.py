@@ -11,6 +11,8 @@ and latency over time.
 from __future__ import annotations
 
 import json
+import os
+import sys
 import tempfile
 import threading
 import time
@@ -61,19 +63,32 @@ def expected_windows(directory: Path) -> dict:
     return out
 
 
-def spark_session():
+def spark_session(log: Path | None = None):
+    """Local Spark; its JVM's own output (and its Python workers') goes to ``log`` if given."""
     from pyspark.sql import SparkSession
 
     from stretch.spark import StretchDataSource
 
-    spark = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("stretch demo")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
     )
+    if log is None:
+        spark = builder.getOrCreate()
+    else:  # the JVM starts now and keeps the standard error it is given: the log file
+        sys.stderr.flush()
+        saved = os.dup(2)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.dup2(fd, 2)
+            spark = builder.getOrCreate()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(fd)
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(StretchDataSource)
     return spark
@@ -103,14 +118,19 @@ def run(
     schedule: tuple[int, ...] = (2, 1),
     work_dir: str | None = None,
     plot: bool = True,
+    verbose: bool = False,
     out=print,
 ) -> dict:
-    """Run the pipeline; returns a summary (also printed)."""
+    """Run the pipeline; returns a summary (also printed). Spark's log goes to ``spark.log`` in
+    the work directory unless ``verbose``."""
     with tempfile.TemporaryDirectory(prefix="stretch-demo-") as tmp:
         work = Path(work_dir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
         click_files(work / "clicks", events, files)
         out(f"stretch demo: {events:,} clicks of {USERS:,} users in {files} Parquet files under {work}")
-        spark = spark_session()
+        log = None if verbose else work / "spark.log"
+        out("  starting local Spark" + ("" if log is None else f" (its log: {log})") + " ...")
+        spark = spark_session(log)
         try:
             return _pipeline(spark, work, events, files, parallelism, schedule, plot, out)
         finally:
@@ -224,6 +244,7 @@ def _monitor(client, into, events, schedule, started, out) -> list[tuple]:
     marks = [events * (i + 1) // (len(schedule) + 1) for i in range(len(schedule))]
     rescaling: threading.Thread | None = None
     seen = 0
+    waiting_said = False
 
     def report_rescales(now: float) -> None:
         nonlocal seen
@@ -248,10 +269,14 @@ def _monitor(client, into, events, schedule, started, out) -> list[tuple]:
         if now - last_t >= 0.5:
             rate = (records - last_in) / (now - last_t)
             samples.append((now - started, rate, op["parallelism"], op["gate_depth"]))
-            out(
-                f"  {now - started:5.1f}s  {rate:>10,.0f} clicks/s  parallelism {op['parallelism']}  "
-                f"gate depth {op['gate_depth']}"
-            )
+            if records:
+                out(
+                    f"  {now - started:5.1f}s  {rate:>10,.0f} clicks/s  parallelism {op['parallelism']}  "
+                    f"gate depth {op['gate_depth']}"
+                )
+            elif not waiting_said:  # Spark plans its first micro-batch and starts its Python workers
+                out(f"  {now - started:5.1f}s  waiting for Spark's first micro-batch ...")
+                waiting_said = True
             last_in, last_t = records, now
         report_rescales(now)
     into.awaitTermination()

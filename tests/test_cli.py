@@ -64,6 +64,9 @@ def test_demo_pipeline_spark_to_stretch_to_spark(tmp_path):
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "rescaled live 1 -> 2" in run.stdout and "rescaled live 2 -> 1" in run.stdout
+    # quiet by default: Spark's log goes to a file, not into the demo's output
+    assert " WARN " not in run.stdout + run.stderr and "log4j" not in run.stderr
+    assert (tmp_path / "spark.log").stat().st_size > 0
     clicks = pq.read_table(tmp_path / "clicks").to_pylist()
     want: dict = {}
     for c in clicks:

@@ -3,13 +3,13 @@ output channel's log."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Callable
 
 import pyarrow as pa
 
+from stretch._shm import pid_alive
 from stretch.common.records import schema_for, to_batch, type_info_of
 from stretch.common.typeinfo import TypeInformation
 from stretch.contracts.connectors import SinkWriter
@@ -98,7 +98,7 @@ class ChannelAppender:
         if self._gate.closed:
             reason = self._gate.closed_reason or "the job has ended"
             raise RuntimeError(f"channel {self.name!r} takes no more records: {reason}")
-        if self._pid is not None and not _alive(self._pid):
+        if self._pid is not None and not pid_alive(self._pid):
             raise RuntimeError(
                 f"channel {self.name!r} takes no more records: the process of its job ({self._pid}) is gone"
             )
@@ -120,16 +120,6 @@ def _refuse_null_keys(batch: pa.RecordBatch, field, channel: str) -> None:
             f"record {i} written to channel {channel!r} has a null key (field {field!r}): {record!r}; "
             "keys must not be null (as in Flink)"
         )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ChannelLogWriter(SinkWriter):

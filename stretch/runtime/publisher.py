@@ -69,10 +69,7 @@ class ChannelPublisher:
                     appender = self._appender(name)
                 except LookupError as e:
                     return {"ok": False, "error": str(e), "type": "LookupError"}
-                batches = []  # every file read before any batch is appended: all or nothing
-                for path in paths:
-                    with pa.memory_map(str(path)) as source:
-                        batches += [b for b in pa.ipc.open_stream(source)]
+                batches = _read_all(paths)
                 self.published_at.append(time.monotonic())
                 for batch in batches:
                     appender.write(batch)
@@ -115,10 +112,7 @@ class ChannelPublisher:
         try:
             with self._lock:
                 appender = self._appender(name)
-            batches = []  # every file read before any batch is appended: all or nothing
-            for path in paths:
-                with pa.memory_map(str(path)) as source:
-                    batches += [b for b in pa.ipc.open_stream(source)]
+            batches = _read_all(paths)
             self.published_at.append(time.monotonic())
             for batch in batches:
                 appender.write(batch, txn)
@@ -147,3 +141,12 @@ class ChannelPublisher:
         if path.parent != self.staging.resolve():
             raise ValueError(f"{file} is not in the job's staging directory {self.staging}")
         return path
+
+
+def _read_all(paths: list[Path]) -> list[pa.RecordBatch]:
+    """Every staged file's batches, all read before any is appended: all or nothing."""
+    batches = []
+    for path in paths:
+        with pa.memory_map(str(path)) as source:
+            batches += list(pa.ipc.open_stream(source))
+    return batches
