@@ -41,7 +41,7 @@ class ElasticController(threading.Thread):
     def _snapshot(self, stage) -> tuple[float, int, list[int], int]:
         c = self.coordinator
         op = c.resources.keyed_index[stage.id]
-        p = c._parallelism[stage.id]
+        p = c.parallelism_of(stage.id)
         inst = c.control.instances(op)[:p]
         return (
             time.monotonic(),

@@ -97,7 +97,7 @@ class JobCollector:
         }
         stage = next((s for s in c.plan.stages if s.name == name and s.kind == "keyed"), None)
         control = c.control
-        if stage is None or control is None or c._final is not None:  # ended: its segments are gone
+        if stage is None or control is None or c.final_status is not None:  # ended: its segments are gone
             yield from running.values()
             return
         try:
