@@ -75,6 +75,8 @@ def spark_session(log: Path | None = None):
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        # on a busy machine the Python side's socket to the JVM would time out after 15 s
+        .config("spark.python.authenticate.socketTimeout", "120s")
     )
     if log is None:
         spark = builder.getOrCreate()
@@ -171,7 +173,10 @@ def _pipeline(spark, work: Path, events, files, parallelism, schedule, plot, out
     end = channels.open_reader(client, "per_user").log.end_offset
     while back.isActive and _offset_read(back) < end:  # Spark reads the last results
         time.sleep(0.2)
+    failure = back.exception()
     back.stop()
+    if failure is not None:
+        raise RuntimeError(f"Spark's query reading the results failed: {failure}")
     results = spark.read.parquet(str(work / "results"))
     got = {(r["key"], r["window_start"]): (r["count"], r["sum_amount"]) for r in results.collect()}
     want = expected_windows(work / "clicks")

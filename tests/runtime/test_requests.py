@@ -4,6 +4,7 @@ finishes exactly; every refusal is an answer; slow, vanished and concurrent clie
 from __future__ import annotations
 
 import json
+import os
 import random
 import socket
 import struct
@@ -147,32 +148,59 @@ def test_two_hundred_concurrent_requests_from_another_process_are_all_answered()
     _finish_exactly(client)
 
 
-class Slow(KeyedProcessFunction):
+class Blocked(KeyedProcessFunction):
+    """Holds every record while a file exists: a backlog for as long as the test wants."""
+
+    def __init__(self, block: str):
+        self.block = block
+
     def process_element(self, value, ctx):
-        time.sleep(0.002)
+        while os.path.exists(self.block):
+            time.sleep(0.01)
         yield value
 
 
-def test_a_rescale_under_a_long_backlog_reports_progress_and_completes():
+def test_a_rescale_under_a_long_backlog_reports_progress_and_completes(tmp_path):
+    block = tmp_path / "block"
+    block.touch()
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(1)
-    env.from_source(ChannelSource("in", PAIR), None, "in").key_by(lambda r: r[0]).process(Slow()).name(
-        "slow"
-    ).sink_to(ChannelSink("out"))
-    client = env.execute_async("slow backlog")
-    writer = channels.open_writer(client, "in")
-    records = [(i % 50, i) for i in range(2_500)]  # about 5 s of work at parallelism 1
-    writer.write(records)
-    progress = []
-    job = jobs.find("slow backlog")
-    report = job.request(
-        {"op": "scale", "operator": "slow", "parallelism": 2}, timeout=1.5, on_progress=progress.append
-    )  # the job is silent for at most a second at a time, though the rescale takes seconds
-    assert report["ok"] and report["new_parallelism"] == 2, report
-    assert progress and all(p["progress"] for p in progress)
-    writer.end()
-    assert sorted(tuple(r) for r in channels.open_reader(client, "out")) == sorted(records)
-    assert client.wait(60).name == "FINISHED"
+    env.from_source(ChannelSource("in", PAIR), None, "in").key_by(lambda r: r[0]).process(
+        Blocked(str(block))
+    ).name("held").sink_to(ChannelSink("out"))
+    client = env.execute_async("held backlog")
+    try:
+        writer = channels.open_writer(client, "in")
+        records = [(i % 50, i) for i in range(500)]
+        writer.write(records)
+        progress, replies = [], []
+        job = jobs.find("held backlog")
+        asking = threading.Thread(
+            target=lambda: replies.append(
+                job.request(  # the job is silent for at most a second at a time while it works
+                    {"op": "scale", "operator": "held", "parallelism": 2},
+                    timeout=2.5,
+                    on_progress=progress.append,
+                )
+            )
+        )
+        asking.start()
+        deadline = time.monotonic() + 60
+        while len(progress) < 3:  # three seconds and more of backlog, reported as progress
+            assert time.monotonic() < deadline and asking.is_alive()
+            time.sleep(0.05)
+        block.unlink()
+        asking.join(60)
+        (report,) = replies
+        assert report["ok"] and report["new_parallelism"] == 2, report
+        assert all(p["progress"] and p["elapsed_ms"] >= 0 for p in progress)
+        writer.end()
+        assert sorted(tuple(r) for r in channels.open_reader(client, "out")) == sorted(records)
+        assert client.wait(60).name == "FINISHED"
+    finally:
+        block.unlink(missing_ok=True)
+        if not client._coordinator.done:
+            client.cancel()
 
 
 def test_fuzzing_the_control_socket_never_fails_the_job():
