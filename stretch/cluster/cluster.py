@@ -336,7 +336,7 @@ class ClusterJobClient:
         """Each node's ``describe()`` of the job."""
         return {node: status["jobs"][self.name] for node, status in self.cluster.status().items()}
 
-    def rescale(self, operator_name: str, parallelism: int, node: str) -> dict:
+    def rescale(self, operator_name: str, parallelism: int, *, node: str) -> dict:
         """A live rescale of ``operator_name`` inside one node (copy-free, as on one machine)."""
         return self.cluster.connection.action(
             node, "rescale", {"job": self.name, "operator": operator_name, "parallelism": parallelism}

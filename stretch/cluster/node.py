@@ -48,6 +48,7 @@ from stretch.jobs import find
 from stretch.runtime.coordinator import Coordinator
 from stretch.state.arena import Arena
 from stretch.state.key_groups import key_groups_of
+from stretch.state.key_groups import warm_up as warm_key_groups
 from stretch.state.keyed_table import KeyedTable
 from stretch.state.queryable import read_state
 from stretch.state.snapshot import (
@@ -270,7 +271,9 @@ class NodeServer(flight.FlightServerBase):
                 raise flight.FlightServerError(
                     "every job of a cluster must have the cluster's max parallelism"
                 )
-            self.jobs[spec["name"]] = NodeJob(spec["name"], self.node_id, spec["plan"], spec["config"])
+            job = self.jobs[spec["name"]] = NodeJob(spec["name"], self.node_id, spec["plan"], spec["config"])
+            for operator in job.keyed:  # now, not in the first handoff's stall
+                KeyedTable(job.arena(operator))
         return {"job_id": self.jobs[spec["name"]].client.get_job_id()}
 
     def _act_own(self, body: bytes) -> dict:
@@ -404,6 +407,17 @@ def barrier_all(job: NodeJob) -> None:
         job.client.rescale(operator, parallelism)
 
 
+def warm_up() -> None:
+    """Pay now, at the node's start, what a first handoff or write would otherwise wait for: the
+    lazy imports behind Arrow -> numpy conversions (pandas, seconds on a busy host) and the
+    key-group kernels."""
+    empty = SNAPSHOT_SCHEMA.empty_table()
+    for column in empty.columns[:3]:
+        column.to_numpy()
+    pa.array([0], pa.int32()).to_numpy()
+    warm_key_groups()
+
+
 def _exit_with_parent(server: NodeServer, parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(0.5)
@@ -419,6 +433,7 @@ def main(argv: list[str] | None = None) -> None:
     secret = os.environ.pop(SECRET_ENV, None)
     if not secret:
         sys.exit(f"{SECRET_ENV} must hold the cluster's secret")
+    warm_up()
     server = NodeServer(args.node_id, secret, args.host, args.port)
     threading.Thread(target=_exit_with_parent, args=(server, os.getppid()), daemon=True).start()
     print(json.dumps({"port": server.port}), flush=True)

@@ -106,8 +106,34 @@ def test_nodes_refuse_rows_of_key_groups_they_do_not_own_and_callers_without_the
         stranger.close()
         connection.close()
 
+        # inside a node, the operator rescales live as on one machine; the other node is left be
+        report = client.rescale("counts", 3, node="node-1")
+        assert (report["old_parallelism"], report["new_parallelism"], report["state_bytes_copied"]) == (
+            2,
+            3,
+            0,
+        )
+        described = client.describe()
+        assert [o["parallelism"] for o in described["node-1"]["operators"]] == [3]
+        assert [o["parallelism"] for o in described["node-0"]["operators"]] == [2]
+
         with client.writer("in") as w:
             w.write([(key, 2)])
         client.end("in")
         assert set(client.wait(120).values()) == {"FINISHED"}
         assert outputs("refusals", cluster.nodes) == [(key, 1, 1), (key, 2, 3)]
+
+
+def test_a_restarted_driver_goes_on_from_the_stored_routing_version(tmp_path):
+    directory = tmp_path / "cluster"
+    with StretchCluster.local(nodes=1, directory=directory, max_parallelism=16, step=4) as cluster:
+        report = cluster.add_node()
+        assert (report.key_groups_moved, report.steps, report.version) == (8, 2, 2)
+        table = cluster.table
+    with StretchCluster.local(nodes=5, directory=directory, max_parallelism=16) as again:
+        assert again.table == table  # the stored table, not 5 fresh nodes
+        assert again.nodes == ["node-0", "node-1"]
+        status = again.status()
+        assert status["node-1"]["key_groups"] == table.key_groups_of("node-1")
+        assert again.add_node().key_groups_moved == 16 // 3
+        assert again.nodes == ["node-0", "node-1", "node-2"]
