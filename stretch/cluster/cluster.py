@@ -53,6 +53,7 @@ class HandoffReport:
     max_stall_ms: float
     version: int = 0
     steps: int = 0
+    step_ms: tuple[float, ...] = ()  # each (source, target) move of each step, release to adoption
 
 
 @dataclass
@@ -226,7 +227,7 @@ class StretchCluster:
     def _handoff(self, moves: dict[int, str]) -> HandoffReport:
         t0 = time.monotonic()
         moved = size = 0
-        stall = 0.0
+        stalls: list[float] = []
         parts = steps(moves, self.step)
         for step in parts:
             old = self.table
@@ -238,15 +239,16 @@ class StretchCluster:
             for (src, dst), kgs in pairs.items():
                 s0 = time.monotonic()
                 size += self._move(src, dst, kgs, self.table.version)
-                stall = max(stall, (time.monotonic() - s0) * 1000)
+                stalls.append((time.monotonic() - s0) * 1000)
                 moved += len(kgs)
         return HandoffReport(
             elapsed_ms=(time.monotonic() - t0) * 1000,
             key_groups_moved=moved,
             bytes_moved=size,
-            max_stall_ms=stall,
+            max_stall_ms=max(stalls, default=0.0),
             version=self.table.version,
             steps=len(parts),
+            step_ms=tuple(stalls),
         )
 
     def _move(self, src: str, dst: str, kgs: list[int], version: int) -> int:
