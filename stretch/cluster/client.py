@@ -101,12 +101,13 @@ class ClusterWriter:
         """Send records (a RecordBatch, a Table or a list of tuples/Rows) to their nodes.
 
         ``query`` and ``batch``: the (query, micro-batch) they belong to; a (query, batch) that a
-        key group already took is dropped there, so a replay is exact.
+        key group already took is dropped there, so a replay is exact. Give all rows of a
+        micro-batch in one call: a node takes a key group's rows of a micro-batch all at once.
         """
         if (query is None) != (batch is None):
             raise ValueError("give both query and batch (a micro-batch), or neither")
-        if isinstance(data, pa.Table):
-            parts = data.to_batches()
+        if isinstance(data, pa.Table):  # one batch: a key group's rows of a micro-batch go together
+            parts = data.combine_chunks().to_batches()[:1]
         elif isinstance(data, pa.RecordBatch):
             parts = [data]
         else:

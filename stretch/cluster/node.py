@@ -188,6 +188,11 @@ class NodeServer(flight.FlightServerBase):
             raise flight.FlightServerError(f"unknown put {cmd['op']!r}")
 
     def _write(self, cmd: dict, batches: list[pa.RecordBatch]) -> None:
+        # One batch: a key group's rows of a (query, batch) are taken or dropped all together.
+        batch = pa.Table.from_batches(batches).combine_chunks().to_batches()
+        if not batch or not batch[0].num_rows:
+            return
+        batch = batch[0]
         with self.lock:
             job = self._job(cmd["job"])
             field = job.inputs.get(cmd["channel"])
@@ -196,26 +201,23 @@ class NodeServer(flight.FlightServerBase):
                     f"job {job.name!r} has no input channel {cmd['channel']!r} (inputs: {sorted(job.inputs)})"
                 )
             query, batch_id = cmd.get("query"), cmd.get("batch")
-            for batch in batches:
-                if not batch.num_rows:
-                    continue
-                kgs = key_groups_of(column_of(batch, field), job.max_parallelism)
-                owned = self.owned if self.owned is not None else np.zeros(job.max_parallelism, bool)
-                foreign = np.unique(kgs[~owned[kgs]])
-                if foreign.size:
-                    raise flight.FlightServerError(
-                        f"{NOT_OWNER} version={self.version}: node {self.node_id} does not own key groups "
-                        f"{foreign[:8].tolist()}{'...' if foreign.size > 8 else ''}; reload the routing table"
-                    )
-                if query is not None:
-                    mark = job.mark(cmd["channel"], query)
-                    fresh = mark[kgs] < batch_id
-                    rows = batch if fresh.all() else batch.filter(pa.array(fresh))
-                    if rows.num_rows:
-                        job.writer(cmd["channel"]).write(rows)
-                        mark[np.unique(kgs[fresh])] = batch_id
-                else:
-                    job.writer(cmd["channel"]).write(batch)
+            kgs = key_groups_of(column_of(batch, field), job.max_parallelism)
+            owned = self.owned if self.owned is not None else np.zeros(job.max_parallelism, bool)
+            foreign = np.unique(kgs[~owned[kgs]])
+            if foreign.size:
+                raise flight.FlightServerError(
+                    f"{NOT_OWNER} version={self.version}: node {self.node_id} does not own key groups "
+                    f"{foreign[:8].tolist()}{'...' if foreign.size > 8 else ''}; reload the routing table"
+                )
+            if query is None:
+                job.writer(cmd["channel"]).write(batch)
+                return
+            mark = job.mark(cmd["channel"], query)
+            fresh = mark[kgs] < batch_id
+            rows = batch if fresh.all() else batch.filter(pa.array(fresh))
+            if rows.num_rows:
+                job.writer(cmd["channel"]).write(rows)
+                mark[np.unique(kgs[fresh])] = batch_id
 
     def _load(self, cmd: dict, batches: list[pa.RecordBatch]) -> None:
         job = self._job(cmd["job"])

@@ -137,3 +137,23 @@ def test_a_restarted_driver_goes_on_from_the_stored_routing_version(tmp_path):
         assert status["node-1"]["key_groups"] == table.key_groups_of("node-1")
         assert again.add_node().key_groups_moved == 16 // 3
         assert again.nodes == ["node-0", "node-1", "node-2"]
+
+
+def test_a_micro_batch_in_several_chunks_reaches_every_key_group_whole(tmp_path):
+    """Rows of one key group in several chunks of a (query, batch) are all taken, and a replay of
+    the whole micro-batch, in other chunks, none of them."""
+    records = [(k, i) for i in range(6) for k in KEYS[:40]]
+    chunked = pa.Table.from_batches([to_batch(records[i : i + 7], PAIR) for i in range(0, len(records), 7)])
+    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
+        client = count_sum_job().execute_async("chunks", cluster=cluster)
+        with client.writer("in") as w:
+            w.write(chunked, query="q", batch=0)
+            w.write(pa.Table.from_batches([to_batch(records[::-1], PAIR)]), query="q", batch=0)
+        client.end("in")
+        assert set(client.wait(120).values()) == {"FINISHED"}
+        got = outputs("chunks", cluster.nodes)
+    final = {}
+    for key, count, total in got:
+        final[key] = max(final.get(key, (0, 0)), (count, total))
+    assert final == reference(records)
+    assert len(got) == len(records)
