@@ -21,7 +21,8 @@ from pyarrow import flight
 
 from stretch.cluster.node import NOT_OWNER, SECRET_HEADER, column_of
 from stretch.cluster.routing import RoutingStore, RoutingTable
-from stretch.common.records import to_batch
+from stretch.common.records import schema_for, to_batch
+from stretch.common.typeinfo import TypeInformation
 from stretch.state.key_groups import key_groups_of
 
 
@@ -92,7 +93,9 @@ class ClusterWriter:
         self.key = key if key is not None else info.get("inputs", {}).get(channel)
         if self.key is None:
             raise LookupError(f"no job {job!r} with input channel {channel!r} on the cluster; give key=")
-        self.type_info = None
+        declared = info.get("types", {}).get(channel)
+        self.type_info = TypeInformation.from_json(declared) if declared else None
+        self.schema = schema_for(self.type_info) if self.type_info is not None else None
         self.retry_for = retry_for
         self.table: RoutingTable = self.connection.store.load()
         self.refusals = 0  # parts sent again because their key groups had moved
@@ -113,7 +116,7 @@ class ClusterWriter:
         else:
             parts = [to_batch(list(data), self.type_info)]
         command = {"op": "write", "job": self.job, "channel": self.channel, "query": query, "batch": batch}
-        pending = [p for p in parts if p.num_rows]
+        pending = [self._shaped(p) for p in parts if p.num_rows]
         deadline = time.monotonic() + self.retry_for
         while pending:
             part = pending.pop(0)
@@ -135,6 +138,19 @@ class ClusterWriter:
                     self.refusals += 1
                     self._reload()
                     pending.append(rows)
+
+    def _shaped(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """A batch in the channel's declared schema (columns by position: Spark's names and
+        Arrow types, such as string for large_string, differ from the job's)."""
+        if self.schema is None or batch.schema.equals(self.schema):
+            return batch
+        if batch.num_columns != len(self.schema):
+            raise ValueError(
+                f"channel {self.channel!r} of job {self.job!r} takes {len(self.schema)} columns "
+                f"({self.schema}), got {batch.num_columns} ({batch.schema})"
+            )
+        columns = [c.cast(f.type) for c, f in zip(batch.columns, self.schema)]
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
     def _reload(self) -> None:
         """The latest routing table; waits a little if it has not changed (a move under way)."""

@@ -111,6 +111,7 @@ class StretchCluster:
         secret_file.write_text(self._secret)
         self._write("jobs.json", {})
         self._write("nodes.json", {})
+        (self.directory / "staging").mkdir(mode=0o700, exist_ok=True)  # Spark executors stage here
         self.connection = ClusterConnection(self.directory)
         stored = self.store.load()
         if stored is not None and stored.max_parallelism != self.max_parallelism:
@@ -193,7 +194,15 @@ class StretchCluster:
         blob = cloudpickle.dumps({"name": name, "plan": plan, "config": config})
         self._jobs[name] = blob
         jobs = json.loads((self.directory / "jobs.json").read_text())
-        jobs[name] = {"inputs": inputs}
+        types = {}
+        for stage in plan.stages:
+            channel, type_info = (
+                getattr(stage.source, "channel_name", None),
+                getattr(stage.source, "type_info", None),
+            )
+            if channel is not None:
+                types[channel] = type_info.to_json() if type_info is not None else None
+        jobs[name] = {"inputs": inputs, "types": types}
         self._write("jobs.json", jobs)
         for node_id in self._nodes:
             self.connection.action(node_id, "submit", blob)

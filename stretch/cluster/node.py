@@ -276,6 +276,7 @@ class NodeServer(flight.FlightServerBase):
             job = self.jobs[spec["name"]] = NodeJob(spec["name"], self.node_id, spec["plan"], spec["config"])
             for operator in job.keyed:  # now, not in the first handoff's stall
                 KeyedTable(job.arena(operator))
+            barrier_all(job)
         return {"job_id": self.jobs[spec["name"]].client.get_job_id()}
 
     def _act_own(self, body: bytes) -> dict:
