@@ -25,8 +25,6 @@ import json
 import os
 import secrets
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -35,9 +33,9 @@ from pathlib import Path
 import cloudpickle
 import pyarrow as pa
 
-import stretch
 from stretch.cluster.client import ClusterConnection, ClusterWriter
-from stretch.cluster.node import SECRET_ENV, cluster_inputs
+from stretch.cluster.launchers import LocalNodes, SparkNodes
+from stretch.cluster.node import cluster_inputs
 from stretch.cluster.routing import RoutingStore, RoutingTable, plan_add_node, plan_remove_node, steps
 from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
 
@@ -60,12 +58,12 @@ class HandoffReport:
 class _Node:
     id: str
     location: str
-    process: subprocess.Popen | None = None
 
 
 class StretchCluster:
-    def __init__(self, directory: Path, max_parallelism: int, step: int, owns_directory: bool):
+    def __init__(self, directory: Path, max_parallelism: int, step: int, owns_directory: bool, launcher=None):
         self.directory = directory
+        self.launcher = launcher if launcher is not None else LocalNodes()
         self.max_parallelism = max_parallelism
         self.step = step
         self._owns_directory = owns_directory
@@ -97,6 +95,30 @@ class StretchCluster:
         path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         cluster = cls(path, max_parallelism, step, owns)
+        try:
+            cluster._begin(nodes)
+        except BaseException:
+            cluster.close()
+            raise
+        return cluster
+
+    @classmethod
+    def on_spark(
+        cls,
+        spark,
+        nodes: int = 2,
+        directory: str | os.PathLike | None = None,
+        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        step: int = 8,
+    ) -> StretchCluster:
+        """``nodes`` nodes, each a long-running task of a Spark job of ``spark``'s context,
+        holding one task slot for as long as it runs (as Ray on Spark does). Spark's executors
+        must run on this host for now (the address is a local directory, nodes listen on
+        loopback); leave task slots free for the queries that write into the cluster."""
+        owns = directory is None
+        path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        cluster = cls(path, max_parallelism, step, owns, SparkNodes(spark, path))
         try:
             cluster._begin(nodes)
         except BaseException:
@@ -137,22 +159,7 @@ class StretchCluster:
         tmp.replace(self.directory / name)
 
     def _start_node(self, node_id: str) -> _Node:
-        env = dict(os.environ)
-        env[SECRET_ENV] = self._secret
-        root = str(Path(stretch.__file__).resolve().parent.parent)  # this stretch, wherever it is
-        env["PYTHONPATH"] = os.pathsep.join([root, os.getcwd(), *filter(None, [env.get("PYTHONPATH")])])
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "from stretch.cluster.node import main; main()", "--node-id", node_id],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
-        line = proc.stdout.readline()
-        if not line:
-            proc.wait()
-            raise RuntimeError(f"stretch node {node_id} did not start (exit code {proc.returncode})")
-        port = json.loads(line)["port"]
-        node = self._nodes[node_id] = _Node(node_id, f"grpc://127.0.0.1:{port}", proc)
+        node = self._nodes[node_id] = _Node(node_id, self.launcher.start(node_id, self._secret))
         self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
         for blob in self._jobs.values():
             self.connection.action(node_id, "submit", blob)
@@ -286,13 +293,7 @@ class StretchCluster:
         except Exception:
             pass
         self.connection.forget(node_id)
-        if node.process is not None:
-            try:
-                node.process.wait(60)
-            except subprocess.TimeoutExpired:
-                node.process.kill()
-                node.process.wait()
-            node.process.stdout.close()
+        self.launcher.stop(node.id)
 
     def close(self) -> None:
         """Stop every node (cancelling the jobs still running) and remove what the cluster made."""
