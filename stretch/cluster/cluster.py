@@ -192,6 +192,11 @@ class StretchCluster:
         """Run a job on every node (what ``env.execute_async(name, cluster=cluster)`` does)."""
         if name in self._jobs:
             raise ValueError(f"the cluster already runs a job {name!r}")
+        if config.checkpointing:
+            raise ValueError(
+                f"job {name!r} enables checkpointing, which a cluster does not support yet: its channels "
+                "would be read from their logs, behind the barrier a key-group handoff relies on"
+            )
         if plan.max_parallelism != self.max_parallelism:
             raise ValueError(
                 f"job {name!r} has max parallelism {plan.max_parallelism}; the cluster routes "

@@ -157,3 +157,11 @@ def test_a_micro_batch_in_several_chunks_reaches_every_key_group_whole(tmp_path)
         final[key] = max(final.get(key, (0, 0)), (count, total))
     assert final == reference(records)
     assert len(got) == len(records)
+
+
+def test_a_checkpointed_job_is_refused_before_any_node_is_asked(tmp_path):
+    env = count_sum_job()
+    env.enable_checkpointing(1000)
+    cluster = StretchCluster(tmp_path, 128, 8, owns_directory=False)  # no node: none may be asked
+    with pytest.raises(ValueError, match="checkpointing"):
+        env.execute_async("checkpointed", cluster=cluster)
