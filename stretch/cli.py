@@ -9,6 +9,7 @@ import sys
 import time
 
 from stretch import jobs
+from stretch.cluster.client import ClusterConnection
 from stretch.datastream.stream_execution_environment import RESTORE_ENV
 
 
@@ -177,6 +178,31 @@ def cmd_demo(args) -> int:
     return 0 if summary["results_match_reference"] and summary["status"] == "FINISHED" else 1
 
 
+def cmd_cluster_status(args) -> int:
+    """Each node of the cluster at ADDRESS: its routing version, key groups and jobs."""
+    try:
+        connection = ClusterConnection(args.address)
+    except OSError as e:
+        raise SystemExit(f"stretch: no stretch cluster at {args.address}: {e}") from None
+    try:
+        table = connection.store.load()
+        nodes = {n: connection.action(n, "status") for n in connection.locations()}
+    finally:
+        connection.close()
+    if args.json:
+        print(json.dumps({"version": table.version if table else None, "nodes": nodes}))
+        return 0
+    print(f"routing version {table.version if table else '-'}, {len(nodes)} nodes")
+    for node, status in nodes.items():
+        running = (
+            ", ".join(f"{name} ({job.get('status')})" for name, job in status["jobs"].items()) or "no jobs"
+        )
+        print(
+            f"  {node:10} version {status['version']:<4} {len(status['key_groups']):5} key groups   {running}"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stretch", description="Elastic stateful stream processing.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -215,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("metrics", help="a running job's metrics, in Prometheus' text format")
     p.add_argument("job", help="job id (or a unique prefix) or job name")
     p.set_defaults(func=cmd_metrics)
+    p = sub.add_parser("cluster", help="a stretch cluster: `stretch cluster status ADDRESS`")
+    csub = p.add_subparsers(dest="cluster_command", required=True)
+    c = csub.add_parser("status", help="each node's routing version, key groups and jobs")
+    c.add_argument("address", help="the cluster's address (its directory)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_cluster_status)
     args = parser.parse_args(argv)
     return args.func(args)
 

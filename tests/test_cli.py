@@ -9,10 +9,14 @@ import sys
 import urllib.request
 
 import pyarrow.parquet as pq
+import pytest
 
+from stretch.cli import main
+from stretch.cluster import StretchCluster
 from stretch.common import Types
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors import DataGeneratorSource, DiscardingSink, RateLimiterStrategy
+from tests.cluster.jobs import count_sum_job
 
 
 def stretch(*args, check=True):
@@ -159,3 +163,19 @@ def test_run_finds_the_scripts_own_modules_as_python_does(tmp_path):
     (tmp_path / "settings.py").write_text("EVENTS = 1234\n")
     (tmp_path / "job.py").write_text("import sys\nfrom settings import EVENTS\nprint(EVENTS, sys.argv[1:])\n")
     assert stretch("run", str(tmp_path / "job.py"), "a", "b").stdout == "1234 ['a', 'b']\n"
+
+
+def test_cluster_status_shows_each_nodes_key_groups_and_jobs(tmp_path, capsys):
+    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
+        count_sum_job().execute_async("cli-cluster", cluster=cluster)
+        assert main(["cluster", "status", cluster.address, "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["version"] == 0
+        assert {n: s["key_groups"] for n, s in shown["nodes"].items()} == {
+            n: cluster.table.key_groups_of(n) for n in cluster.nodes
+        }
+        assert all(s["jobs"]["cli-cluster"]["status"] == "RUNNING" for s in shown["nodes"].values())
+        assert main(["cluster", "status", cluster.address]) == 0
+        assert "64 key groups" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no stretch cluster"):
+        main(["cluster", "status", str(tmp_path / "nothing")])

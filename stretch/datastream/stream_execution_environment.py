@@ -211,9 +211,8 @@ class StreamExecutionEnvironment:
     def _add_sink(self, t: Transformation) -> None:
         self._sinks.append(t)
 
-    def _submit(
-        self, sinks: list[Transformation], job_name: str | None, restore: bool | None = None
-    ) -> tuple[Coordinator, JobClient]:
+    def _compile(self, sinks: list[Transformation], restore: bool | None = None):
+        """The job's plan and a snapshot of the engine configuration to run it with."""
         dead_letters = ChannelSink(self._dead_letter_channel) if self._dead_letter_channel else None
         plan = compile_plan(sinks, self._parallelism, self._max_parallelism, dead_letters)
         if restore is None:
@@ -223,16 +222,27 @@ class StreamExecutionEnvironment:
         config = dataclasses.replace(  # a snapshot: later changes to the environment leave the job be
             self.engine_config, restore=restore, checkpoint=dataclasses.replace(self.engine_config.checkpoint)
         )
+        return plan, config
+
+    def _submit(
+        self, sinks: list[Transformation], job_name: str | None, restore: bool | None = None
+    ) -> tuple[Coordinator, JobClient]:
+        plan, config = self._compile(sinks, restore)
         coordinator = Coordinator(plan, job_name or DEFAULT_JOB_NAME, config)
         return coordinator, JobClient(coordinator)
 
-    def execute_async(self, job_name: str = DEFAULT_JOB_NAME, restore: bool | None = None) -> JobClient:
+    def execute_async(self, job_name: str = DEFAULT_JOB_NAME, restore: bool | None = None, cluster=None):
         """Start the job and return at once; the JobClient follows, rescales or cancels it.
 
         ``restore``: start from the latest complete checkpoint of the job of this name (a job whose
         process died), at this job's parallelism. Default: ``stretch run --restore`` sets it.
+        ``cluster``: a ``stretch.cluster.StretchCluster``; the job runs on each of its nodes, for
+        the key groups the node owns, and the cluster's job client is returned.
         """
         sinks, self._sinks = self._sinks, []
+        if cluster is not None:
+            plan, config = self._compile(sinks, restore)
+            return cluster.submit(plan, job_name, config)
         _, client = self._submit(sinks, job_name, restore)
         return client._start()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 
 from stretch.channels import output_schema
+from stretch.spark.cluster_sink import ClusterStreamWriter
 from stretch.spark.schemas import spark_ddl
 from stretch.spark.sink import StretchStreamWriter
 from stretch.spark.source import StretchBatchReader, StretchStreamReader
@@ -32,6 +33,8 @@ class StretchDataSource(DataSource):
         return spark_ddl(output_schema(self._required("job"), self._required("channel")))
 
     def streamWriter(self, schema, overwrite: bool):
+        if self.options.get("cluster"):  # a job on a stretch cluster: rows go to their key groups' nodes
+            return ClusterStreamWriter(self.options, schema)
         return StretchStreamWriter(self.options, schema)
 
     def streamReader(self, schema):

@@ -116,9 +116,16 @@ def restore_key_groups(arena: Arena, path: Path) -> int:
     """Load a snapshot file into a fresh arena (its key groups must be empty); returns key groups."""
     with pa.memory_map(str(path)) as source:
         table = pa.ipc.open_file(source).read_all()
+    return load_key_groups(arena, table.to_batches())
+
+
+def load_key_groups(arena: Arena, batches) -> int:
+    """Load copied key groups (``copy_key_groups``' batches) into an arena whose copies of these
+    key groups are empty; the arena may be live, as long as nobody touches these key groups
+    meanwhile (a node that receives key groups from another). Returns the key groups loaded."""
     headers = arena.headers
     restored = 0
-    for batch in table.to_batches():
+    for batch in batches:
         kgs = batch.column(0).to_numpy()
         words = batch.column(1).to_numpy()
         caps = batch.column(2).to_numpy()
@@ -127,6 +134,8 @@ def restore_key_groups(arena: Arena, path: Path) -> int:
             kg, word = int(kgs[i]), int(words[i])
             raw = data[i].as_buffer()
             if word < 0:
+                if headers[kg, K.H_NKEYS]:
+                    raise ValueError(f"key group {kg} already holds keys here: it cannot be loaded over them")
                 header = np.frombuffer(raw, dtype=np.int64).copy()
                 header[K.H_VERSION] = 0
                 headers[kg] = header
@@ -136,6 +145,17 @@ def restore_key_groups(arena: Arena, path: Path) -> int:
             arena.a8[off : off + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
             headers[kg, word] = off
     return restored
+
+
+def release_key_groups(table: KeyedTable, key_groups) -> None:
+    """Forget key groups that moved to another node: their pages go back to the OS and their
+    headers are emptied. The caller owns them and nobody writes them meanwhile."""
+    arena, registry = table.arena, table.arena.registry()
+    for kg in map(int, key_groups):
+        header = table.headers[kg]
+        for word, cap, _live in _blocks(table, kg, registry):
+            arena.free(int(header[word]), cap)
+        table.headers[kg] = 0
 
 
 def describe_arena(arena: Arena) -> dict:

@@ -16,8 +16,11 @@ from stretch.state.key_groups import key_groups_of
 from stretch.state.keyed_table import KeyedTable, KeyMode
 from stretch.state.queryable import read_state
 from stretch.state.snapshot import (
+    copy_key_groups,
     describe_arena,
+    load_key_groups,
     prepare_arena,
+    release_key_groups,
     restore_key_groups,
     snapshot_key_groups,
 )
@@ -98,6 +101,40 @@ def test_restored_arena_equals_the_snapshotted_one(shm_prefix, tmp_path, key_kin
         # the restored state keeps working: new keys and more values go in as usual
         _fill(target, key_kind, random.Random(8))
         assert len(read_state(copy)) >= len(model)
+    finally:
+        source.close()
+        target.close()
+
+
+def test_key_groups_move_between_two_live_arenas(shm_prefix):
+    """A node hands key groups to another: copied out, released at the source, loaded into a target
+    that holds other key groups; together the two hold exactly what the source held, timers too."""
+    source = Arena.create(shm_prefix, MAXP)
+    target = Arena.create(shm_prefix, MAXP)
+    try:
+        model = _fill(source, "str", random.Random(3))
+        src = KeyedTable(source)
+        before_rows = _rows_of(src)
+        moving = list(range(0, MAXP, 3))
+        # the target is live: it already holds the key groups it owns (none of the moving ones)
+        prepare_arena(target, describe_arena(source))
+        staying = [kg for kg in range(MAXP) if kg not in moving]
+        load_key_groups(target, [])  # nothing: nothing changes
+        batches = copy_key_groups(src, moving)
+        release_key_groups(src, moving)
+        assert not src.headers[moving, 1].any()  # the source forgot them
+        loaded = load_key_groups(target, batches)
+        assert loaded == sum(1 for b in batches for w in b.column(1).to_pylist() if w < 0)
+        dst = KeyedTable(target)
+        moved_rows, kept_rows = _rows_of(dst), _rows_of(src)
+        assert not set(moved_rows) & set(kept_rows)
+        assert {**moved_rows, **kept_rows} == before_rows
+        assert kept_rows.keys() == {
+            k for k in before_rows if key_groups_of(pa.array([k]), MAXP)[0] in staying
+        }
+        with pytest.raises(ValueError, match="already holds keys"):
+            load_key_groups(target, batches)  # loading over keys would corrupt them
+        assert sorted(_timers(dst) + _timers(src)) == sorted(t for m in model.values() for t in m["timers"])
     finally:
         source.close()
         target.close()

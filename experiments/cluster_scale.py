@@ -1,0 +1,143 @@
+"""Nodes added and removed under a steady W1 load on a local cluster, beside the engine on one node.
+
+    python experiments/cluster_scale.py --json [--keys 500000 --events 3000000]
+
+A rolling count+sum over W1 events (vectorized ``sum``, keyed by the int64 key) runs on
+``StretchCluster.local(nodes=2)``; a writer streams W1 batches into it (each a micro-batch of one
+query, so replays would be dropped per key group) while the nodes go 2 -> 3 -> 2. Reported:
+
+- ``handoff_p50_ms``/``handoff_p99_ms``: one step's move between two nodes (release, barrier,
+  snapshot, ship, load, adopt), ``max_stall_ms``: the longest any key group refused rows;
+- ``moved_fraction`` on 2 -> 3 (ideal 1/3), ``bytes_moved`` per node change, ``state_mb``;
+- ``lost``/``duplicated``: per key, the count the cluster holds against the events written;
+- ``cluster_meps`` (2 nodes, through the cluster writer) against ``single_node_meps`` (the same
+  job and writer path on one node engine, ``channels.open_writer``).
+
+Not measured yet: ``restart_baseline_ms`` and ``bytes_moved_ratio`` (see README, Across nodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+from _common import emit, log, w1
+
+from stretch import channels
+from stretch.cluster import StretchCluster
+from stretch.common import Types
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors import DiscardingSink
+from stretch.datastream.connectors.channel import ChannelSource
+
+W1 = Types.TUPLE([Types.LONG(), Types.LONG(), Types.DOUBLE()])
+BATCH = 20_000
+
+
+def job(parallelism: int = 2) -> StreamExecutionEnvironment:
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(parallelism)
+    env.from_source(ChannelSource("w1", W1, durable=False), None, "w1").key_by(0).sum([1, 2]).name(
+        "sum"
+    ).sink_to(DiscardingSink())
+    return env
+
+
+def batches(table: pa.Table) -> list[pa.RecordBatch]:
+    return table.to_batches(max_chunksize=BATCH)
+
+
+def single_node_meps(data: list[pa.RecordBatch], rows: int) -> float:
+    client = job().execute_async("cluster_scale single")
+    writer = channels.open_writer(client, "w1")
+    t0 = time.perf_counter()
+    for b in data:
+        writer.write(b)
+    writer.end()
+    client.wait()
+    return rows / (time.perf_counter() - t0) / 1e6
+
+
+def counts(client) -> dict[int, int]:
+    table = client.query_state("sum")
+    if table is None:
+        return {}
+    keys = table.column("key").to_numpy()
+    ones = table.column("sum(f1)").to_numpy()  # the rolling sum of the ones: events per key
+    return dict(zip(keys.tolist(), ones.tolist()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keys", type=int, default=500_000)
+    parser.add_argument("--events", type=int, default=3_000_000)
+    args = parser.parse_args()
+    table = w1(args.events, args.keys)
+    data = batches(table)
+    expected = np.bincount(table.column("f0").to_numpy(), minlength=args.keys)
+
+    log("single node ...")
+    single = single_node_meps(data, table.num_rows)
+
+    log("cluster ...")
+    with StretchCluster.local(nodes=2) as cluster:
+        client = job().execute_async("cluster_scale", cluster=cluster)
+        writer = client.writer("w1")
+        half = len(data) // 2
+        t0 = time.perf_counter()
+        for i, b in enumerate(data[:half]):
+            writer.write(b, query="w1", batch=i)
+        cluster_meps = half * BATCH / (time.perf_counter() - t0) / 1e6
+        state_bytes = sum(o["state_bytes"] for d in client.describe().values() for o in d["operators"])
+
+        feeding = threading.Thread(
+            target=lambda: [writer.write(b, query="w1", batch=half + i) for i, b in enumerate(data[half:])]
+        )
+        feeding.start()
+        added = cluster.add_node()
+        removed = cluster.remove_node("node-0")
+        feeding.join()
+        for i in (0, half - 1, len(data) - 1):  # replays: dropped wherever their key groups are now
+            writer.write(data[i], query="w1", batch=i)
+
+        deadline = time.monotonic() + 600
+        while True:
+            got = counts(client)
+            if sum(got.values()) >= table.num_rows or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        held = np.zeros(args.keys, dtype=np.int64)
+        for k, c in got.items():
+            held[k] = c
+        client.cancel()
+
+    steps = np.asarray(added.step_ms + removed.step_ms)
+    emit(
+        {
+            "nodes": "2 -> 3 -> 2",
+            "keys": args.keys,
+            "events": args.events,
+            "state_mb": round(state_bytes / 2**20, 1),
+            "handoff_p50_ms": round(float(np.percentile(steps, 50)), 2),
+            "handoff_p99_ms": round(float(np.percentile(steps, 99)), 2),
+            "max_stall_ms": round(max(added.max_stall_ms, removed.max_stall_ms), 2),
+            "add_node_ms": round(added.elapsed_ms, 1),
+            "remove_node_ms": round(removed.elapsed_ms, 1),
+            "moved_fraction": round(added.key_groups_moved / cluster.max_parallelism, 4),
+            "bytes_moved_add": added.bytes_moved,
+            "bytes_moved_remove": removed.bytes_moved,
+            "lost": int(np.clip(expected - held, 0, None).sum()),
+            "duplicated": int(np.clip(held - expected, 0, None).sum()),
+            "cluster_meps": round(cluster_meps, 3),
+            "single_node_meps": round(single, 3),
+        },
+        args.json,
+    )
+
+
+if __name__ == "__main__":
+    main()

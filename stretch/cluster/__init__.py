@@ -1,0 +1,21 @@
+"""Across nodes: the key group -> node routing table, node processes, key-group handoff.
+
+One level above the node engine: each node runs today's engine for the key groups it owns, and
+the cluster moves key groups between nodes (copying their state) when nodes come and go.
+"""
+
+from stretch.cluster.client import ClusterWriter, NotOwner
+from stretch.cluster.cluster import ClusterJobClient, HandoffReport, StretchCluster
+from stretch.cluster.routing import RoutingStore, RoutingTable, plan_add_node, plan_remove_node
+
+__all__ = [
+    "ClusterJobClient",
+    "ClusterWriter",
+    "HandoffReport",
+    "NotOwner",
+    "RoutingStore",
+    "RoutingTable",
+    "StretchCluster",
+    "plan_add_node",
+    "plan_remove_node",
+]

@@ -1,0 +1,170 @@
+"""Writing rows into a job on a cluster: split each batch by owning node, send each node its part.
+
+A writer reads the cluster's address (its directory: routing table, node endpoints, secret), and
+computes every row's key group with stretch's own hash, the one the nodes' engines use. A node
+refuses a part that holds a key group it does not own (``NOT_OWNER``: the key group moved, or is
+moving); the writer then reloads the routing table and sends that part again, split anew, so no
+row is lost or sent twice. With ``query`` and ``batch`` (a Spark micro-batch), each key group of
+a node takes a (query, batch) at most once, so a replayed micro-batch changes nothing wherever
+its key groups are now (the marks move with the key groups).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from pyarrow import flight
+
+from stretch.cluster.node import NOT_OWNER, SECRET_HEADER, column_of
+from stretch.cluster.routing import RoutingStore, RoutingTable
+from stretch.common.records import schema_for, to_batch
+from stretch.common.typeinfo import TypeInformation
+from stretch.state.key_groups import key_groups_of
+
+
+class NotOwner(RuntimeError):
+    """A node refused rows of key groups it does not own (now)."""
+
+
+class ClusterConnection:
+    """Flight clients of a cluster's nodes, each call carrying the cluster's secret."""
+
+    def __init__(self, address: str | Path):
+        self.directory = Path(address)
+        secret = (self.directory / "secret").read_text().strip()
+        self.options = flight.FlightCallOptions(headers=[(SECRET_HEADER.encode(), secret.encode())])
+        self.store = RoutingStore(self.directory)
+        self._clients: dict[str, flight.FlightClient] = {}
+        self._locations: dict[str, str] = {}
+
+    def locations(self) -> dict[str, str]:
+        self._locations = json.loads((self.directory / "nodes.json").read_text())
+        return self._locations
+
+    def client(self, node: str) -> flight.FlightClient:
+        c = self._clients.get(node)
+        if c is None:
+            location = self._locations.get(node) or self.locations().get(node)
+            if location is None:
+                raise LookupError(f"cluster at {self.directory} has no node {node!r}")
+            c = self._clients[node] = flight.FlightClient(location)
+        return c
+
+    def action(self, node: str, kind: str, body: bytes | dict = b"") -> dict:
+        raw = json.dumps(body).encode() if isinstance(body, dict) else body
+        (result,) = list(self.client(node).do_action(flight.Action(kind, raw), self.options))
+        return json.loads(result.body.to_pybytes())
+
+    def put(self, node: str, command: dict, table: pa.Table) -> None:
+        descriptor = flight.FlightDescriptor.for_command(json.dumps(command).encode())
+        writer, _ = self.client(node).do_put(descriptor, table.schema, self.options)
+        try:
+            writer.write_table(table)
+        finally:
+            writer.close()
+
+    def get(self, node: str, ticket: str) -> pa.Table:
+        return self.client(node).do_get(flight.Ticket(ticket.encode()), self.options).read_all()
+
+    def forget(self, node: str) -> None:
+        c = self._clients.pop(node, None)
+        if c is not None:
+            c.close()
+
+    def close(self) -> None:
+        for node in list(self._clients):
+            self.forget(node)
+
+
+class ClusterWriter:
+    """Writes records into input channel ``channel`` of job ``job`` on the cluster at ``address``.
+
+    ``key``: the field the job keys the channel by (the cluster knows it for jobs it was given).
+    """
+
+    def __init__(self, address: str | Path, job: str, channel: str, key=None, retry_for: float = 60.0):
+        self.connection = ClusterConnection(address)
+        self.job, self.channel = job, channel
+        info = json.loads((self.connection.directory / "jobs.json").read_text()).get(job, {})
+        self.key = key if key is not None else info.get("inputs", {}).get(channel)
+        if self.key is None:
+            raise LookupError(f"no job {job!r} with input channel {channel!r} on the cluster; give key=")
+        declared = info.get("types", {}).get(channel)
+        self.type_info = TypeInformation.from_json(declared) if declared else None
+        self.schema = schema_for(self.type_info) if self.type_info is not None else None
+        self.retry_for = retry_for
+        self.table: RoutingTable = self.connection.store.load()
+        self.refusals = 0  # parts sent again because their key groups had moved
+
+    def write(self, data, query: str | None = None, batch: int | None = None) -> None:
+        """Send records (a RecordBatch, a Table or a list of tuples/Rows) to their nodes.
+
+        ``query`` and ``batch``: the (query, micro-batch) they belong to; a (query, batch) that a
+        key group already took is dropped there, so a replay is exact. Give all rows of a
+        micro-batch in one call: a node takes a key group's rows of a micro-batch all at once.
+        """
+        if (query is None) != (batch is None):
+            raise ValueError("give both query and batch (a micro-batch), or neither")
+        if isinstance(data, pa.Table):  # one batch: a key group's rows of a micro-batch go together
+            parts = data.combine_chunks().to_batches()[:1]
+        elif isinstance(data, pa.RecordBatch):
+            parts = [data]
+        else:
+            parts = [to_batch(list(data), self.type_info)]
+        command = {"op": "write", "job": self.job, "channel": self.channel, "query": query, "batch": batch}
+        pending = [self._shaped(p) for p in parts if p.num_rows]
+        deadline = time.monotonic() + self.retry_for
+        while pending:
+            part = pending.pop(0)
+            kgs = key_groups_of(column_of(part, self.key), len(self.table.owners))
+            owners = np.asarray(self.table.owners)[kgs]
+            for node in np.unique(owners):
+                rows = part.filter(pa.array(owners == node))
+                try:
+                    self.connection.put(str(node), command, pa.Table.from_batches([rows]))
+                except (flight.FlightServerError, flight.FlightUnavailableError, LookupError) as e:
+                    if NOT_OWNER not in str(e) and not isinstance(
+                        e, (flight.FlightUnavailableError, LookupError)
+                    ):
+                        raise
+                    if time.monotonic() > deadline:
+                        raise NotOwner(
+                            f"rows of job {self.job!r} found no owner within {self.retry_for} s: {e}"
+                        ) from e
+                    self.refusals += 1
+                    self._reload()
+                    pending.append(rows)
+
+    def _shaped(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """A batch in the channel's declared schema (columns by position: Spark's names and
+        Arrow types, such as string for large_string, differ from the job's)."""
+        if self.schema is None or batch.schema.equals(self.schema):
+            return batch
+        if batch.num_columns != len(self.schema):
+            raise ValueError(
+                f"channel {self.channel!r} of job {self.job!r} takes {len(self.schema)} columns "
+                f"({self.schema}), got {batch.num_columns} ({batch.schema})"
+            )
+        columns = [c.cast(f.type) for c, f in zip(batch.columns, self.schema)]
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+    def _reload(self) -> None:
+        """The latest routing table; waits a little if it has not changed (a move under way)."""
+        latest = self.connection.store.load()
+        if latest.version == self.table.version:
+            time.sleep(0.002)
+        self.table = latest
+        self.connection.locations()
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def __enter__(self) -> ClusterWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

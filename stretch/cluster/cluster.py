@@ -1,0 +1,366 @@
+"""A stretch cluster: nodes that each run the engine for their key groups, and the routing table.
+
+>>> cluster = StretchCluster.local(nodes=2)            # node processes on this machine
+>>> client = env.execute_async("counts", cluster=cluster)
+>>> with client.writer("in") as w: w.write(batch)      # each row to the node owning its key group
+>>> report = cluster.add_node()                        # HandoffReport: ~1/3 of the key groups move
+>>> cluster.close()
+
+The cluster's address is its directory: the routing table (``routing.json``), the nodes'
+endpoints (``nodes.json``), the jobs' input keys (``jobs.json``) and the secret (``secret``,
+owner-only). A writer in another process of this host opens it by that path. The driver keeps
+the routing table there, so it survives the driver's restart.
+
+A node change moves the fewest key groups (``routing.plan_add_node``/``plan_remove_node``), in
+steps of a few key groups, each step one routing version: the old owner stops taking the step's
+key groups, lets its engine finish the rows it took (a barrier through the keyed gates), copies
+their state out (Arrow IPC key-group snapshot) and forgets it; the new owner loads it into its
+live arena and only then takes their rows. Writers that meet a refusal reload the table and send
+again, so a key waits at most for its own step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import cloudpickle
+import pyarrow as pa
+
+from stretch.cluster.client import ClusterConnection, ClusterWriter
+from stretch.cluster.launchers import LocalNodes, SparkNodes
+from stretch.cluster.node import cluster_inputs
+from stretch.cluster.routing import RoutingStore, RoutingTable, plan_add_node, plan_remove_node, steps
+from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
+
+
+@dataclass(frozen=True)
+class HandoffReport:
+    """What a node change did: ``max_stall_ms`` is the longest any key group refused rows (from
+    its release by the old owner until the new owner took it)."""
+
+    elapsed_ms: float
+    key_groups_moved: int
+    bytes_moved: int
+    max_stall_ms: float
+    version: int = 0
+    steps: int = 0
+    step_ms: tuple[float, ...] = ()  # each (source, target) move of each step, release to adoption
+
+
+@dataclass
+class _Node:
+    id: str
+    location: str
+
+
+class StretchCluster:
+    def __init__(self, directory: Path, max_parallelism: int, step: int, owns_directory: bool, launcher=None):
+        self.directory = directory
+        self.launcher = launcher if launcher is not None else LocalNodes()
+        self.max_parallelism = max_parallelism
+        self.step = step
+        self._owns_directory = owns_directory
+        self._nodes: dict[str, _Node] = {}
+        self._jobs: dict[str, bytes] = {}  # job name -> its pickled plan and config
+        self._next = 0
+        self._secret = ""
+        self.store = RoutingStore(directory)
+        self.table: RoutingTable | None = None
+        self.connection: ClusterConnection | None = None
+        self.closed = False
+
+    # ---- creation -------------------------------------------------------------------------------
+    @classmethod
+    def local(
+        cls,
+        nodes: int = 2,
+        directory: str | os.PathLike | None = None,
+        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        step: int = 8,
+    ) -> StretchCluster:
+        """``nodes`` node processes on this machine (the default for laptops and tests).
+
+        ``directory`` holds the cluster's routing table; given one that a previous driver used,
+        the cluster goes on from the routing version stored there (with fresh, empty nodes).
+        ``step``: key groups moved per routing version during a node change.
+        """
+        owns = directory is None
+        path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        cluster = cls(path, max_parallelism, step, owns)
+        try:
+            cluster._begin(nodes)
+        except BaseException:
+            cluster.close()
+            raise
+        return cluster
+
+    @classmethod
+    def on_spark(
+        cls,
+        spark,
+        nodes: int = 2,
+        directory: str | os.PathLike | None = None,
+        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        step: int = 8,
+    ) -> StretchCluster:
+        """``nodes`` nodes, each a long-running task of a Spark job of ``spark``'s context,
+        holding one task slot for as long as it runs (as Ray on Spark does). Spark's executors
+        must run on this host for now (the address is a local directory, nodes listen on
+        loopback); leave task slots free for the queries that write into the cluster."""
+        owns = directory is None
+        path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        cluster = cls(path, max_parallelism, step, owns, SparkNodes(spark, path))
+        try:
+            cluster._begin(nodes)
+        except BaseException:
+            cluster.close()
+            raise
+        return cluster
+
+    def _begin(self, nodes: int) -> None:
+        self._secret = secrets.token_hex(32)
+        secret_file = self.directory / "secret"
+        secret_file.touch(mode=0o600)
+        secret_file.write_text(self._secret)
+        self._write("jobs.json", {})
+        self._write("nodes.json", {})
+        (self.directory / "staging").mkdir(mode=0o700, exist_ok=True)  # Spark executors stage here
+        self.connection = ClusterConnection(self.directory)
+        stored = self.store.load()
+        if stored is not None and stored.max_parallelism != self.max_parallelism:
+            raise ValueError(
+                f"the routing table in {self.directory} has {stored.max_parallelism} key groups, "
+                f"not {self.max_parallelism}"
+            )
+        ids = stored.nodes if stored is not None else [f"node-{i}" for i in range(nodes)]
+        self._next = 1 + max(
+            (int(n.rsplit("-", 1)[1]) for n in ids if n.rsplit("-", 1)[-1].isdigit()), default=-1
+        )
+        for node_id in ids:
+            self._start_node(node_id)
+        self.table = stored if stored is not None else RoutingTable.initial(ids, self.max_parallelism)
+        if stored is None:
+            self.store.save(self.table)
+        for node_id in ids:
+            self._own(node_id)
+
+    def _write(self, name: str, value) -> None:
+        tmp = self.directory / f".{name}.tmp"
+        tmp.write_text(json.dumps(value))
+        tmp.replace(self.directory / name)
+
+    def _start_node(self, node_id: str) -> _Node:
+        node = self._nodes[node_id] = _Node(node_id, self.launcher.start(node_id, self._secret))
+        self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
+        for blob in self._jobs.values():
+            self.connection.action(node_id, "submit", blob)
+        return node
+
+    def _own(self, node_id: str) -> None:
+        body = {
+            "version": self.table.version,
+            "key_groups": self.table.key_groups_of(node_id),
+            "max_parallelism": self.max_parallelism,
+        }
+        self.connection.action(node_id, "own", body)
+
+    # ---- what it is -----------------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        """Where writers and readers in other processes of this host find the cluster."""
+        return str(self.directory)
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self._nodes)
+
+    def status(self) -> dict:
+        """Each node's routing version, key groups and jobs."""
+        return {n: self.connection.action(n, "status") for n in self._nodes}
+
+    # ---- jobs -----------------------------------------------------------------------------------
+    def submit(self, plan, name: str, config) -> ClusterJobClient:
+        """Run a job on every node (what ``env.execute_async(name, cluster=cluster)`` does)."""
+        if name in self._jobs:
+            raise ValueError(f"the cluster already runs a job {name!r}")
+        if config.checkpointing:
+            raise ValueError(
+                f"job {name!r} enables checkpointing, which a cluster does not support yet: its channels "
+                "would be read from their logs, behind the barrier a key-group handoff relies on"
+            )
+        if plan.max_parallelism != self.max_parallelism:
+            raise ValueError(
+                f"job {name!r} has max parallelism {plan.max_parallelism}; the cluster routes "
+                f"{self.max_parallelism} key groups: set env.set_max_parallelism({self.max_parallelism})"
+            )
+        inputs = cluster_inputs(plan)
+        blob = cloudpickle.dumps({"name": name, "plan": plan, "config": config})
+        self._jobs[name] = blob
+        jobs = json.loads((self.directory / "jobs.json").read_text())
+        types = {}
+        for stage in plan.stages:
+            channel, type_info = (
+                getattr(stage.source, "channel_name", None),
+                getattr(stage.source, "type_info", None),
+            )
+            if channel is not None:
+                types[channel] = type_info.to_json() if type_info is not None else None
+        jobs[name] = {"inputs": inputs, "types": types}
+        self._write("jobs.json", jobs)
+        for node_id in self._nodes:
+            self.connection.action(node_id, "submit", blob)
+        return ClusterJobClient(self, name)
+
+    def writer(self, job: str, channel: str, key=None) -> ClusterWriter:
+        return ClusterWriter(self.address, job, channel, key)
+
+    # ---- node changes ---------------------------------------------------------------------------
+    def add_node(self) -> HandoffReport:
+        """Start a node and give it its share of key groups, moving the fewest."""
+        node_id = f"node-{self._next}"
+        self._next += 1
+        self._start_node(node_id)
+        self.connection.action(
+            node_id,
+            "own",
+            {"version": self.table.version, "key_groups": [], "max_parallelism": self.max_parallelism},
+        )
+        return self._handoff(plan_add_node(self.table, node_id))
+
+    def remove_node(self, node: str) -> HandoffReport:
+        """Hand a node's key groups to the others, then stop it."""
+        if node not in self._nodes:
+            raise LookupError(f"no node {node!r} in the cluster (nodes: {self.nodes})")
+        report = self._handoff(plan_remove_node(self.table, node))
+        self.connection.action(node, "retire")
+        self._stop_node(node)
+        return report
+
+    def _handoff(self, moves: dict[int, str]) -> HandoffReport:
+        t0 = time.monotonic()
+        moved = size = 0
+        stalls: list[float] = []
+        parts = steps(moves, self.step)
+        for step in parts:
+            old = self.table
+            self.table = old.moved(step)
+            self.store.save(self.table)  # writers refused from now on find the new owners here
+            pairs: dict[tuple[str, str], list[int]] = {}
+            for kg, dst in step.items():
+                pairs.setdefault((old.owners[kg], dst), []).append(kg)
+            for (src, dst), kgs in pairs.items():
+                s0 = time.monotonic()
+                size += self._move(src, dst, kgs, self.table.version)
+                stalls.append((time.monotonic() - s0) * 1000)
+                moved += len(kgs)
+        return HandoffReport(
+            elapsed_ms=(time.monotonic() - t0) * 1000,
+            key_groups_moved=moved,
+            bytes_moved=size,
+            max_stall_ms=max(stalls, default=0.0),
+            version=self.table.version,
+            steps=len(parts),
+            step_ms=tuple(stalls),
+        )
+
+    def _move(self, src: str, dst: str, kgs: list[int], version: int) -> int:
+        """Move key groups ``kgs`` from node ``src`` to ``dst``; returns the state bytes shipped."""
+        c = self.connection
+        released = c.action(src, "release", {"version": version, "key_groups": kgs})
+        size = 0
+        for part in released["parts"]:
+            table = c.get(src, f"snapshot:{part['ticket']}")
+            size += table.nbytes
+            command = {
+                "op": "load",
+                "job": part["job"],
+                "operator": part["operator"],
+                "description": part["description"],
+            }
+            c.put(dst, command, table)
+        c.action(dst, "adopt", {"version": version, "key_groups": kgs, "marks": released["marks"]})
+        return size
+
+    def _stop_node(self, node_id: str) -> None:
+        node = self._nodes.pop(node_id)
+        self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
+        try:
+            self.connection.action(node_id, "shutdown")
+        except Exception:
+            pass
+        self.connection.forget(node_id)
+        self.launcher.stop(node.id)
+
+    def close(self) -> None:
+        """Stop every node (cancelling the jobs still running) and remove what the cluster made."""
+        if self.closed:
+            return
+        self.closed = True
+        for node_id in list(self._nodes):
+            self._stop_node(node_id)
+        if self.connection is not None:
+            self.connection.close()
+        if self._owns_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> StretchCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ClusterJobClient:
+    """A job running on every node of a cluster: the JobClient calls, over all nodes."""
+
+    def __init__(self, cluster: StretchCluster, name: str):
+        self.cluster, self.name = cluster, name
+
+    def get_job_id(self) -> str:
+        return self.name
+
+    def writer(self, channel: str, key=None) -> ClusterWriter:
+        return self.cluster.writer(self.name, channel, key)
+
+    def end(self, channel: str) -> None:
+        """End input channel ``channel`` on every node: the job finishes there once it processed it."""
+        for node in self.cluster.nodes:
+            self.cluster.connection.action(node, "end", {"job": self.name, "channel": channel})
+
+    def wait(self, timeout: float | None = None) -> dict[str, str]:
+        """Each node's final status of the job (``FINISHED``, ``CANCELED``, ``FAILED``)."""
+        return {
+            node: self.cluster.connection.action(node, "wait", {"job": self.name, "timeout": timeout})[
+                "status"
+            ]
+            for node in self.cluster.nodes
+        }
+
+    def cancel(self) -> None:
+        for node in self.cluster.nodes:
+            self.cluster.connection.action(node, "cancel", {"job": self.name})
+
+    def describe(self) -> dict[str, dict]:
+        """Each node's ``describe()`` of the job."""
+        return {node: status["jobs"][self.name] for node, status in self.cluster.status().items()}
+
+    def rescale(self, operator_name: str, parallelism: int, *, node: str) -> dict:
+        """A live rescale of ``operator_name`` inside one node (copy-free, as on one machine)."""
+        return self.cluster.connection.action(
+            node, "rescale", {"job": self.name, "operator": operator_name, "parallelism": parallelism}
+        )
+
+    def query_state(self, operator: str):
+        """An operator's keyed state over all nodes (one row per key)."""
+        tables = [self.cluster.connection.get(n, f"state:{self.name}:{operator}") for n in self.cluster.nodes]
+        tables = [t for t in tables if t.num_rows]
+        return pa.concat_tables(tables) if tables else None

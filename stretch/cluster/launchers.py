@@ -1,0 +1,151 @@
+"""Where node processes run: on this machine (``LocalNodes``) or inside Spark executors
+(``SparkNodes``, one long-running Spark task per node, as Ray on Spark runs its nodes).
+
+A launcher starts ``python -m``-style node processes with the cluster's secret in their
+environment and answers each node's Flight location; ``stop`` waits for a node that was told to
+shut down, and ends it if it does not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import stretch
+from stretch.cluster.node import SECRET_ENV
+
+NODE_COMMAND = "from stretch.cluster.node import main; main()"
+
+
+def node_environment(secret: str) -> dict:
+    """The environment of a node process: the secret, and this stretch first on its path."""
+    env = dict(os.environ)
+    env[SECRET_ENV] = secret
+    root = str(Path(stretch.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, os.getcwd(), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def spawn_node(node_id: str, secret: str) -> tuple[subprocess.Popen, int]:
+    """Start one node process; returns it and the port it listens on."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", NODE_COMMAND, "--node-id", node_id],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        env=node_environment(secret),
+    )
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait()
+        raise RuntimeError(f"stretch node {node_id} did not start (exit code {proc.returncode})")
+    return proc, json.loads(line)["port"]
+
+
+def reap(proc: subprocess.Popen, timeout: float = 60) -> None:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+class LocalNodes:
+    """Node processes that are children of this (the driver's) process."""
+
+    def __init__(self):
+        self._procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, node_id: str, secret: str) -> str:
+        proc, port = spawn_node(node_id, secret)
+        self._procs[node_id] = proc
+        return f"grpc://127.0.0.1:{port}"
+
+    def stop(self, node_id: str) -> None:
+        proc = self._procs.pop(node_id, None)
+        if proc is not None:
+            reap(proc)
+
+
+def _run_node_task(node_id: str, secret: str, ports: str):
+    """The body of a node's Spark task: run the node until it is shut down (or the task is
+    killed), after telling the driver its port through the cluster's directory."""
+
+    def run(_partition):
+        proc, port = spawn_node(node_id, secret)
+        path = Path(ports) / f"{node_id}.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"port": port}))
+        tmp.replace(path)
+        try:
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            reap(proc)
+        yield node_id
+
+    return run
+
+
+class SparkNodes:
+    """Each node is one long-running task of its own Spark job, holding one task slot of an
+    executor (the Ray-on-Spark pattern): adding a node starts another such job, removing one
+    shuts the node down and its task ends. Executors must be on this host (the cluster's address
+    is a local directory, and nodes listen on loopback)."""
+
+    def __init__(self, spark, directory: Path, start_timeout: float = 300):
+        self.spark = spark
+        self.ports = directory / "ports"
+        self.ports.mkdir(mode=0o700, exist_ok=True)
+        self.start_timeout = start_timeout
+        self._threads: dict[str, threading.Thread] = {}
+        self._errors: dict[str, BaseException] = {}
+
+    def start(self, node_id: str, secret: str) -> str:
+        sc = self.spark.sparkContext
+        path = self.ports / f"{node_id}.json"
+        path.unlink(missing_ok=True)
+        task = _run_node_task(node_id, secret, str(self.ports))
+
+        def job() -> None:
+            try:
+                sc.setJobGroup(f"stretch-node-{node_id}", f"stretch node {node_id}", interruptOnCancel=True)
+                sc.parallelize([node_id], 1).mapPartitions(task).collect()
+            except BaseException as e:  # the node's task failed or was cancelled
+                self._errors[node_id] = e
+
+        thread = self._threads[node_id] = threading.Thread(
+            target=job, name=f"stretch-node-{node_id}", daemon=True
+        )
+        thread.start()
+        deadline = time.monotonic() + self.start_timeout
+        while not path.exists():
+            if node_id in self._errors or not thread.is_alive():
+                raise RuntimeError(
+                    f"stretch node {node_id} did not start in Spark: {self._errors.get(node_id)}"
+                )
+            if time.monotonic() > deadline:
+                sc.cancelJobGroup(f"stretch-node-{node_id}")
+                raise RuntimeError(
+                    f"stretch node {node_id} did not start within {self.start_timeout} s: does Spark have a "
+                    "free task slot for it? (each node holds one for as long as it runs)"
+                )
+            time.sleep(0.05)
+        return f"grpc://127.0.0.1:{json.loads(path.read_text())['port']}"
+
+    def stop(self, node_id: str) -> None:
+        thread = self._threads.pop(node_id, None)
+        if thread is None:
+            return
+        thread.join(60)
+        if thread.is_alive():
+            self.spark.sparkContext.cancelJobGroup(f"stretch-node-{node_id}")
+            thread.join(60)
+        (self.ports / f"{node_id}.json").unlink(missing_ok=True)

@@ -1,0 +1,447 @@
+"""A stretch node: one process that runs today's engine for the key groups the cluster gave it.
+
+Transport: Arrow Flight (``pyarrow.flight``), bound to 127.0.0.1 unless told otherwise, with the
+cluster's secret checked on every call (``x-stretch-cluster-secret``). Flight rather than writing
+into the job's channel directly from the client, because the node must see every row before its
+job does: that is where it refuses rows of key groups it does not own (or does not own *yet*,
+while their state is on its way), where it drops rows of a (query, batch) a key group already
+took (exactly once under replays, remembered per key group so the mark moves with the key group),
+and where a handoff can stop a key group at a definite point. The same endpoint works across
+hosts, which a shared-memory channel would not; inside the node, rows go on into the job's
+channel as today. Pickled job plans are accepted only from peers holding the secret.
+
+Calls (Flight):
+
+- ``do_put`` ``{"op": "write", job, channel, query, batch}``: rows into a job's input channel;
+  refused whole, with ``NOT_OWNER``, if any row's key group is not owned and ready here.
+- ``do_put`` ``{"op": "load", job, operator, description}``: key groups' state (Arrow IPC
+  key-group snapshot batches) into the operator's live arena, before the key groups are adopted.
+- ``do_get`` ``snapshot:<ticket>``: the state a ``release`` copied out; ``state:<job>:<operator>``:
+  an operator's keyed state here (one row per key).
+- actions (JSON): ``submit`` (a cloudpickled plan), ``own``, ``release``, ``adopt``, ``status``,
+  ``rescale``, ``end``, ``wait``, ``cancel``, ``retire``, ``shutdown``.
+
+Run as ``python -m stretch.cluster.node --node-id ID`` with the secret in the environment
+(``STRETCH_CLUSTER_SECRET``, never on the command line); it prints ``{"port": N}`` once it listens
+and ends with its parent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+
+import cloudpickle
+import numpy as np
+import pyarrow as pa
+from pyarrow import flight
+
+from stretch.channels import open_writer
+from stretch.datastream.job_client import JobClient
+from stretch.jobs import find
+from stretch.runtime.coordinator import Coordinator
+from stretch.state.arena import Arena
+from stretch.state.key_groups import key_groups_of
+from stretch.state.key_groups import warm_up as warm_key_groups
+from stretch.state.keyed_table import KeyedTable
+from stretch.state.queryable import read_state
+from stretch.state.snapshot import (
+    SCHEMA as SNAPSHOT_SCHEMA,
+)
+from stretch.state.snapshot import (
+    copy_key_groups,
+    describe_arena,
+    load_key_groups,
+    prepare_arena,
+    release_key_groups,
+)
+
+SECRET_HEADER = "x-stretch-cluster-secret"
+SECRET_ENV = "STRETCH_CLUSTER_SECRET"
+NOT_OWNER = "NOT_OWNER"
+
+
+class SecretCheck(flight.ServerMiddlewareFactory):
+    """Rejects every call that does not carry the cluster's secret."""
+
+    def __init__(self, secret: str):
+        self.secret = secret.encode()
+
+    def start_call(self, info, headers):
+        given = headers.get(SECRET_HEADER) or headers.get(SECRET_HEADER.encode()) or [b""]
+        value = given[0] if isinstance(given[0], bytes) else str(given[0]).encode()
+        if not hmac.compare_digest(value, self.secret):
+            raise flight.FlightUnauthenticatedError(
+                "this stretch node accepts only calls carrying its cluster's secret"
+            )
+
+
+def column_of(batch: pa.RecordBatch, field) -> pa.Array:
+    """The key column of a batch: a field given by name or by position among the data columns."""
+    data = [i for i, name in enumerate(batch.schema.names) if not name.startswith("__")]
+    if isinstance(field, int):
+        return batch.column(data[field])
+    return batch.column(field)
+
+
+def cluster_inputs(plan) -> dict[str, object]:
+    """Input channel -> key field of a job that can run on a cluster, else a ValueError saying why.
+
+    Across nodes, rows are routed by the key group of a field, so every keyed operator must be fed
+    straight by an input channel keyed by that field (re-keying across nodes goes through Spark).
+    """
+    inputs, fed = {}, set()
+    for stage in plan.stages:
+        name = getattr(stage.source, "channel_name", None)
+        if stage.kind == "source" and name is None:
+            raise ValueError(
+                f"source {stage.name!r} is not an input channel: on a cluster a job reads its input "
+                "from channels (ChannelSource) that the cluster's writers route by key group"
+            )
+        if name is not None:
+            if not stage.direct:
+                raise ValueError(
+                    f"input channel {name!r} is not keyed by a field right away: on a cluster, key the "
+                    "channel's records by a field first (key_by('field') or key_by(position))"
+                )
+            inputs[name] = stage.chain[0].key.field
+            fed.add(stage.chain[0].gate)
+    for stage in plan.stages:
+        if stage.kind == "keyed" and stage.input_gate not in fed:
+            raise ValueError(
+                f"operator {stage.name!r} is keyed by something its input channel is not routed by: "
+                "on a cluster, a job that re-keys continues as a second job, through Spark"
+            )
+    return inputs
+
+
+class NodeJob:
+    """One job as this node runs it: under the name ``<job>@<node>`` so that nodes on one host
+    keep apart their control sockets and output logs."""
+
+    def __init__(self, name: str, node_id: str, plan, config):
+        self.name = name
+        self.inputs = cluster_inputs(plan)
+        self.max_parallelism = plan.max_parallelism
+        self.keyed = [s.name for s in plan.stages if s.kind == "keyed"]
+        self.client = JobClient(Coordinator(plan, f"{name}@{node_id}", config))._start()
+        self.job = find(self.client)
+        self.writers: dict = {}
+        self.marks: dict[tuple[str, str], np.ndarray] = {}  # (channel, query) -> last batch per key group
+        self._arenas: dict[str, Arena] = {}
+
+    def writer(self, channel: str):
+        w = self.writers.get(channel)
+        if w is None:
+            if channel not in self.inputs:
+                raise KeyError(
+                    f"job {self.name!r} has no input channel {channel!r} (inputs: {sorted(self.inputs)})"
+                )
+            w = self.writers[channel] = open_writer(self.client, channel)
+        return w
+
+    def arena(self, operator: str) -> Arena:
+        a = self._arenas.get(operator)
+        if a is None:
+            a = self._arenas[operator] = Arena.attach(self.job.state_location(operator)["arena"])
+        return a
+
+    def mark(self, channel: str, query: str) -> np.ndarray:
+        m = self.marks.get((channel, query))
+        if m is None:
+            m = self.marks[(channel, query)] = np.full(self.max_parallelism, -1, dtype=np.int64)
+        return m
+
+    def close(self) -> None:
+        for a in self._arenas.values():
+            a.close()
+        self._arenas.clear()
+
+
+class NodeServer(flight.FlightServerBase):
+    def __init__(self, node_id: str, secret: str, host: str = "127.0.0.1", port: int = 0):
+        super().__init__(f"grpc://{host}:{port}", middleware={"secret": SecretCheck(secret)})
+        self.node_id = node_id
+        self.lock = threading.RLock()  # ownership changes and writes take turns
+        self.version = -1
+        self.owned: np.ndarray | None = None  # bool per key group: owned and ready
+        self.jobs: dict[str, NodeJob] = {}
+        self.parked: dict[str, list[pa.RecordBatch]] = {}  # released state awaiting its do_get
+        self._tickets = itertools.count()
+        self.max_parallelism: int | None = None
+
+    # ---- rows ---------------------------------------------------------------------------------
+    def do_put(self, context, descriptor, reader, writer):
+        cmd = json.loads(descriptor.command)
+        batches = list(reader.read_all().to_batches())
+        if cmd["op"] == "write":
+            self._write(cmd, batches)
+        elif cmd["op"] == "load":
+            self._load(cmd, batches)
+        else:
+            raise flight.FlightServerError(f"unknown put {cmd['op']!r}")
+
+    def _write(self, cmd: dict, batches: list[pa.RecordBatch]) -> None:
+        # One batch: a key group's rows of a (query, batch) are taken or dropped all together.
+        batch = pa.Table.from_batches(batches).combine_chunks().to_batches()
+        if not batch or not batch[0].num_rows:
+            return
+        batch = batch[0]
+        with self.lock:
+            job = self._job(cmd["job"])
+            field = job.inputs.get(cmd["channel"])
+            if field is None:
+                raise flight.FlightServerError(
+                    f"job {job.name!r} has no input channel {cmd['channel']!r} (inputs: {sorted(job.inputs)})"
+                )
+            query, batch_id = cmd.get("query"), cmd.get("batch")
+            kgs = key_groups_of(column_of(batch, field), job.max_parallelism)
+            owned = self.owned if self.owned is not None else np.zeros(job.max_parallelism, bool)
+            foreign = np.unique(kgs[~owned[kgs]])
+            if foreign.size:
+                raise flight.FlightServerError(
+                    f"{NOT_OWNER} version={self.version}: node {self.node_id} does not own key groups "
+                    f"{foreign[:8].tolist()}{'...' if foreign.size > 8 else ''}; reload the routing table"
+                )
+            if query is None:
+                job.writer(cmd["channel"]).write(batch)
+                return
+            mark = job.mark(cmd["channel"], query)
+            fresh = mark[kgs] < batch_id
+            rows = batch if fresh.all() else batch.filter(pa.array(fresh))
+            if rows.num_rows:
+                job.writer(cmd["channel"]).write(rows)
+                mark[np.unique(kgs[fresh])] = batch_id
+
+    def _load(self, cmd: dict, batches: list[pa.RecordBatch]) -> None:
+        job = self._job(cmd["job"])
+        arena = job.arena(cmd["operator"])
+        description = cmd["description"]
+        if description["key_mode"] and arena.key_mode() not in (0, description["key_mode"]):
+            raise flight.FlightServerError(f"operator {cmd['operator']!r} holds keys of another type here")
+        prepare_arena(arena, description)
+        names = [e["name"] for e in arena.registry()]
+        wanted = [e["name"] for e in description["registry"]]
+        if names[: len(wanted)] != wanted:
+            raise flight.FlightServerError(
+                f"operator {cmd['operator']!r} declared its states in another order here ({names}) than "
+                f"on the node the key groups come from ({wanted})"
+            )
+        load_key_groups(arena, batches)
+
+    # ---- state out ------------------------------------------------------------------------------
+    def do_get(self, context, ticket):
+        kind, _, rest = ticket.ticket.decode().partition(":")
+        if kind == "snapshot":
+            batches = self.parked.pop(rest, [])
+            return flight.RecordBatchStream(pa.Table.from_batches(batches, SNAPSHOT_SCHEMA))
+        if kind == "state":
+            job_name, _, operator = rest.partition(":")
+            job = self._job(job_name)
+            return flight.RecordBatchStream(read_state(KeyedTable(job.arena(operator))))
+        raise flight.FlightServerError(f"unknown ticket {kind!r}")
+
+    # ---- actions --------------------------------------------------------------------------------
+    def do_action(self, context, action):
+        handler = getattr(self, "_act_" + action.type, None)
+        if handler is None:
+            raise flight.FlightServerError(f"unknown action {action.type!r}")
+        body = action.body.to_pybytes() if action.body is not None else b""
+        result = handler(body)
+        return [flight.Result(json.dumps(result).encode())]
+
+    def _job(self, name: str) -> NodeJob:
+        job = self.jobs.get(name)
+        if job is None:
+            raise flight.FlightServerError(
+                f"no job {name!r} on node {self.node_id} (jobs: {sorted(self.jobs)})"
+            )
+        return job
+
+    def _act_submit(self, body: bytes) -> dict:
+        spec = cloudpickle.loads(body)  # the caller holds the cluster's secret
+        with self.lock:
+            if spec["name"] in self.jobs:
+                raise flight.FlightServerError(f"job {spec['name']!r} already runs on node {self.node_id}")
+            if self.max_parallelism not in (None, spec["plan"].max_parallelism):
+                raise flight.FlightServerError(
+                    "every job of a cluster must have the cluster's max parallelism"
+                )
+            job = self.jobs[spec["name"]] = NodeJob(spec["name"], self.node_id, spec["plan"], spec["config"])
+            for operator in job.keyed:  # now, not in the first handoff's stall
+                KeyedTable(job.arena(operator))
+            barrier_all(job)
+        return {"job_id": self.jobs[spec["name"]].client.get_job_id()}
+
+    def _act_own(self, body: bytes) -> dict:
+        """The key groups this node owns from now on (a node that starts, or restarts)."""
+        msg = json.loads(body)
+        with self.lock:
+            self.max_parallelism = msg["max_parallelism"]
+            owned = np.zeros(self.max_parallelism, dtype=bool)
+            owned[msg["key_groups"]] = True
+            self.owned, self.version = owned, msg["version"]
+        return {"ok": True}
+
+    def _act_release(self, body: bytes) -> dict:
+        """Give up key groups: refuse their rows from now on, let the job process every row of
+        them it took (a barrier through each keyed operator's gate), copy their state out for a
+        ``do_get``, and forget it here."""
+        msg = json.loads(body)
+        kgs = np.asarray(msg["key_groups"], dtype=np.int64)
+        with self.lock:  # no write is under way: each either came before this or will be refused
+            self.owned[kgs] = False
+            self.version = msg["version"]
+        parts, marks = [], {}
+        for job in self.jobs.values():
+            barrier_all(job)
+            for operator in job.keyed:
+                table = KeyedTable(job.arena(operator))
+                batches = copy_key_groups(table, kgs)
+                description = describe_arena(table.arena)
+                release_key_groups(table, kgs)
+                ticket = str(next(self._tickets))
+                self.parked[ticket] = batches
+                size = sum(b.nbytes for b in batches)
+                parts.append(
+                    {
+                        "job": job.name,
+                        "operator": operator,
+                        "ticket": ticket,
+                        "description": description,
+                        "bytes": size,
+                    }
+                )
+            marks[job.name] = [
+                [channel, query, {int(kg): int(mark[kg]) for kg in kgs if mark[kg] >= 0}]
+                for (channel, query), mark in job.marks.items()
+            ]
+        return {"parts": parts, "marks": marks}
+
+    def _act_adopt(self, body: bytes) -> dict:
+        """Own key groups whose state was loaded: their rows are taken from now on."""
+        msg = json.loads(body)
+        with self.lock:
+            for job_name, entries in msg.get("marks", {}).items():
+                job = self._job(job_name)
+                for channel, query, by_kg in entries:
+                    mark = job.mark(channel, query)
+                    for kg, batch in by_kg.items():
+                        mark[int(kg)] = max(mark[int(kg)], batch)
+            self.owned[msg["key_groups"]] = True
+            self.version = msg["version"]
+        return {"ok": True}
+
+    def _act_status(self, body: bytes) -> dict:
+        return {
+            "node": self.node_id,
+            "version": self.version,
+            "key_groups": np.flatnonzero(self.owned).tolist() if self.owned is not None else [],
+            "jobs": {name: j.client.describe() for name, j in self.jobs.items()},
+        }
+
+    def _act_rescale(self, body: bytes) -> dict:
+        msg = json.loads(body)
+        report = self._job(msg["job"]).client.rescale(msg["operator"], msg["parallelism"])
+        return {**report.__dict__}
+
+    def _act_end(self, body: bytes) -> dict:
+        msg = json.loads(body)
+        with self.lock:
+            job = self._job(msg["job"])
+            job.writer(msg["channel"]).end()
+        return {"ok": True}
+
+    def _act_wait(self, body: bytes) -> dict:
+        msg = json.loads(body)
+        job = self._job(msg["job"])
+        try:
+            status = job.client.wait(msg.get("timeout"))
+        except Exception as e:  # the job failed: say how
+            return {"status": "FAILED", "error": f"{type(e).__name__}: {e}"}
+        return {"status": status.name if status is not None else job.client.describe().get("status")}
+
+    def _act_cancel(self, body: bytes) -> dict:
+        msg = json.loads(body)
+        self._job(msg["job"]).client.cancel()
+        return {"ok": True}
+
+    def _act_retire(self, body: bytes) -> dict:
+        """A node leaving the cluster, its key groups handed away: end its jobs' input channels so
+        that each job finishes, its outputs complete and readable after the node is gone."""
+        with self.lock:
+            for job in self.jobs.values():
+                for channel in job.inputs:
+                    job.writer(channel).end()
+        return {name: self._act_wait(json.dumps({"job": name}).encode())["status"] for name in self.jobs}
+
+    def _act_shutdown(self, body: bytes) -> dict:
+        threading.Thread(target=self.stop, daemon=True).start()
+        return {"ok": True}
+
+    def stop(self) -> None:
+        """Cancel every job, wait for it, and stop serving."""
+        for job in self.jobs.values():
+            try:
+                job.client.cancel()
+                job.client.wait()
+            except Exception:
+                pass
+            job.close()
+        self.shutdown()
+
+
+def barrier_all(job: NodeJob) -> None:
+    """Return once every keyed operator of ``job`` processed every row appended before this call.
+
+    A live rescale to the same parallelism places an epoch record in the operator's gate and
+    returns when every instance has passed it: the node engine's own ordered barrier.
+    """
+    for operator in job.keyed:
+        parallelism = next(
+            o["parallelism"] for o in job.client.describe()["operators"] if o["name"] == operator
+        )
+        job.client.rescale(operator, parallelism)
+
+
+def warm_up() -> None:
+    """Pay now, at the node's start, what a first handoff or write would otherwise wait for: the
+    lazy imports behind Arrow -> numpy conversions (pandas, seconds on a busy host) and the
+    key-group kernels."""
+    empty = SNAPSHOT_SCHEMA.empty_table()
+    for column in empty.columns[:3]:
+        column.to_numpy()
+    pa.array([0], pa.int32()).to_numpy()
+    warm_key_groups()
+
+
+def _exit_with_parent(server: NodeServer, parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stretch.cluster.node")
+    parser.add_argument("--node-id", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    secret = os.environ.pop(SECRET_ENV, None)
+    if not secret:
+        sys.exit(f"{SECRET_ENV} must hold the cluster's secret")
+    warm_up()
+    server = NodeServer(args.node_id, secret, args.host, args.port)
+    threading.Thread(target=_exit_with_parent, args=(server, os.getppid()), daemon=True).start()
+    print(json.dumps({"port": server.port}), flush=True)
+    server.serve()
+
+
+if __name__ == "__main__":
+    main()

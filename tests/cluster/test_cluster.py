@@ -1,0 +1,167 @@
+"""A job on a local cluster: rows go to the node owning their key group, nodes come and go while
+rows stream in, and the result equals a plain-Python reference (nothing lost, nothing twice)."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+from stretch import channels
+from stretch.cluster import StretchCluster
+from stretch.cluster.client import ClusterConnection
+from stretch.cluster.node import NOT_OWNER
+from stretch.common.records import to_batch
+from stretch.state.key_groups import key_group
+from tests.cluster.jobs import PAIR, count_sum_job, reference
+
+KEYS = [f"user-{i}" for i in range(300)]
+
+
+def batches(seed: int, count: int, size: int) -> list[list[tuple[str, int]]]:
+    rng = random.Random(seed)
+    return [[(rng.choice(KEYS), rng.randint(-50, 50)) for _ in range(size)] for _ in range(count)]
+
+
+def outputs(name: str, nodes: list[str]) -> list[tuple]:
+    out = []
+    for node in nodes:
+        out += list(channels.open_reader(f"{name}@{node}", "out"))
+    return out
+
+
+def test_add_and_remove_nodes_under_a_steady_stream_lose_and_duplicate_nothing(tmp_path):
+    data = batches(1, 120, 50)
+    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster", step=8) as cluster:
+        client = count_sum_job().execute_async("counts-job", cluster=cluster)
+        writer = client.writer("in")
+        sent = threading.Event()
+        errors = []
+
+        def stream():
+            try:
+                for i, records in enumerate(data):
+                    writer.write(to_batch(records, PAIR), query="q", batch=i)
+                    if i % 10 == 9:  # Spark replays a micro-batch it had already sent
+                        writer.write(to_batch(data[i - 5], PAIR), query="q", batch=i - 5)
+                    if i == 40:
+                        sent.set()
+            except BaseException as e:
+                errors.append(e)
+                sent.set()
+
+        feeder = threading.Thread(target=stream)
+        feeder.start()
+        sent.wait(300)
+        added = cluster.add_node()
+        assert cluster.nodes == ["node-0", "node-1", "node-2"]
+        leaving = len(cluster.table.key_groups_of("node-0"))
+        removed = cluster.remove_node("node-0")
+        feeder.join(300)
+        assert not errors, errors
+        writer.close()
+        # replays after every move: each key group already took these batches, wherever it is now
+        with client.writer("in") as again:
+            for i in (0, 50, 119):
+                again.write(to_batch(data[i], PAIR), query="q", batch=i)
+
+        expected = reference([r for records in data for r in records])
+        client.end("in")
+        assert set(client.wait(120).values()) == {"FINISHED"}
+        got = outputs("counts-job", ["node-0", "node-1", "node-2"])
+
+        # 2 -> 3 moves the new node's share only: about 1/3 of the key groups
+        assert added.key_groups_moved == 42
+        assert added.bytes_moved > 0
+        assert removed.key_groups_moved == leaving
+        owners = cluster.table.owners
+        assert set(owners) == {"node-1", "node-2"} and abs(owners.count("node-1") - 64) <= 1
+
+    # every key's running count went 1, 2, ..., n exactly once, and its last sum is the reference's
+    by_key: dict[str, list[tuple[int, int]]] = {}
+    for key, count, total in got:
+        by_key.setdefault(key, []).append((count, total))
+    assert {k: sorted(v)[-1] for k, v in by_key.items()} == expected
+    for key, seen in by_key.items():
+        assert sorted(c for c, _ in seen) == list(range(1, expected[key][0] + 1)), key
+
+
+def test_nodes_refuse_rows_of_key_groups_they_do_not_own_and_callers_without_the_secret(tmp_path):
+    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
+        client = count_sum_job().execute_async("refusals", cluster=cluster)
+        connection = ClusterConnection(cluster.address)
+        key = next(k for k in KEYS if cluster.table.owners[key_group(k)] == "node-1")
+        rows = pa.Table.from_batches([to_batch([(key, 1)], PAIR)])
+        command = {"op": "write", "job": "refusals", "channel": "in", "query": None, "batch": None}
+        with pytest.raises(flight.FlightServerError, match=NOT_OWNER):
+            connection.put("node-0", command, rows)
+        connection.put("node-1", command, rows)  # its owner takes it
+
+        stranger = flight.FlightClient(connection.locations()["node-0"])
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            list(stranger.do_action(flight.Action("status", b"")))
+        stranger.close()
+        connection.close()
+
+        # inside a node, the operator rescales live as on one machine; the other node is left be
+        report = client.rescale("counts", 3, node="node-1")
+        assert (report["old_parallelism"], report["new_parallelism"], report["state_bytes_copied"]) == (
+            2,
+            3,
+            0,
+        )
+        described = client.describe()
+        assert [o["parallelism"] for o in described["node-1"]["operators"]] == [3]
+        assert [o["parallelism"] for o in described["node-0"]["operators"]] == [2]
+
+        with client.writer("in") as w:
+            w.write([(key, 2)])
+        client.end("in")
+        assert set(client.wait(120).values()) == {"FINISHED"}
+        assert outputs("refusals", cluster.nodes) == [(key, 1, 1), (key, 2, 3)]
+
+
+def test_a_restarted_driver_goes_on_from_the_stored_routing_version(tmp_path):
+    directory = tmp_path / "cluster"
+    with StretchCluster.local(nodes=1, directory=directory, max_parallelism=16, step=4) as cluster:
+        report = cluster.add_node()
+        assert (report.key_groups_moved, report.steps, report.version) == (8, 2, 2)
+        table = cluster.table
+    with StretchCluster.local(nodes=5, directory=directory, max_parallelism=16) as again:
+        assert again.table == table  # the stored table, not 5 fresh nodes
+        assert again.nodes == ["node-0", "node-1"]
+        status = again.status()
+        assert status["node-1"]["key_groups"] == table.key_groups_of("node-1")
+        assert again.add_node().key_groups_moved == 16 // 3
+        assert again.nodes == ["node-0", "node-1", "node-2"]
+
+
+def test_a_micro_batch_in_several_chunks_reaches_every_key_group_whole(tmp_path):
+    """Rows of one key group in several chunks of a (query, batch) are all taken, and a replay of
+    the whole micro-batch, in other chunks, none of them."""
+    records = [(k, i) for i in range(6) for k in KEYS[:40]]
+    chunked = pa.Table.from_batches([to_batch(records[i : i + 7], PAIR) for i in range(0, len(records), 7)])
+    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
+        client = count_sum_job().execute_async("chunks", cluster=cluster)
+        with client.writer("in") as w:
+            w.write(chunked, query="q", batch=0)
+            w.write(pa.Table.from_batches([to_batch(records[::-1], PAIR)]), query="q", batch=0)
+        client.end("in")
+        assert set(client.wait(120).values()) == {"FINISHED"}
+        got = outputs("chunks", cluster.nodes)
+    final = {}
+    for key, count, total in got:
+        final[key] = max(final.get(key, (0, 0)), (count, total))
+    assert final == reference(records)
+    assert len(got) == len(records)
+
+
+def test_a_checkpointed_job_is_refused_before_any_node_is_asked(tmp_path):
+    env = count_sum_job()
+    env.enable_checkpointing(1000)
+    cluster = StretchCluster(tmp_path, 128, 8, owns_directory=False)  # no node: none may be asked
+    with pytest.raises(ValueError, match="checkpointing"):
+        env.execute_async("checkpointed", cluster=cluster)

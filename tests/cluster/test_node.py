@@ -1,0 +1,46 @@
+"""What a node accepts to run: jobs whose keyed operators are fed straight by channels keyed by a field."""
+
+from __future__ import annotations
+
+import pytest
+
+from stretch.cluster.node import cluster_inputs
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from tests.cluster.jobs import PAIR, count_sum_job
+
+
+def plan_of(env: StreamExecutionEnvironment):
+    plan, _config = env._compile(env._sinks)
+    return plan
+
+
+def test_a_job_keyed_by_a_field_of_its_channel_runs_on_a_cluster():
+    assert cluster_inputs(plan_of(count_sum_job())) == {"in": 0}
+
+
+def test_a_job_keyed_by_a_function_is_refused_with_the_reason():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.from_source(ChannelSource("in", PAIR), None, "in").key_by(lambda r: r[0]).reduce(
+        lambda a, b: (a[0], a[1] + b[1])
+    ).sink_to(ChannelSink("out"))
+    with pytest.raises(ValueError, match="not keyed by a field right away"):
+        cluster_inputs(plan_of(env))
+
+
+def test_a_job_that_rekeys_or_reads_no_channel_is_refused():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    (
+        env.from_source(ChannelSource("in", PAIR), None, "in")
+        .key_by(0)
+        .reduce(lambda a, b: (a[0], a[1] + b[1]))
+        .key_by(1)
+        .reduce(lambda a, b: a)
+        .sink_to(ChannelSink("out"))
+    )
+    with pytest.raises(ValueError, match="second job, through Spark"):
+        cluster_inputs(plan_of(env))
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.from_collection([("a", 1)], PAIR).key_by(0).reduce(lambda a, b: a).sink_to(ChannelSink("out"))
+    with pytest.raises(ValueError, match="not an input channel"):
+        cluster_inputs(plan_of(env))
