@@ -122,7 +122,7 @@ class DataStream:
     def process(self, func: ProcessFunction, output_type: TypeInformation | None = None) -> DataStream:
         if not isinstance(func, ProcessFunction):
             raise TypeError("ProcessFunction is required for DataStream.")
-        return self._then("flat_map", "Process", {"fn": kf.StatelessProcess(func)}, output_type)
+        return self._then("stateless_process", "Process", {"fn": func}, output_type)
 
     def assign_timestamps_and_watermarks(self, watermark_strategy) -> DataStream:
         """Event timestamps and watermarks for this stream, from a WatermarkStrategy.
@@ -386,11 +386,7 @@ class KeyedStream(DataStream):
 
     def reduce(self, func) -> DataStream:
         """Rolling reduce: one output per input, the reduction of the key's records so far."""
-        f = (
-            func.reduce
-            if isinstance(func, ReduceFunction)
-            else _check_function(func, ReduceFunction, "reduce")
-        )
+        f = _check_function(func, ReduceFunction, "reduce")
         return self._keyed("process", "Keyed Reduce", {"fn": kf.RollingReduce(f)}, self._t.output_type)
 
     def _aggregate(self, op: str, fields, name: str) -> DataStream:
@@ -459,7 +455,10 @@ class KeyedStream(DataStream):
         return self._original.sink_to(sink)
 
     def execute_and_collect(self, job_execution_name: str | None = None, limit: int | None = None):
-        return self._original.execute_and_collect(job_execution_name, limit)
+        """As in PyFlink, a KeyedStream's records come out as ``Row(f0=key, f1=value)``."""
+        spec = self._t.spec
+        with_keys = self._original.map(kf.KeyAndValue(spec.get("selector"), spec.get("field")))
+        return with_keys.execute_and_collect(job_execution_name, limit)
 
     def union(self, *streams: DataStream) -> DataStream:
         return self._original.union(*streams)

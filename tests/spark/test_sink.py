@@ -147,7 +147,9 @@ def test_a_replayed_or_retried_batch_is_published_once(spark, tmp_path):
     writer.commit([writer.write(iter([batch.slice(2)]))], 1)
     with pytest.raises(RuntimeError, match="went back from micro-batch 1 to 0"):  # a reset checkpoint
         writer.commit([writer.write(iter([batch]))], 0)
-    assert not list(job.client._coordinator.channels.publisher.staging.iterdir())  # published, duplicate, aborted
+    assert not list(
+        job.client._coordinator.channels.publisher.staging.iterdir()
+    )  # published, duplicate, aborted
     assert job.finish() == {1: 5 + 7 + 7, 2: 6}
     assert len(job.out) == 4
 
