@@ -180,3 +180,13 @@ class KeyAndValue(MapFunction):
         else:
             key = self.selector(value)
         return Row(f0=key, f1=value)
+
+
+class Project(MapFunction):
+    """DataStream.project: the chosen fields of a tuple, in the chosen order."""
+
+    def __init__(self, fields: list[int]):
+        self.fields = fields
+
+    def map(self, value):
+        return tuple(value[i] for i in self.fields)
