@@ -114,6 +114,13 @@ class KeySelector(Function, Generic[IN, KEY]):
     def get_key(self, value): ...
 
 
+class Partitioner(Function, Generic[KEY]):
+    """For ``DataStream.partition_custom``: the partition of a key among ``num_partitions``."""
+
+    @abstractmethod
+    def partition(self, key, num_partitions: int) -> int: ...
+
+
 class TimerService(ABC):
     @abstractmethod
     def current_processing_time(self) -> int: ...

@@ -20,6 +20,7 @@ from stretch.datastream import (
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.window import (
     EventTimeSessionWindows,
+    SessionWindowTimeGapExtractor,
     SlidingEventTimeWindows,
     TumblingEventTimeWindows,
     TumblingProcessingTimeWindows,
@@ -264,3 +265,24 @@ def test_processing_time_windows_put_every_record_in_one_window():
     assert sorted(v for *_, vals in out for v in vals) == sorted(r[2] for r in sent)
     assert all(e - s == 50 for _, s, e, _ in out)
     assert len(out) >= 6  # the records spread over several windows
+
+
+class GapOfValue(SessionWindowTimeGapExtractor):
+    def extract(self, element):
+        return 3 + element[2] % 5
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4])
+def test_dynamic_gap_from_a_session_window_time_gap_extractor(parallelism):
+    batches = batches_of(n_batches=12, seed=6, late_share=0.0)
+    assigner = EventTimeSessionWindows.with_dynamic_gap(GapOfValue())
+    job = Job(lambda ks: ks.window(assigner).process(Describe()), parallelism=parallelism).feed(batches)
+    want, _ = run(
+        batches,
+        key_of,
+        ts_of,
+        result=lambda rs: sorted(r[2] for r in rs),
+        delay=DELAY,
+        gap_of=GapOfValue().extract,
+    )
+    assert by_key(job.out) == by_key(want)
