@@ -52,10 +52,10 @@ def _producers(t: Transformation, strategy: str) -> list[tuple[Transformation, s
     return [(t, strategy)]
 
 
-def in_batch_mode(sinks: list[Transformation], required: bool) -> list[Transformation]:
-    """The job in BATCH mode, as Flink runs it: rolling reductions emit each key's final value
-    only. ``required`` (BATCH): an unbounded source is an error; otherwise (AUTOMATIC) the job
-    stays in STREAMING mode if any source is unbounded."""
+def in_batch_mode(sinks: list[Transformation], required: bool) -> bool:
+    """Rewrite the job for BATCH mode, as Flink runs it: rolling reductions emit each key's final
+    value only. ``required`` (BATCH): an unbounded source is an error; otherwise (AUTOMATIC) the
+    job stays in STREAMING mode if any source is unbounded. Returns whether BATCH applies."""
     nodes = reachable(sinks)
     unbounded = [t for t in nodes if t.kind == "source" and not getattr(t.spec["source"], "bounded", True)]
     if unbounded:
@@ -64,10 +64,10 @@ def in_batch_mode(sinks: list[Transformation], required: bool) -> list[Transform
                 f"BATCH execution mode needs bounded sources, and {unbounded[0].name!r} is unbounded; "
                 "use RuntimeExecutionMode.STREAMING (or AUTOMATIC) for this job"
             )
-        return sinks
+        return False
     for t in nodes:
         fn = t.spec.get("fn")
         if t.kind in ("process", "aggregate") and isinstance(fn, RollingReduce):
             t.kind = "process"  # the vectorized rolling path emits per record: the per-key one it is
             t.spec = {**t.spec, "fn": fn.in_batch_mode()}
-    return sinks
+    return True

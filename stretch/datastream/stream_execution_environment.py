@@ -115,7 +115,8 @@ class StreamExecutionEnvironment:
         """STREAMING (the default), BATCH or AUTOMATIC, as in Flink. In BATCH mode (and in
         AUTOMATIC, which is BATCH here when every source is bounded) the rolling reductions
         (reduce, sum, min, max, min_by, max_by) emit only each key's final value, at the end of
-        input; process functions run as in STREAMING, their event-time timers firing at the end."""
+        input; process functions run per record, and their timers (event and processing time)
+        fire at the end of input: processing time stands still until then, as in Flink."""
         if not isinstance(execution_mode, RuntimeExecutionMode):
             raise TypeError(f"expected a RuntimeExecutionMode, got {execution_mode!r}")
         self._runtime_mode = execution_mode
@@ -298,9 +299,12 @@ class StreamExecutionEnvironment:
         self, sinks: list[Transformation], job_name: str | None, restore: bool | None = None
     ) -> tuple[Coordinator, JobClient]:
         dead_letters = ChannelSink(self._dead_letter_channel) if self._dead_letter_channel else None
-        if self._runtime_mode is not RuntimeExecutionMode.STREAMING:
-            sinks = in_batch_mode(sinks, self._runtime_mode is RuntimeExecutionMode.BATCH)
+        batch = self._runtime_mode is not RuntimeExecutionMode.STREAMING and in_batch_mode(
+            sinks, self._runtime_mode is RuntimeExecutionMode.BATCH
+        )
         plan = compile_plan(sinks, self._parallelism, self._max_parallelism, dead_letters)
+        for stage in plan.stages:
+            stage.batch = batch
         if restore is None:
             restore = os.environ.get(RESTORE_ENV) == "1"
         if restore and not self.engine_config.checkpointing:

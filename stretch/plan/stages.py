@@ -66,6 +66,7 @@ class StageSpec:
     operator: OperatorSpec | None = None
     input_gate: int = -1
     direct: bool = False  # a channel whose writers append straight into the keyed operator's gate
+    batch: bool = False  # BATCH execution mode: processing time stands still, its timers fire at the end
 
 
 @dataclass

@@ -199,3 +199,28 @@ def test_batch_reduce_is_exact_across_a_kill_9_recovery():
         got = sorted(tuple(r) for r in results)
     assert len(co.recoveries) == 1
     assert got == _final_sums(n)
+
+
+class RemindLater(KeyedProcessFunction):
+    """A processing-time timer an hour ahead: BATCH fires it at the end of input, STREAMING never
+    (the job ends first)."""
+
+    def process_element(self, value, ctx):
+        if value < 5:
+            ctx.timer_service().register_processing_time_timer(
+                ctx.timer_service().current_processing_time() + 3_600_000
+            )
+        yield "seen", value
+
+    def on_timer(self, timestamp, ctx):
+        yield "reminded", ctx.get_current_key()
+
+
+@pytest.mark.parametrize("mode", [RuntimeExecutionMode.BATCH, RuntimeExecutionMode.STREAMING])
+@pytest.mark.parametrize("parallelism", PARALLELISM)
+def test_processing_time_timers_fire_at_the_end_of_input_in_batch_mode(parallelism, mode):
+    data = list(range(12))
+    out = batch_env(parallelism, mode).from_collection(data).key_by(lambda x: x).process(RemindLater())
+    got = sorted(out.execute_and_collect())
+    reminded = [("reminded", k) for k in range(5)] if mode is RuntimeExecutionMode.BATCH else []
+    assert got == sorted([("seen", v) for v in data] + reminded)
