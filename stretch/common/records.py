@@ -844,8 +844,21 @@ def _decode(arr: pa.Array, t: TypeInformation) -> list:
         micros = _plain_list(arr.cast(pa.int64()))
         of_micro = Instant.of_epoch_micro
         return [None if m is None else of_micro(m) for m in micros]
-    # str, char, bytes, decimal, time
+    if category == "decimal":
+        return [None if d is None else _unpadded(d) for d in arr.to_pylist()]
+    # str, char, bytes, time
     return arr.to_pylist()
+
+
+def _unpadded(d: decimal.Decimal) -> decimal.Decimal:
+    """A BIG_DEC value without the zeros Arrow's fixed scale (18) padded it with: Decimal(3) comes
+    back as Decimal('3'), as in Flink, not Decimal('3.000000000000000000')."""
+    if d == d.to_integral_value():
+        return d.quantize(_ONE)
+    return d.normalize()
+
+
+_ONE = decimal.Decimal(1)
 
 
 def _decode_struct(arr: pa.StructArray, t: TypeInformation) -> list:

@@ -24,6 +24,7 @@ class Source:
 
     type_info = None
     seekable = False
+    bounded = True  # its input ends (BATCH execution mode needs every source bounded)
 
     def create_reader(self, context=None) -> Iterator:
         """Yield the source's batches; ``context`` reaches the job's channels (see ChannelSource)

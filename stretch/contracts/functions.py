@@ -4,6 +4,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from enum import Enum
+from typing import Generic, TypeVar
+
+# type parameters, as in PyFlink: ``WindowFunction[IN, OUT, KEY, W]`` and so on
+IN = TypeVar("IN")
+IN1 = TypeVar("IN1")
+IN2 = TypeVar("IN2")
+OUT = TypeVar("OUT")
+KEY = TypeVar("KEY")
+ACC = TypeVar("ACC")
+W = TypeVar("W")
+W2 = TypeVar("W2")
 
 
 class TimeDomain(Enum):
@@ -64,27 +75,27 @@ class Function(ABC):  # noqa: B024 - PyFlink's base class has no abstract method
         pass
 
 
-class MapFunction(Function):
+class MapFunction(Function, Generic[IN, OUT]):
     @abstractmethod
     def map(self, value): ...
 
 
-class FlatMapFunction(Function):
+class FlatMapFunction(Function, Generic[IN, OUT]):
     @abstractmethod
     def flat_map(self, value): ...
 
 
-class FilterFunction(Function):
+class FilterFunction(Function, Generic[IN]):
     @abstractmethod
     def filter(self, value) -> bool: ...
 
 
-class ReduceFunction(Function):
+class ReduceFunction(Function, Generic[IN]):
     @abstractmethod
     def reduce(self, value1, value2): ...
 
 
-class AggregateFunction(Function):
+class AggregateFunction(Function, Generic[IN, ACC, OUT]):
     @abstractmethod
     def create_accumulator(self): ...
 
@@ -98,9 +109,16 @@ class AggregateFunction(Function):
         raise NotImplementedError(f"{type(self).__name__} does not implement merge")
 
 
-class KeySelector(Function):
+class KeySelector(Function, Generic[IN, KEY]):
     @abstractmethod
     def get_key(self, value): ...
+
+
+class Partitioner(Function, Generic[KEY]):
+    """For ``DataStream.partition_custom``: the partition of a key among ``num_partitions``."""
+
+    @abstractmethod
+    def partition(self, key, num_partitions: int) -> int: ...
 
 
 class TimerService(ABC):
@@ -123,7 +141,7 @@ class TimerService(ABC):
     def delete_event_time_timer(self, timestamp: int) -> None: ...
 
 
-class ProcessFunction(Function):
+class ProcessFunction(Function, Generic[IN, OUT]):
     class Context(ABC):
         @abstractmethod
         def timer_service(self) -> TimerService: ...
@@ -135,7 +153,7 @@ class ProcessFunction(Function):
     def process_element(self, value, ctx: ProcessFunction.Context): ...
 
 
-class KeyedProcessFunction(Function):
+class KeyedProcessFunction(Function, Generic[KEY, IN, OUT]):
     """A function over a keyed stream with keyed state; yield outputs from process_element."""
 
     class Context(ABC):
@@ -159,17 +177,17 @@ class KeyedProcessFunction(Function):
         pass
 
 
-class WindowFunction(Function):
+class WindowFunction(Function, Generic[IN, OUT, KEY, W]):
     """Called with all of a window's elements (or its pre-aggregated result) when it fires."""
 
     @abstractmethod
     def apply(self, key, window, inputs): ...
 
 
-class ProcessWindowFunction(Function):
+class ProcessWindowFunction(Function, Generic[IN, OUT, KEY, W]):
     """Like WindowFunction, with a context giving the window, the time and the watermark."""
 
-    class Context(ABC):
+    class Context(ABC, Generic[W2]):
         @abstractmethod
         def window(self): ...
 
@@ -192,21 +210,21 @@ class ProcessWindowFunction(Function):
         pass
 
 
-class JoinFunction(Function):
+class JoinFunction(Function, Generic[IN1, IN2, OUT]):
     """A window join's function: called once per pair of a window's left and right elements."""
 
     @abstractmethod
     def join(self, first, second): ...
 
 
-class CoGroupFunction(Function):
+class CoGroupFunction(Function, Generic[IN1, IN2, OUT]):
     """A window co-group's function: all left and all right elements of one window and key."""
 
     @abstractmethod
     def co_group(self, first, second): ...
 
 
-class ProcessJoinFunction(Function):
+class ProcessJoinFunction(Function, Generic[IN1, IN2, OUT]):
     """An interval join's function: called once per joined pair; yield its outputs."""
 
     class Context(ABC):

@@ -111,6 +111,13 @@ class SlidingEventTimeWindows(WindowAssigner):
         return f"{type(self).__name__}({self.size}, {self.slide}, {self.offset})"
 
 
+class SessionWindowTimeGapExtractor:
+    """A session's gap per record, for ``with_dynamic_gap`` (PyFlink's interface)."""
+
+    def extract(self, element) -> int:
+        raise NotImplementedError
+
+
 class EventTimeSessionWindows(WindowAssigner):
     """Sessions: a record opens ``[ts, ts + gap)``; overlapping sessions of a key merge."""
 

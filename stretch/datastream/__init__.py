@@ -7,6 +7,13 @@ the engine's workers import the function interfaces from this package without ne
 from importlib import import_module
 
 from stretch.common.job_status import JobStatus
+from stretch.contracts.execution import (
+    EmbeddedRocksDBStateBackend,
+    HashMapStateBackend,
+    RuntimeExecutionMode,
+    SlotSharingGroup,
+    TimeCharacteristic,
+)
 from stretch.contracts.functions import (
     AggregateFunction,
     CoGroupFunction,
@@ -66,9 +73,11 @@ __all__ = [
     "CoGroupFunction",
     "DataStream",
     "DataStreamSink",
+    "EmbeddedRocksDBStateBackend",
     "ExternalizedCheckpointRetention",
     "FilterFunction",
     "FlatMapFunction",
+    "HashMapStateBackend",
     "JobClient",
     "JobExecutionResult",
     "JobStatus",
@@ -83,7 +92,10 @@ __all__ = [
     "ProcessWindowFunction",
     "ReduceFunction",
     "RuntimeContext",
+    "RuntimeExecutionMode",
+    "SlotSharingGroup",
     "StreamExecutionEnvironment",
+    "TimeCharacteristic",
     "TimeDomain",
     "TimerService",
     "WindowFunction",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stretch.common.typeinfo import TypeInformation
+from stretch.common.typeinfo import TupleTypeInfo, TypeInformation, Types
 from stretch.common.watermark_strategy import WatermarkStrategy
 from stretch.contracts.connectors import Sink
 from stretch.contracts.functions import (
@@ -100,6 +100,8 @@ class DataStream:
         return self
 
     def slot_sharing_group(self, slot_sharing_group) -> DataStream:
+        """Recorded only: every instance is a worker process of its own."""
+        self._t.spec["slot_sharing_group"] = slot_sharing_group
         return self
 
     # ---- stateless steps -----------------------------------------------------------------
@@ -122,7 +124,7 @@ class DataStream:
     def process(self, func: ProcessFunction, output_type: TypeInformation | None = None) -> DataStream:
         if not isinstance(func, ProcessFunction):
             raise TypeError("ProcessFunction is required for DataStream.")
-        return self._then("flat_map", "Process", {"fn": kf.StatelessProcess(func)}, output_type)
+        return self._then("stateless_process", "Process", {"fn": func}, output_type)
 
     def assign_timestamps_and_watermarks(self, watermark_strategy) -> DataStream:
         """Event timestamps and watermarks for this stream, from a WatermarkStrategy.
@@ -139,6 +141,48 @@ class DataStream:
     def union(self, *streams: DataStream) -> DataStream:
         inputs = [self._t] + [s._values()._t if isinstance(s, KeyedStream) else s._t for s in streams]
         return DataStream(self._env, Transformation("union", inputs, "Union", {}, self._t.output_type))
+
+    # ---- partitioning ----------------------------------------------------------------------
+    # Flink's partitioning calls choose which instance of the next operator gets each record. In
+    # stretch a stateless step runs chained in the instance that produced its input, and records
+    # cross processes only at a key_by, into the one gate every instance of the keyed operator
+    # reads (each taking its key groups). There is no per-instance channel to pick, so these are
+    # no-ops that return the same records: balance comes from key groups and live rescaling.
+    def shuffle(self) -> DataStream:
+        """No-op here (records are not sent to a chosen instance); see the note above."""
+        return self
+
+    def rebalance(self) -> DataStream:
+        """No-op here: see ``shuffle``."""
+        return self
+
+    def rescale(self) -> DataStream:
+        """No-op here: see ``shuffle``."""
+        return self
+
+    def forward(self) -> DataStream:
+        """What stretch does anyway: a stateless step runs in its producer's instance."""
+        return self
+
+    def partition_custom(self, partitioner, key_selector) -> DataStream:
+        """Checked as in PyFlink, then a no-op (see ``shuffle``): the records are unchanged."""
+        if not callable(getattr(partitioner, "partition", partitioner)):
+            raise TypeError("Parameter partitioner should be type of Partitioner or a callable function.")
+        if not (isinstance(key_selector, KeySelector) or callable(key_selector)):
+            raise TypeError("Parameter key_selector should be type of KeySelector or a callable function.")
+        return self
+
+    def project(self, *field_indexes: int) -> DataStream:
+        """The given fields of each tuple, in that order (Tuple streams only, as in PyFlink)."""
+        in_type = self._t.output_type
+        if not isinstance(in_type, TupleTypeInfo):
+            raise Exception("Only Tuple DataStreams can be projected.")
+        types = in_type.get_field_types()
+        for i in field_indexes:
+            if not isinstance(i, int) or not 0 <= i < len(types):
+                raise IndexError(f"project: field index {i!r} is out of range for {len(types)} fields")
+        out_type = Types.TUPLE([types[i] for i in field_indexes])
+        return self._then("map", "Projection", {"fn": kf.Project(list(field_indexes))}, out_type)
 
     # ---- joins (stretch.datastream.join) -----------------------------------------------------
     def join(self, other_stream: DataStream):
@@ -386,11 +430,7 @@ class KeyedStream(DataStream):
 
     def reduce(self, func) -> DataStream:
         """Rolling reduce: one output per input, the reduction of the key's records so far."""
-        f = (
-            func.reduce
-            if isinstance(func, ReduceFunction)
-            else _check_function(func, ReduceFunction, "reduce")
-        )
+        f = _check_function(func, ReduceFunction, "reduce")
         return self._keyed("process", "Keyed Reduce", {"fn": kf.RollingReduce(f)}, self._t.output_type)
 
     def _aggregate(self, op: str, fields, name: str) -> DataStream:
@@ -459,10 +499,21 @@ class KeyedStream(DataStream):
         return self._original.sink_to(sink)
 
     def execute_and_collect(self, job_execution_name: str | None = None, limit: int | None = None):
-        return self._original.execute_and_collect(job_execution_name, limit)
+        """As in PyFlink, a KeyedStream's records come out as ``Row(f0=key, f1=value)``."""
+        spec = self._t.spec
+        with_keys = self._original.map(kf.KeyAndValue(spec.get("selector"), spec.get("field")))
+        return with_keys.execute_and_collect(job_execution_name, limit)
 
     def union(self, *streams: DataStream) -> DataStream:
         return self._original.union(*streams)
+
+    def project(self, *field_indexes: int) -> DataStream:
+        return self._original.project(*field_indexes)
+
+    def _no_partitioning(self, *args, **kwargs):
+        raise Exception("Cannot override partitioning for KeyedStream.")
+
+    shuffle = rebalance = rescale = forward = partition_custom = _no_partitioning  # type: ignore[assignment]
 
 
 def check_max_parallelism(max_parallelism: int) -> None:

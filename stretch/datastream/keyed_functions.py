@@ -11,8 +11,10 @@ import copy
 
 from stretch.common.row import Row
 from stretch.common.typeinfo import Types
-from stretch.contracts.functions import Function, KeyedProcessFunction, ProcessFunction
+from stretch.contracts.functions import Function, KeyedProcessFunction, KeySelector, MapFunction
 from stretch.contracts.state import ValueStateDescriptor
+
+END_OF_INPUT = 2**63 - 1  # Flink's Long.MAX_VALUE: the watermark that ends a bounded input
 
 
 class _Delegating(KeyedProcessFunction):
@@ -69,19 +71,47 @@ class KeyedFilter(_Delegating):
 
 
 class RollingReduce(KeyedProcessFunction):
-    """One output per input: the reduction of the key's records so far (the first as is)."""
+    """One output per input: the reduction of the key's records so far (the first as is).
 
-    def __init__(self, reduce_fn):
-        self.reduce_fn = reduce_fn
+    In BATCH execution mode (``batch``) it is not rolling, as in Flink: each key yields only its
+    final reduction, from an event-time timer at the end of input (the bounded input's last
+    watermark fires it).
+    """
+
+    what = "reduce function"
+
+    def __init__(self, reduce_fn, batch: bool = False):
+        self.fn = reduce_fn  # a ReduceFunction (opened and closed with the operator) or a callable
+        self.batch = batch
+
+    def in_batch_mode(self) -> RollingReduce:
+        twin = copy.copy(self)
+        twin.batch = True
+        return twin
 
     def open(self, runtime_context) -> None:
         self.state = runtime_context.get_state(ValueStateDescriptor("_reduce", Types.PICKLED_BYTE_ARRAY()))
+        self.reduce_fn = getattr(self.fn, "reduce", self.fn) if isinstance(self.fn, Function) else self.fn
+        if isinstance(self.fn, Function):
+            self.fn.open(runtime_context)
+
+    def close(self) -> None:
+        if isinstance(self.fn, Function):
+            self.fn.close()
 
     def process_element(self, value, ctx):
         current = self.state.value()
         result = value if current is None else self.reduce_fn(current, value)
         self.state.update(result)
-        yield result
+        if not self.batch:
+            yield result
+        elif current is None:
+            ctx.timer_service().register_event_time_timer(END_OF_INPUT)
+
+    def on_timer(self, timestamp: int, ctx):
+        result = self.state.value()
+        if result is not None:
+            yield result
 
 
 def _get(value, field):
@@ -136,26 +166,27 @@ def by_reducer(kind: str, field):
     return lambda a, b: b if _get(b, field) > _get(a, field) else a
 
 
-class _StatelessContext(ProcessFunction.Context):
-    def timer_service(self):
-        raise Exception("Register timers is only supported on a keyed stream.")
+class KeyAndValue(MapFunction):
+    """A KeyedStream's records as Flink's PyFlink carries them: ``Row(f0=key, f1=value)``."""
 
-    def timestamp(self):
-        return None
+    def __init__(self, selector=None, field=None):
+        self.selector, self.field = selector, field
+
+    def map(self, value):
+        if self.selector is None:
+            key = _get(value, self.field)
+        elif isinstance(self.selector, KeySelector):
+            key = self.selector.get_key(value)
+        else:
+            key = self.selector(value)
+        return Row(f0=key, f1=value)
 
 
-class StatelessProcess(Function):
-    """DataStream.process: a ProcessFunction run as a chained flat_map step."""
+class Project(MapFunction):
+    """DataStream.project: the chosen fields of a tuple, in the chosen order."""
 
-    def __init__(self, fn: ProcessFunction):
-        self.fn = fn
-        self.ctx = _StatelessContext()
+    def __init__(self, fields: list[int]):
+        self.fields = fields
 
-    def open(self, runtime_context) -> None:
-        self.fn.open(runtime_context)
-
-    def close(self) -> None:
-        self.fn.close()
-
-    def flat_map(self, value):
-        return self.fn.process_element(value, self.ctx)
+    def map(self, value):
+        return tuple(value[i] for i in self.fields)

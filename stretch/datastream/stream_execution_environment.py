@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import sys
 
+from stretch.common.configuration import Configuration
+from stretch.common.execution_config import ExecutionConfig
 from stretch.common.records import to_batch
 from stretch.common.typeinfo import TypeInformation
 from stretch.contracts.connectors import RecordPositionedSource, Source
+from stretch.contracts.execution import RuntimeExecutionMode, StateBackend, TimeCharacteristic
 from stretch.datastream.checkpoint_config import CheckpointConfig, CheckpointingMode
 from stretch.datastream.connectors.arrow import ArrowSource
 from stretch.datastream.connectors.channel import ChannelSink, check_channel_name
 from stretch.datastream.data_stream import DataStream, check_max_parallelism, check_parallelism
+from stretch.datastream.execution_plan import execution_plan, in_batch_mode
 from stretch.datastream.job_client import CloseableIterator, JobClient, JobExecutionResult
 from stretch.elasticity import ThresholdPolicy
 from stretch.plan.graph import Transformation
@@ -57,10 +63,32 @@ class StreamExecutionEnvironment:
         self._dead_letter_channel: str | None = None  # set_error_policy("dead_letter", ...)
         self.engine_config = EngineConfig(preload=_FUNCTION_LIBRARIES)
         self._checkpoint_config = CheckpointConfig(self.engine_config)
+        self._runtime_mode = RuntimeExecutionMode.STREAMING
+        self._time_characteristic = TimeCharacteristic.EventTime
+        self._execution_config = ExecutionConfig(self)
+        self._restart_strategy = None
+        self._state_backend: StateBackend | None = None
+        self._python_files: list[str] = []
 
     @staticmethod
-    def get_execution_environment(configuration=None) -> StreamExecutionEnvironment:
-        return StreamExecutionEnvironment()
+    def get_execution_environment(configuration: Configuration | None = None) -> StreamExecutionEnvironment:
+        """A new environment; ``configuration`` may set ``execution.runtime-mode``,
+        ``parallelism.default`` and ``pipeline.max-parallelism`` (Flink's keys)."""
+        env = StreamExecutionEnvironment()
+        if configuration is not None:
+            mode = configuration.get_string("execution.runtime-mode", "STREAMING").upper()
+            if mode not in RuntimeExecutionMode.__members__:
+                raise ValueError(
+                    f"execution.runtime-mode must be STREAMING, BATCH or AUTOMATIC, got {mode!r}"
+                )
+            env.set_runtime_mode(RuntimeExecutionMode[mode])
+            mp = configuration.get_integer("pipeline.max-parallelism", -1)
+            if mp > 0:
+                env.set_max_parallelism(mp)
+            p = configuration.get_integer("parallelism.default", -1)
+            if p > 0:
+                env.set_parallelism(p)
+        return env
 
     # ---- configuration -----------------------------------------------------------------
     def set_parallelism(self, parallelism: int) -> StreamExecutionEnvironment:
@@ -83,8 +111,69 @@ class StreamExecutionEnvironment:
     def get_max_parallelism(self) -> int:
         return self._max_parallelism
 
-    def set_runtime_mode(self, execution_mode) -> StreamExecutionEnvironment:
+    def set_runtime_mode(self, execution_mode: RuntimeExecutionMode) -> StreamExecutionEnvironment:
+        """STREAMING (the default), BATCH or AUTOMATIC, as in Flink. In BATCH mode (and in
+        AUTOMATIC, which is BATCH here when every source is bounded) the rolling reductions
+        (reduce, sum, min, max, min_by, max_by) emit only each key's final value, at the end of
+        input; process functions run per record, and their timers (event and processing time)
+        fire at the end of input: processing time stands still until then, as in Flink."""
+        if not isinstance(execution_mode, RuntimeExecutionMode):
+            raise TypeError(f"expected a RuntimeExecutionMode, got {execution_mode!r}")
+        self._runtime_mode = execution_mode
         return self
+
+    def get_config(self) -> ExecutionConfig:
+        return self._execution_config
+
+    def set_stream_time_characteristic(
+        self, characteristic: TimeCharacteristic
+    ) -> StreamExecutionEnvironment:
+        """Accepted for PyFlink programs (deprecated there): event time is used wherever records
+        carry timestamps, processing time by processing-time windows and timers."""
+        if not isinstance(characteristic, TimeCharacteristic):
+            raise TypeError(f"expected a TimeCharacteristic, got {characteristic!r}")
+        self._time_characteristic = characteristic
+        return self
+
+    def get_stream_time_characteristic(self) -> TimeCharacteristic:
+        return self._time_characteristic
+
+    def add_python_file(self, file_path: str) -> StreamExecutionEnvironment:
+        """Make a Python file, package directory or archive importable by the job's functions.
+        Workers are forked from this process, so adding it to ``sys.path`` here reaches them."""
+        path = os.path.abspath(file_path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"add_python_file: no such file or directory: {file_path!r}")
+        entry = (
+            path if os.path.isdir(path) or path.endswith((".zip", ".egg", ".whl")) else os.path.dirname(path)
+        )
+        if entry not in sys.path:
+            sys.path.append(entry)
+        self._python_files.append(path)
+        return self
+
+    def set_restart_strategy(self, restart_strategy_configuration) -> StreamExecutionEnvironment:
+        """Recorded only: a checkpointed job recovers its lost workers from the latest checkpoint."""
+        self._restart_strategy = restart_strategy_configuration
+        return self
+
+    def get_restart_strategy(self):
+        return self._restart_strategy
+
+    def set_state_backend(self, state_backend: StateBackend) -> StreamExecutionEnvironment:
+        """Accepted for PyFlink programs: every backend is keyed state in shared memory here."""
+        if not isinstance(state_backend, StateBackend):
+            raise TypeError(f"expected a state backend such as HashMapStateBackend(), got {state_backend!r}")
+        self._state_backend = state_backend
+        return self
+
+    def get_state_backend(self) -> StateBackend | None:
+        return self._state_backend
+
+    def get_execution_plan(self) -> str:
+        """The job graph as JSON, in the shape of Flink's (nodes with id, type, pact, contents,
+        parallelism and predecessors with their ship strategy)."""
+        return json.dumps(execution_plan(self._sinks, self._parallelism), indent=2)
 
     def enable_elasticity(
         self,
@@ -214,7 +303,12 @@ class StreamExecutionEnvironment:
     def _compile(self, sinks: list[Transformation], restore: bool | None = None):
         """The job's plan and a snapshot of the engine configuration to run it with."""
         dead_letters = ChannelSink(self._dead_letter_channel) if self._dead_letter_channel else None
+        batch = self._runtime_mode is not RuntimeExecutionMode.STREAMING and in_batch_mode(
+            sinks, self._runtime_mode is RuntimeExecutionMode.BATCH
+        )
         plan = compile_plan(sinks, self._parallelism, self._max_parallelism, dead_letters)
+        for stage in plan.stages:
+            stage.batch = batch
         if restore is None:
             restore = os.environ.get(RESTORE_ENV) == "1"
         if restore and not self.engine_config.checkpointing:

@@ -20,7 +20,6 @@ from stretch.contracts.window import (
     CountSlidingWindowAssigner,
     CountTumblingWindowAssigner,
     CountWindow,
-    GlobalWindow,
     TimeWindow,
     WindowAssigner,
 )
@@ -211,11 +210,12 @@ class WindowOperator(KeyedProcessFunction):
             self.windows.put(0, contents)
             self.count.update(n)
             return []
-        # sliding: keep the last `size` elements, fire every `slide` of them
+        # sliding, as PyFlink's CountSlidingWindowAssigner: window i holds the key's records
+        # i*slide .. i*slide+size-1 and fires once, when full (never a partial first window)
         elements = ([*self.windows.get(0), value] if self.windows.contains(0) else [value])[-a.size :]
         self.windows.put(0, elements)
         self.count.update(n)
-        if n % a.slide:
+        if n < a.size or (n - a.size) % a.slide:
             return []
         if self.mode == "list":
             contents = elements
@@ -223,7 +223,7 @@ class WindowOperator(KeyedProcessFunction):
             contents = None
             for e in elements:
                 contents = self._add(contents, e)
-        return self._results(ctx.get_current_key(), GlobalWindow(), contents, ctx)
+        return self._results(ctx.get_current_key(), CountWindow((n - a.size) // a.slide), contents, ctx)
 
     # ---- timers --------------------------------------------------------------------------
     def on_timer(self, timestamp: int, ctx):

@@ -14,7 +14,7 @@ from typing import Any
 from stretch.common.typeinfo import TypeInformation
 from stretch.plan.graph import Transformation, reachable
 
-STATELESS = ("map", "flat_map", "filter", "assign")
+STATELESS = ("map", "flat_map", "filter", "assign", "stateless_process")
 KEYED = ("process", "aggregate", "vector_window", "band_join")
 
 
@@ -32,7 +32,7 @@ class KeySpec:
 class Step:
     """One chained step: map/flat_map/filter, or a terminal that hands records on."""
 
-    kind: str  # map | flat_map | filter | assign | side | to_gate | to_sink | to_chained_sink
+    kind: str  # map | flat_map | filter | assign | stateless_process | side | to_gate | to_sink | to_chained_sink
     fn: Any = None
     output_type: TypeInformation | None = None
     children: list[Step] = field(default_factory=list)
@@ -66,6 +66,7 @@ class StageSpec:
     operator: OperatorSpec | None = None
     input_gate: int = -1
     direct: bool = False  # a channel whose writers append straight into the keyed operator's gate
+    batch: bool = False  # BATCH execution mode: processing time stands still, its timers fire at the end
 
 
 @dataclass

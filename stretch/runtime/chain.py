@@ -7,12 +7,14 @@ where a key_by happens: it computes each record's key and key group once, here i
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyarrow as pa
 
-from stretch.contracts.functions import Function, KeySelector
+from stretch.contracts.functions import Function, KeySelector, ProcessFunction, TimerService
 from stretch.plan.stages import KeySpec, Step
-from stretch.runtime.batch import Records, resolve_field, take
+from stretch.runtime.batch import Records, resolve_field, split_outputs, take
 from stretch.runtime.event_time import MAX_WATERMARK, WatermarkGenerator, timestamps_of
 from stretch.runtime.gate import Kind
 from stretch.runtime.outputs import NO_KEY, Outputs, StepError, call_of, per_record
@@ -194,6 +196,77 @@ class _Filter(_Node):
         self.forward(out)
 
 
+class _NoTimers(TimerService):
+    """The timer service of a non-keyed ProcessFunction: the clock, but no timers (as in Flink)."""
+
+    def current_processing_time(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def current_watermark(self) -> int:
+        raise NotImplementedError(
+            "current_watermark() is not available in a non-keyed ProcessFunction: it runs chained "
+            "into its producer, which has no input watermark of its own; use a KeyedProcessFunction"
+        )
+
+    def _refuse(self, timestamp: int) -> None:
+        raise RuntimeError("Setting timers is only supported on a keyed stream (as in Flink).")
+
+    register_processing_time_timer = register_event_time_timer = _refuse
+    delete_processing_time_timer = delete_event_time_timer = _refuse
+
+
+class _ProcessContext(ProcessFunction.Context):
+    __slots__ = ("ts",)
+    _timers = _NoTimers()
+
+    def __init__(self):
+        self.ts = None
+
+    def timer_service(self) -> TimerService:
+        return self._timers
+
+    def timestamp(self):
+        return self.ts
+
+
+class _Process(_Node):
+    """DataStream.process: a ProcessFunction per record, chained. ``ctx.timestamp()`` is the
+    record's event timestamp (None without one); outputs keep it, as in Flink, and values yielded
+    as ``(output_tag, value)`` go to that side output only."""
+
+    def __init__(self, step, stage_name, outputs):
+        super().__init__(step, stage_name, outputs)
+        self.ctx = _ProcessContext()
+
+    def push(self, records: Records) -> None:
+        pe = self.step.fn.process_element
+        ctx = self.ctx
+        items = records.items()
+        ts = records.timestamps()
+        stamps = ts.tolist() if ts is not None else [None] * len(items)
+        out: list = []
+        out_ts: list = []
+        for record, ctx.ts in zip(items, stamps):
+            try:
+                res = pe(record, ctx)
+                produced = list(res) if res is not None else []
+            except Exception as e:
+                err = StepError(self.operator, record, NO_KEY, e, "process_element")
+                err.__cause__ = e
+                self.outputs.dead_letter(err)  # raises unless the job's policy is dead letters
+                continue
+            out.extend(produced)
+            out_ts.extend([ctx.ts] * len(produced))
+        result = split_outputs(out, out_ts if ts is not None else None, False, self.step.output_type)
+        for c in self.children:
+            if isinstance(c, _Side):
+                part = result.side.get(c.tag.tag_id) if result.side else None
+                if part is not None and len(part):
+                    c.push(part)
+            elif len(result):
+                c.push(result)
+
+
 def _culprit(items: list, f):
     """The first record on which ``f`` raises (re-run only after a failure)."""
     for r in items:
@@ -349,14 +422,25 @@ class _ToGate(_Node):
 
     def _keys(self, items: list) -> tuple[list, list[int] | None]:
         """Each record's key, and which records have one (None: all of them)."""
-        sel = self.key.selector.get_key if isinstance(self.key.selector, KeySelector) else self.key.selector
+        get = self.key.selector.get_key if isinstance(self.key.selector, KeySelector) else self.key.selector
         try:
-            keys = [sel(r) for r in items]
+            keys = [get(r) for r in items]
             if None not in keys:
+                if list in set(map(type, keys)):
+                    keys = [_hashable(k) for k in keys]
                 return keys, None
         except Exception:
             pass
-        return per_record(items, lambda r: not_null(sel(r)), self.operator, "key selector", self.outputs)
+        return per_record(
+            items, lambda r: not_null(_hashable(get(r))), self.operator, "key selector", self.outputs
+        )
+
+
+def _hashable(key):
+    """A list key is the key of its contents, as in Flink (which hashes it by value): a tuple."""
+    if type(key) is list:
+        return tuple(_hashable(k) for k in key)
+    return key
 
 
 _KINDS = {
@@ -367,6 +451,7 @@ _KINDS = {
     "to_chained_sink": _ToChainedSink,
     "to_gate": _ToGate,
     "assign": _Assign,
+    "stateless_process": _Process,
     "side": _Side,
 }
 

@@ -223,12 +223,14 @@ class KeyedInstanceTask(Task):
         marks = MarkCounter()
         seq = gate.cursor(index)
         next_processing_check = 0.0
+        batch_mode = stage.batch  # BATCH mode: processing-time timers wait for the end of input, as in Flink
         while True:
             now = time.monotonic()
-            if now >= next_processing_check:  # processing-time timers, at most every few ms
+            if now >= next_processing_check and not batch_mode:  # processing-time timers, every few ms
                 next_processing_check = now + 0.005
                 chain.push(operator.fire(PROCESSING, time.time_ns() // 1_000_000))
-            if not gate.wait(seq, timeout=0.005 if operator.next_timer(PROCESSING) < MAX_WATERMARK else 0.1):
+            soon = not batch_mode and operator.next_timer(PROCESSING) < MAX_WATERMARK
+            if not gate.wait(seq, timeout=0.005 if soon else 0.1):
                 if self.should_stop():
                     raise Stopped()
                 continue
@@ -276,6 +278,8 @@ class KeyedInstanceTask(Task):
                 chain.end_txn(entry.arg1, int(owners.max()) + 1)  # the parallelism of this epoch
             elif entry.kind is Kind.END_OF_STREAM:
                 gate.advance(index, seq + 1)
+                if batch_mode:
+                    chain.push(operator.fire(PROCESSING, MAX_WATERMARK))
                 self._advance(
                     operator, chain, MAX_WATERMARK if self.tracker.current < MAX_WATERMARK else None
                 )

@@ -20,6 +20,7 @@ from stretch.datastream import (
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.window import (
     EventTimeSessionWindows,
+    SessionWindowTimeGapExtractor,
     SlidingEventTimeWindows,
     TumblingEventTimeWindows,
     TumblingProcessingTimeWindows,
@@ -232,7 +233,8 @@ def test_count_windows():
         vals = [r[2] for r in records if r[0] == k]
         firsts = [r for r in records if r[0] == k]
         want_t += [(k, firsts[i][1], sum(vals[i : i + 4])) for i in range(0, len(vals) - 3, 4)]
-        want_s += [sum(vals[max(0, i - 3) : i + 1]) for i in range(1, len(vals), 2)]
+        # PyFlink's count_window(4, 2): full windows only, the first at the 4th record
+        want_s += [sum(vals[i - 3 : i + 1]) for i in range(3, len(vals), 2)]
     assert sorted(tumbling_out) == sorted(want_t)
     assert sorted(sliding_out) == sorted(want_s)
 
@@ -263,3 +265,24 @@ def test_processing_time_windows_put_every_record_in_one_window():
     assert sorted(v for *_, vals in out for v in vals) == sorted(r[2] for r in sent)
     assert all(e - s == 50 for _, s, e, _ in out)
     assert len(out) >= 6  # the records spread over several windows
+
+
+class GapOfValue(SessionWindowTimeGapExtractor):
+    def extract(self, element):
+        return 3 + element[2] % 5
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4])
+def test_dynamic_gap_from_a_session_window_time_gap_extractor(parallelism):
+    batches = batches_of(n_batches=12, seed=6, late_share=0.0)
+    assigner = EventTimeSessionWindows.with_dynamic_gap(GapOfValue())
+    job = Job(lambda ks: ks.window(assigner).process(Describe()), parallelism=parallelism).feed(batches)
+    want, _ = run(
+        batches,
+        key_of,
+        ts_of,
+        result=lambda rs: sorted(r[2] for r in rs),
+        delay=DELAY,
+        gap_of=GapOfValue().extract,
+    )
+    assert by_key(job.out) == by_key(want)

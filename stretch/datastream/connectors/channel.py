@@ -27,6 +27,7 @@ class ChannelSource(Source):
     """
 
     seekable = True  # in a checkpointed job its position is an offset of the channel's log
+    bounded = False  # writers may append until the channel is ended
 
     def __init__(self, name: str, type_info: TypeInformation | None = None, durable: bool = True):
         self.channel_name = check_channel_name(name)

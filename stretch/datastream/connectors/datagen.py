@@ -52,6 +52,7 @@ class DataGeneratorSource(RecordPositionedSource):
         self.rate = (rate_limiter_strategy or RateLimiterStrategy.no_op()).records_per_second
         self.type_info = type_info
         self.batch_rows = batch_rows
+        self.bounded = count is not None
 
     def create_reader(self, context=None):
         index = first = self.resume_at(context)  # a restart goes on from there, at the same rate

@@ -27,14 +27,14 @@ def _java_str(value) -> str:
         return "true" if value else "false"
     if isinstance(value, tuple):
         return "(" + ",".join(_java_str(v) for v in value) + ")"
-    if isinstance(value, Row):
-        return _row_str(value)
     return str(value)
 
 
 def _row_str(row: Row) -> str:
+    """PyFlink's print() of a ROW stream: ``'{kind}[{','.join(str(field))}]'``, in Python (its
+    ``_align_output_type``), so ``+I[1,a]`` and ``+I[2,None]``."""
     kind = _KIND_PREFIX.get(row.get_row_kind(), "+I")
-    return kind + "[" + ",".join(_java_str(v) for v in row._values) + "]"
+    return kind + "[" + ",".join(str(v) for v in row._values) + "]"
 
 
 def format_records(batch: pa.RecordBatch) -> list[str]:

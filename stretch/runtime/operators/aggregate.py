@@ -3,6 +3,7 @@ batch (a key's numeric fields are one record of 8-byte words): never a Python ob
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import numpy as np
@@ -49,7 +50,11 @@ class AggregateOperator(KeyedOperator):
         if not numeric:
             spec = OperatorSpec("process", self.spec.fn, self.spec.output_type, self.spec.key)
             self._fallback = ProcessOperator(spec, self.name, self.table)
-            self._fallback.open(self._runtime_context)
+            # the function's state must be bound to the fallback's own view of the table, which
+            # is the one that process() positions on each record's key
+            context = copy.copy(self._runtime_context)
+            context._backend = self._fallback.backend
+            self._fallback.open(context)
 
     def process_owned(
         self, batch: pa.RecordBatch, kgs: np.ndarray, owners: np.ndarray, me: int
