@@ -203,10 +203,40 @@ def cmd_cluster_status(args) -> int:
     return 0
 
 
+_EXAMPLES = """examples:
+  stretch demo                            the demo pipeline (Spark -> stretch -> Spark)
+  stretch jobs                            running jobs (--json for scripts)
+  stretch status clicks                   a job by name, id or unique id prefix
+  stretch scale clicks totals 4           rescale operator 'totals' live
+  stretch checkpoint clicks               a checkpoint now
+
+exit status: 0 done; 1 refused or failed (the reason on standard error); 2 wrong usage"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="stretch", description="Elastic stateful stream processing.")
+    parser = argparse.ArgumentParser(
+        prog="stretch",
+        description="Elastic stateful stream processing: run the demo, and list, describe, rescale and "
+        "checkpoint the stretch jobs running on this machine.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="run the demo pipeline: Spark -> stretch -> Spark on generated clicks")
+
+    def command(name: str, summary: str, example: str):
+        return sub.add_parser(
+            name,
+            help=summary,
+            description=summary,
+            epilog=f"example:\n  {example}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    p = command(
+        "demo",
+        "run the demo pipeline: Spark -> stretch -> Spark on generated clicks",
+        "stretch demo --events 500000",
+    )
     p.add_argument("--events", type=int, default=2_000_000, help="click events to generate")
     p.add_argument("--files", type=int, default=20, help="Parquet files to spread them over")
     p.add_argument(
@@ -217,31 +247,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-plot", action="store_true", help="do not write stretch-demo.png")
     p.add_argument("--verbose", action="store_true", help="show Spark's log (else it goes to spark.log)")
     p.set_defaults(func=cmd_demo)
-    p = sub.add_parser("scale", help="change a running operator's parallelism")
+    p = command(
+        "scale", "change a running operator's parallelism, live", "stretch scale clicks 'per-user windows' 4"
+    )
     p.add_argument("job", help="job id (or a unique prefix) or job name")
     p.add_argument("operator", help="operator name")
     p.add_argument("parallelism", type=int)
     p.set_defaults(func=cmd_scale)
-    p = sub.add_parser("checkpoint", help="take a checkpoint of a running job now")
+    p = command("checkpoint", "take a checkpoint of a running job now", "stretch checkpoint clicks")
     p.add_argument("job", help="job id (or a unique prefix) or job name")
     p.set_defaults(func=cmd_checkpoint)
-    p = sub.add_parser("run", help="run a job script (python file)")
+    p = command("run", "run a job script (a Python file)", "stretch run --restore my_job.py")
     p.add_argument("script")
     p.add_argument("--restore", action="store_true", help="start from the job's latest complete checkpoint")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("jobs", help="list running jobs on this machine")
+    p = command("jobs", "list the running jobs of this user on this machine", "stretch jobs --json")
     p.add_argument("--json", action="store_true", help="machine-readable: a JSON list of the jobs")
     p.set_defaults(func=cmd_jobs)
-    p = sub.add_parser("status", help="describe a running job")
+    p = command(
+        "status", "describe a running job: operators, instances, rates, checkpoints", "stretch status clicks"
+    )
     p.add_argument("job", help="job id (or a unique prefix) or job name")
     p.add_argument("--json", action="store_true", help="machine-readable: the status as JSON, with rates")
     p.add_argument("--interval", type=float, default=0.5, help="seconds over which rates are measured")
     p.set_defaults(func=cmd_status)
-    p = sub.add_parser("metrics", help="a running job's metrics, in Prometheus' text format")
+    p = command("metrics", "a running job's metrics, in Prometheus' text format", "stretch metrics clicks")
     p.add_argument("job", help="job id (or a unique prefix) or job name")
     p.set_defaults(func=cmd_metrics)
-    p = sub.add_parser("cluster", help="a stretch cluster: `stretch cluster status ADDRESS`")
+    p = command("cluster", "a stretch cluster", "stretch cluster status /path/to/cluster")
     csub = p.add_subparsers(dest="cluster_command", required=True)
     c = csub.add_parser("status", help="each node's routing version, key groups and jobs")
     c.add_argument("address", help="the cluster's address (its directory)")

@@ -179,3 +179,12 @@ def test_cluster_status_shows_each_nodes_key_groups_and_jobs(tmp_path, capsys):
         assert "64 key groups" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no stretch cluster"):
         main(["cluster", "status", str(tmp_path / "nothing")])
+
+
+def test_help_has_examples_and_exit_codes_follow_the_conventions():
+    top = stretch("--help").stdout
+    assert "examples:" in top and "exit status" in top
+    for command in ("demo", "scale", "checkpoint", "run", "jobs", "status", "metrics", "cluster"):
+        assert "example:" in stretch(command, "--help").stdout, command
+    assert stretch("status", "no such job", check=False).returncode == 1  # refused
+    assert stretch("scale", "some job", check=False).returncode == 2  # wrong usage
