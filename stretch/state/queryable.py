@@ -107,4 +107,26 @@ def read_state(table: KeyedTable, key_groups=None) -> pa.Table:
     parts = [read_key_group(table, int(kg)) for kg in groups if table.n_keys(int(kg))]
     if not parts:
         return read_key_group(table, 0)
-    return pa.concat_tables(parts, promote_options="permissive")
+    try:
+        return pa.concat_tables(parts, promote_options="permissive")
+    except pa.ArrowTypeError:  # a column Arrow held in some key groups and had to pickle in others
+        return pa.concat_tables(_pickled_where_types_differ(parts), promote_options="permissive")
+
+
+def _pickled_where_types_differ(parts: list[pa.Table]) -> list[pa.Table]:
+    """The parts with every column whose type differs between them pickled, as ``_array`` does
+    for values Arrow cannot hold."""
+    names = {n for part in parts for n in part.column_names}
+    differing = [n for n in names if len({p.schema.field(n).type for p in parts if n in p.column_names}) > 1]
+    out = []
+    for part in parts:
+        fixed = part
+        for name in differing:
+            if name in fixed.column_names and fixed.schema.field(name).type != pa.large_binary():
+                values = fixed.column(name).to_pylist()
+                pickled = pa.array(
+                    [None if v is None else pickle.dumps(v, protocol=5) for v in values], pa.large_binary()
+                )
+                fixed = fixed.set_column(fixed.schema.get_field_index(name), name, pickled)
+        out.append(fixed)
+    return out

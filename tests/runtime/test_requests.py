@@ -155,8 +155,10 @@ class Blocked(KeyedProcessFunction):
         self.block = block
 
     def process_element(self, value, ctx):
-        while os.path.exists(self.block):
-            time.sleep(0.01)
+        if os.path.exists(self.block):
+            open(self.block + ".held", "w").close()  # the backlog is in the operator's gate
+            while os.path.exists(self.block):
+                time.sleep(0.01)
         yield value
 
 
@@ -173,6 +175,10 @@ def test_a_rescale_under_a_long_backlog_reports_progress_and_completes(tmp_path)
         writer = channels.open_writer(client, "in")
         records = [(i % 50, i) for i in range(500)]
         writer.write(records)
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "block.held").exists():  # the instance holds the first record
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         progress, replies = [], []
         job = jobs.find("held backlog")
 

@@ -69,3 +69,19 @@ def test_state_of_a_running_job_equals_a_reference():
         writer.end()
     finally:
         client.wait()
+
+
+def test_key_groups_whose_values_arrow_holds_and_key_groups_it_pickles_read_as_one_table():
+    """A list state of Python objects reads as Arrow lists in a key group whose lists are empty and
+    pickled where they hold objects: read together, the column is pickled throughout."""
+    import pickle
+
+    import pyarrow as pa
+
+    from stretch.state.queryable import _pickled_where_types_differ
+
+    empty = pa.table({"key": [1], "buffer": pa.array([[]], pa.large_list(pa.large_binary()))})
+    objects = pa.table({"key": [2], "buffer": pa.array([pickle.dumps([(0, "a")])], pa.large_binary())})
+    merged = pa.concat_tables(_pickled_where_types_differ([empty, objects]))
+    assert merged.schema.field("buffer").type == pa.large_binary()
+    assert [pickle.loads(v) for v in merged.column("buffer").to_pylist()] == [[], [(0, "a")]]
