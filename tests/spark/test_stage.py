@@ -4,6 +4,8 @@ and a job that dies mid-query."""
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -31,10 +33,9 @@ def _files(directory, parts: int, rows: int) -> list[list[tuple[int, int]]]:
     out = []
     for p in range(parts):
         records = [((p * rows + i) * 37 % 23, 1 + (p * rows + i) % 50) for i in range(rows)]
-        pq.write_table(
-            pa.table({"user": [r[0] for r in records], "amount": [r[1] for r in records]}),
-            directory / f"part-{p:03d}.parquet",
-        )
+        path = directory / f"part-{p:03d}.parquet"
+        pq.write_table(pa.table({"user": [r[0] for r in records], "amount": [r[1] for r in records]}), path)
+        os.utime(path, (1_700_000_000 + p, 1_700_000_000 + p))  # Spark reads files oldest first
         out.append(records)
     return out
 
@@ -103,7 +104,7 @@ def test_update_mode_gives_each_keys_latest_total_per_micro_batch_exactly_once(s
         client.cancel()
     totals: dict = {}
     want = []
-    for records in parts:  # a file per micro-batch, in name order
+    for records in parts:  # a file per micro-batch, oldest first
         for k, v in records:
             totals[k] = totals.get(k, 0) + v
         want.append(sorted((k, totals[k]) for k in {k for k, _ in records}))
