@@ -1,10 +1,8 @@
 """The DataStream API, with PyFlink's names (``pyflink.datastream``).
 
-The environment, streams and job handles are imported on first use: they pull in the engine, and
-the engine's workers import the function interfaces from this package without needing them.
+The function, state and window interfaces are defined in ``stretch.contracts``, below the engine,
+and re-exported here with the API that builds jobs from them.
 """
-
-from importlib import import_module
 
 from stretch.common.job_status import JobStatus
 from stretch.contracts.execution import (
@@ -38,39 +36,25 @@ from stretch.datastream.checkpoint_config import (
     CheckpointingMode,
     ExternalizedCheckpointRetention,
 )
-
-_LAZY = {
-    "DataStream": "stretch.datastream.data_stream",
-    "DataStreamSink": "stretch.datastream.data_stream",
-    "KeyedStream": "stretch.datastream.data_stream",
-    "WindowedStream": "stretch.datastream.data_stream",
-    "JoinedStreams": "stretch.datastream.join",
-    "CoGroupedStreams": "stretch.datastream.join",
-    "IntervalJoin": "stretch.datastream.join",
-    "IntervalJoined": "stretch.datastream.join",
-    "BandJoinedStreams": "stretch.datastream.join",
-    "CloseableIterator": "stretch.datastream.job_client",
-    "JobClient": "stretch.datastream.job_client",
-    "JobExecutionResult": "stretch.datastream.job_client",
-    "StreamExecutionEnvironment": "stretch.datastream.stream_execution_environment",
-}
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stretch.datastream' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
+from stretch.datastream.data_stream import DataStream, DataStreamSink, KeyedStream, WindowedStream
+from stretch.datastream.job_client import CloseableIterator, JobClient, JobExecutionResult
+from stretch.datastream.join import (
+    BandJoinedStreams,
+    CoGroupedStreams,
+    IntervalJoin,
+    IntervalJoined,
+    JoinedStreams,
+)
+from stretch.datastream.stream_execution_environment import StreamExecutionEnvironment
 
 __all__ = [
     "AggregateFunction",
+    "BandJoinedStreams",
     "CheckpointConfig",
     "CheckpointingMode",
     "CloseableIterator",
     "CoGroupFunction",
+    "CoGroupedStreams",
     "DataStream",
     "DataStreamSink",
     "EmbeddedRocksDBStateBackend",
@@ -78,10 +62,13 @@ __all__ = [
     "FilterFunction",
     "FlatMapFunction",
     "HashMapStateBackend",
+    "IntervalJoin",
+    "IntervalJoined",
     "JobClient",
     "JobExecutionResult",
     "JobStatus",
     "JoinFunction",
+    "JoinedStreams",
     "KeySelector",
     "KeyedProcessFunction",
     "KeyedStream",
