@@ -308,7 +308,7 @@ class _Assign(_Node):
         self.forward(records)
         ts = records.timestamps()
         if ts is not None:
-            wm = self.generator.on_timestamps(ts)
+            wm = self.generator.on_timestamps(ts, self.outputs.round)
             if wm is not None:
                 for g in self.gates_below():
                     g.control(Kind.WATERMARK, wm)

@@ -43,13 +43,14 @@ class ChannelAppender:
         if self._key_field is not None:
             warm_key_groups()  # compile (or load) the key-group kernels now, not on the first write
 
-    def write(self, data, txn: int = 0) -> None:
+    def write(self, data, txn: int = 0, round: str | None = None) -> None:
         """Append records (a list), or a pyarrow RecordBatch/Table whose schema fits the channel;
-        ``txn``: as part of that input transaction."""
+        ``txn``: as part of that input transaction; ``round``: the writer's micro-batch (see
+        runtime.transactions)."""
         self.check_open()
         if isinstance(data, pa.Table):
             for batch in data.to_batches():
-                self.write(batch, txn)
+                self.write(batch, txn, round)
             return
         if isinstance(data, pa.RecordBatch):
             batch = data
@@ -67,7 +68,7 @@ class ChannelAppender:
                 if not batch.schema.equals(shape, check_metadata=True):
                     batch = to_batch(records, type_info_of(shape))  # as the channel's first records
         if batch.num_rows:
-            self._append(batch, txn)
+            self._append(batch, txn, round)
 
     def end_txn(self, txn: int) -> None:
         """The end of input transaction ``txn`` (see runtime.transactions), after its batches."""
@@ -82,12 +83,12 @@ class ChannelAppender:
         except GateClosed as e:
             raise RuntimeError(f"channel {self.name!r} takes no more records: {e}") from None
 
-    def _append(self, batch: pa.RecordBatch, txn: int) -> None:
-        if self._key_field is not None:
+    def _append(self, batch: pa.RecordBatch, txn: int, round: str | None) -> None:
+        if self._key_field is not None:  # straight into a keyed gate: no watermarks made here
             _refuse_null_keys(batch, self._key_field, self.name)
             batch = keyed_by_field(batch, self._key_field, self._max_parallelism)
-        elif txn:
-            batch = tagged(batch, txn)
+        elif txn or round is not None:
+            batch = tagged(batch, txn, round)
         try:
             self._gate.append_batch(batch, producer=self._producer, txn=txn)
         except GateClosed as e:

@@ -39,6 +39,10 @@ class WatermarkGenerator:
     The watermark is the largest timestamp seen minus the allowed out-of-orderness minus 1 ms
     (monotonous timestamps: minus 1 ms). After ``idle_timeout`` without records the producer
     declares itself idle, so it does not hold back the others; its next record makes it active.
+
+    Records that arrive in rounds (a Spark query's micro-batches, whose tasks publish in no order
+    among themselves) count once their round is over: the largest timestamp of round n moves the
+    watermark when round n+1 begins, or the input ends.
     """
 
     def __init__(self, strategy):
@@ -48,17 +52,26 @@ class WatermarkGenerator:
         idle = strategy.idle_timeout
         self.idle_timeout = idle.to_milliseconds() / 1000 if idle is not None else None
         self.max_ts = MIN_WATERMARK
+        self.round: str | None = None  # the round being received, and its largest timestamp so far
+        self.round_max = MIN_WATERMARK
         self.emitted = MIN_WATERMARK
         self.idle = False
         self.last_record = time.monotonic()
 
-    def on_timestamps(self, ts: np.ndarray) -> int | None:
-        """Note a batch's timestamps; returns the new watermark if it advanced."""
+    def on_timestamps(self, ts: np.ndarray, round: str | None = None) -> int | None:
+        """Note a batch's timestamps (``round``: the writer's micro-batch it came in); returns the
+        new watermark if it advanced."""
         if not len(ts):
             return None
         self.last_record = time.monotonic()
         was_idle, self.idle = self.idle, False
-        self.max_ts = max(self.max_ts, int(ts.max()))
+        if round != self.round:  # the previous round is complete
+            self.max_ts = max(self.max_ts, self.round_max)
+            self.round, self.round_max = round, MIN_WATERMARK
+        if round is None:
+            self.max_ts = max(self.max_ts, int(ts.max()))
+        else:
+            self.round_max = max(self.round_max, int(ts.max()))
         if self.kind == "none":
             return None
         wm = self.max_ts - self.delay if self.max_ts > MIN_WATERMARK + self.delay else MIN_WATERMARK

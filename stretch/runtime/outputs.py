@@ -86,6 +86,7 @@ class Outputs:
         self.count_out = count_out
         self.dead_letter_gate = None  # the job's dead-letter policy: where rejected records go
         self.txn = 0  # the input transaction being processed: its results carry it (runtime.transactions)
+        self.round: str | None = None  # the writer's micro-batch it arrived in (ditto)
 
     def dead_letter(self, error: StepError) -> None:
         """Under the dead-letter policy: the record, the error and the time go to the job's

@@ -72,7 +72,7 @@ class ChannelPublisher:
                 batches = _read_all(paths)
                 self.published_at.append(time.monotonic())
                 for batch in batches:
-                    appender.write(batch)
+                    appender.write(batch, round=f"{query}/{batch_id}")
                 self._published[(name, query)] = batch_id
                 return {"ok": True, "duplicate": False}
         finally:
@@ -97,7 +97,7 @@ class ChannelPublisher:
             return {**first.result(), "duplicate": True}
         try:
             number = next(self._txn_numbers)
-            self._append_all(name, files, number)
+            self._append_all(name, files, number, f"{txn_id[0]}/{txn_id[1]}")
             result = wait_results(number)
         except BaseException as e:
             with self._lock:
@@ -107,7 +107,7 @@ class ChannelPublisher:
         first.set_result(result)
         return {**result, "duplicate": False}
 
-    def _append_all(self, name: str, files: list[str], txn: int) -> None:
+    def _append_all(self, name: str, files: list[str], txn: int, round: str) -> None:
         paths = [self._staged(f) for f in files]
         try:
             with self._lock:
@@ -115,7 +115,7 @@ class ChannelPublisher:
             batches = _read_all(paths)
             self.published_at.append(time.monotonic())
             for batch in batches:
-                appender.write(batch, txn)
+                appender.write(batch, txn, round)
             appender.end_txn(txn)
         finally:
             self.discard(files)

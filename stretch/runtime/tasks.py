@@ -21,7 +21,7 @@ from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
 from stretch.runtime.outputs import Outputs
 from stretch.runtime.resources import JobResources
-from stretch.runtime.transactions import MarkCounter, txn_of
+from stretch.runtime.transactions import MarkCounter, round_of, txn_of
 from stretch.state.arena import Arena
 from stretch.state.keyed_table import KeyedTable, writable
 from stretch.state.snapshot import copy_key_groups
@@ -147,7 +147,7 @@ class SourceTask(Task):
                         chain.push(Records(items=item, type_info=source_type))
                     else:
                         txn, end = txn_of(item)
-                        chain.outputs.txn = txn
+                        chain.outputs.txn, chain.outputs.round = txn, round_of(item)
                         if end:
                             chain.end_txn(txn, 1)
                         else:

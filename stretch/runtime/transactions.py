@@ -7,6 +7,11 @@ followed by an end marker. Every task that processes one of its batches tags wha
 the number; a stage forwards the end marker (a MARK entry) once each of its instances has seen it
 from all its own producers, so when the output channel's sink has the marker from every producer,
 every result of the transaction is in the output log, at offsets ``TxnResults`` recorded.
+
+Batches from Spark also carry their *round*: the writing query's micro-batch. The tasks of one
+micro-batch publish in no order among themselves, so a watermark generator holds back what a round
+shows until the next round begins (``runtime.event_time``), as Spark's own watermark advances only
+between micro-batches.
 """
 
 from __future__ import annotations
@@ -18,11 +23,17 @@ import pyarrow as pa
 
 TXN_KEY = b"stretch.txn"
 TXN_END_KEY = b"stretch.txn_end"
+ROUND_KEY = b"stretch.round"
 
 
-def tagged(batch: pa.RecordBatch, txn: int) -> pa.RecordBatch:
-    """``batch`` as part of transaction ``txn``."""
-    return batch.replace_schema_metadata({**(batch.schema.metadata or {}), TXN_KEY: str(txn).encode()})
+def tagged(batch: pa.RecordBatch, txn: int, round: str | None = None) -> pa.RecordBatch:
+    """``batch`` as part of transaction ``txn`` (0: none) and of its writer's ``round``."""
+    meta = dict(batch.schema.metadata or {})
+    if txn:
+        meta[TXN_KEY] = str(txn).encode()
+    if round is not None:
+        meta[ROUND_KEY] = round.encode()
+    return batch.replace_schema_metadata(meta)
 
 
 def end_marker(schema: pa.Schema, txn: int) -> pa.RecordBatch:
@@ -37,6 +48,13 @@ def txn_of(batch: pa.RecordBatch) -> tuple[int, bool]:
     if not meta or TXN_KEY not in meta:
         return 0, False
     return int(meta[TXN_KEY]), TXN_END_KEY in meta
+
+
+def round_of(batch: pa.RecordBatch) -> str | None:
+    """The round (a writer's micro-batch) the batch arrived in, if its writer said."""
+    meta = batch.schema.metadata
+    value = meta.get(ROUND_KEY) if meta else None
+    return value.decode() if value is not None else None
 
 
 class MarkCounter:

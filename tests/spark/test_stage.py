@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stretch.common import Types
-from stretch.datastream import StreamExecutionEnvironment
+from stretch import channels
+from stretch.common import Duration, Time, Types, WatermarkStrategy
+from stretch.datastream import StreamExecutionEnvironment, aggregates
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from stretch.datastream.window import TumblingEventTimeWindows
 from stretch.spark import stage
 
 RECORD = Types.TUPLE([Types.LONG(), Types.LONG()])  # user, amount
@@ -111,6 +114,64 @@ def test_update_mode_gives_each_keys_latest_total_per_micro_batch_exactly_once(s
     assert [got[b] for b in sorted(got)] == want
 
 
+def test_event_time_windows_lose_nothing_when_a_micro_batch_holds_files_of_different_times(spark, tmp_path):
+    """Three files a micro-batch, each a later stretch of event time: the micro-batch's tasks
+    publish in any order, and the watermark moves only between micro-batches, so no record is late."""
+    name = "stage windows"
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(0)).with_timestamp_assigner(
+        "ts"
+    )
+    (
+        env.from_source(
+            ChannelSource("in", Types.ROW_NAMED(["user", "ts"], [Types.LONG(), Types.LONG()])), strategy, "in"
+        )
+        .key_by("user")
+        .window(TumblingEventTimeWindows.of(Time.milliseconds(100)))
+        .aggregate([aggregates.count()])
+        .name("windows")
+        .sink_to(ChannelSink("out"))
+    )
+    client = env.execute_async(name)
+    (tmp_path / "in").mkdir()
+    want: dict = {}
+    for f in range(9):  # file f: event times [250 f, 250 (f + 1)), in order within the file
+        ts = list(range(250 * f, 250 * (f + 1)))
+        users = [t * 7 % 5 for t in ts]
+        for u, t in zip(users, ts):
+            want[(u, t - t % 100)] = want.get((u, t - t % 100), 0) + 1
+        path = tmp_path / "in" / f"part-{f:03d}.parquet"
+        pq.write_table(pa.table({"user": users, "ts": ts}), path)
+        os.utime(path, (1_700_000_000 + f, 1_700_000_000 + f))
+    try:
+        clicks = spark.readStream.schema("user long, ts long").option("maxFilesPerTrigger", 3)
+        results = stage(clicks.parquet(str(tmp_path / "in")), name, into="in", out="out")
+        query = (
+            results.writeStream.format("parquet")
+            .option("path", str(tmp_path / "results"))
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(300)
+        assert query.exception() is None
+        channels.open_writer(client, "in").end()  # the windows still open fire at the end of input
+        assert client.wait().name == "FINISHED"
+        every = {
+            (r["key"], r["window_start"]): r["count"]
+            for r in channels.open_reader(name, "out", from_offset=0)
+        }
+    finally:
+        client.cancel()
+    staged = {
+        (r["key"], r["window_start"]): r["count"] for r in pq.read_table(tmp_path / "results").to_pylist()
+    }
+    assert every == want
+    assert staged and staged.items() <= want.items()  # what the stage returned: windows its rows closed
+    assert len(staged) < len(want)  # the last micro-batch's windows close only at the end of input
+
+
 def test_a_dataframe_that_does_not_fit_the_channel_fails_before_anything_is_written(spark):
     client = _job("stage misfit")
     try:
@@ -134,3 +195,16 @@ def test_a_job_that_dies_mid_query_fails_the_query_with_a_clear_error(spark, tmp
     query = results.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt")).start()
     with pytest.raises(Exception, match=f"stretch job '{name}' .* of this stage is not running any more"):
         query.awaitTermination(120)
+
+
+@pytest.mark.parametrize("key_type", [pa.int64(), pa.int8(), pa.string(), pa.float64(), pa.timestamp("ms")])
+def test_latest_per_key_keeps_each_keys_last_result_in_emission_order(key_type):
+    from stretch.spark.stage import _latest_per_key
+
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 50, 1000):
+        raw = rng.integers(0, 20, n)
+        keys = pa.array([str(k) for k in raw]) if key_type == pa.string() else pa.array(raw).cast(key_type)
+        table = pa.table({"k": keys, "position": np.arange(n)})
+        last = {k: i for i, k in enumerate(keys.to_pylist())}
+        assert _latest_per_key(table, ["k"]).column("position").to_pylist() == sorted(last.values())
