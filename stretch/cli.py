@@ -169,6 +169,7 @@ def cmd_demo(args) -> int:
     summary = demo.run(
         events=args.events,
         files=args.files,
+        files_per_trigger=args.files_per_trigger,
         parallelism=args.parallelism,
         schedule=schedule,
         work_dir=args.work_dir,
@@ -234,11 +235,17 @@ def main(argv: list[str] | None = None) -> int:
 
     p = command(
         "demo",
-        "run the demo pipeline: Spark -> stretch -> Spark on generated clicks",
+        "run the demo pipeline: one Spark query with a stretch job as its stage, on generated clicks",
         "stretch demo --events 500000",
     )
     p.add_argument("--events", type=int, default=2_000_000, help="click events to generate")
     p.add_argument("--files", type=int, default=20, help="Parquet files to spread them over")
+    p.add_argument(
+        "--files-per-trigger",
+        type=int,
+        default=4,
+        help="files Spark reads per micro-batch (maxFilesPerTrigger)",
+    )
     p.add_argument(
         "--parallelism", type=int, default=1, help="the window operator's parallelism at the start"
     )

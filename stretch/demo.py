@@ -1,11 +1,12 @@
-"""The demo pipeline (``stretch demo``): Spark -> stretch -> Spark on a generated click stream.
+"""The demo pipeline (``stretch demo``): one Spark query with a stretch job as its stateful stage.
 
-Spark reads click files (written by the demo itself) and streams them into a stretch job with
-``format("stretch")``; the job computes per-user event-time windows (count and sum of the amount,
-vectorized) and is rescaled live in the middle of the run; Spark reads the results back with
-``format("stretch")`` and writes Parquet. The demo prints a summary, checks the results against a
-plain-Python computation of the same windows, and saves a plot of throughput, parallelism, backlog
-and latency over time.
+Spark reads click files (written by the demo itself), a few per micro-batch; the stage
+(``stretch.spark.stage``) hands each task's rows to the job, which computes per-user event-time
+windows (count and sum of the amount, vectorized) and is rescaled live in the middle of the run;
+the windows the rows closed come back into the same query, which writes them as Parquet. When the
+input ends the job closes the windows still open, which Spark reads from the job's output channel.
+The demo prints a summary, checks the results against a plain-Python computation of the same
+windows, and saves a plot of throughput, parallelism, backlog and latency over time.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ def run(
     work_dir: str | None = None,
     plot: bool = True,
     verbose: bool = False,
+    files_per_trigger: int = 4,
     out=print,
 ) -> dict:
     """Run the pipeline; returns a summary (also printed). Spark's log goes to ``spark.log`` in
@@ -131,57 +133,77 @@ def run(
         click_files(work / "clicks", events, files)
         out(f"stretch demo: {events:,} clicks of {USERS:,} users in {files} Parquet files under {work}")
         log = None if verbose else work / "spark.log"
-        out("  starting local Spark" + ("" if log is None else f" (its log: {log})") + " ...")
+        out(
+            "  starting local Spark and the stretch job"
+            + ("" if log is None else f" (Spark's log: {log})")
+            + " ..."
+        )
+        t0 = time.monotonic()
+        job: list = []
+        starting = threading.Thread(target=lambda: job.append(start_job(parallelism)), daemon=True)
+        starting.start()  # the job starts while Spark does
         spark = spark_session(log)
         try:
-            return _pipeline(spark, work, events, files, parallelism, schedule, plot, out)
+            _warm_python_workers(spark)
+            starting.join()
+            if not job:
+                raise RuntimeError("the stretch job did not start (see the error above)")
+            out(f"  Spark, its Python workers and the job started in {time.monotonic() - t0:.1f}s")
+            return _pipeline(spark, job[0], work, events, schedule, files_per_trigger, plot, out)
         finally:
+            if job:
+                job[0].cancel()  # ends it if the pipeline failed; a finished job stays finished
             spark.stop()
 
 
-def _pipeline(spark, work: Path, events, files, parallelism, schedule, plot, out) -> dict:
-    client = start_job(parallelism)
+def _pipeline(spark, client, work: Path, events, schedule, files_per_trigger, plot, out) -> dict:
+    from stretch.spark import stage  # Spark is started by now
+
     started = time.monotonic()
-    back = (  # started first, so that the monitor is watching by the time the input flows
-        spark.readStream.format("stretch")
-        .option("job", JOB)
-        .option("channel", "per_user")
-        .load()
-        .writeStream.format("parquet")
-        .option("path", str(work / "results"))
-        .option("checkpointLocation", str(work / "checkpoints" / "back"))
-        .trigger(processingTime="500 milliseconds")
-        .start()
-    )
-    into = (
+    parallelism = client.describe()["operators"][0]["parallelism"]
+    clicks = (
         spark.readStream.schema("user BIGINT, ts BIGINT, amount DOUBLE")
-        .option("maxFilesPerTrigger", 1)  # a micro-batch's files are published in Spark's partition order
+        .option("maxFilesPerTrigger", files_per_trigger)  # watermarks order the files of a micro-batch
         .parquet(str(work / "clicks"))
-        .writeStream.format("stretch")
-        .option("job", JOB)
-        .option("channel", "clicks")
-        .option("checkpointLocation", str(work / "checkpoints" / "into"))
+    )
+    query = (
+        stage(clicks, client, into="clicks", out="per_user")  # one query: the job is a stage of it
+        .writeStream.format("parquet")
+        .option("path", str(work / "results" / "streamed"))
+        .option("checkpointLocation", str(work / "checkpoints"))
         .trigger(availableNow=True)
         .start()
     )
-    out(f"  Spark -> stretch job {JOB!r} (parallelism {parallelism}) -> Spark, rescaling live to {schedule}")
-    samples = _monitor(client, into, events, schedule, started, out)
-    input_ended = time.monotonic()
-    channels.open_writer(client, "clicks").end()  # Spark has delivered every file
-    status = client.wait()
-    job_seconds = time.monotonic() - started
-    end = channels.open_reader(client, "per_user").log.end_offset
-    while back.isActive and _offset_read(back) < end:  # Spark reads the last results
-        time.sleep(0.2)
-    failure = back.exception()
-    back.stop()
+    out(
+        f"  one Spark query: clicks -> stretch job {JOB!r} (parallelism {parallelism}) -> Parquet, rescaling live to {schedule}"
+    )
+    samples = _monitor(client, query, events, schedule, started, out)
+    failure = query.exception()
     if failure is not None:
-        raise RuntimeError(f"Spark's query reading the results failed: {failure}")
-    results = spark.read.parquet(str(work / "results"))
-    got = {(r["key"], r["window_start"]): (r["count"], r["sum_amount"]) for r in results.collect()}
+        raise RuntimeError(f"Spark's query failed: {failure}")
+    input_ended = time.monotonic()
+    closed_by_stream = channels.open_reader(client, "per_user").log.end_offset
+    channels.open_writer(client, "clicks").end()  # the end of the input closes the windows still open
+    status = client.wait()
+    (
+        spark.read.format("stretch")
+        .option("job", JOB)
+        .option("channel", "per_user")
+        .option("startingOffsets", str(closed_by_stream))
+        .load()
+        .write.parquet(str(work / "results" / "closed_at_end"))
+    )
+    job_seconds = time.monotonic() - started  # the last result is written
+    got = {}
+    for part in ("streamed", "closed_at_end"):
+        for r in spark.read.parquet(str(work / "results" / part)).collect():
+            key = (r["key"], r["window_start"])
+            got[key] = (r["count"], r["sum_amount"]) if key not in got else None  # None: twice
     want = expected_windows(work / "clicks")
     correct = got.keys() == want.keys() and all(
-        got[k][0] == want[k][0] and abs(got[k][1] - want[k][1]) < 1e-6 * max(1.0, abs(want[k][1]))
+        got[k] is not None
+        and got[k][0] == want[k][0]
+        and abs(got[k][1] - want[k][1]) < 1e-6 * max(1.0, abs(want[k][1]))
         for k in want
     )
     rescales = client.describe()["rescales"]
@@ -214,6 +236,18 @@ def _pipeline(spark, work: Path, events, files, parallelism, schedule, plot, out
     return summary
 
 
+def _warm_python_workers(spark) -> None:
+    """Start Spark's Python workers, with stretch imported, before the first micro-batch needs
+    them (Spark reuses its workers): a long-running pipeline pays this once, not per query."""
+    spark.range(2, numPartitions=2).mapInArrow(_import_stage, "id BIGINT").collect()
+
+
+def _import_stage(batches):
+    import stretch.spark.stage  # noqa: F401
+
+    yield from batches
+
+
 def _latencies(client, started: float, input_ended: float) -> list[tuple[float, float]]:
     """(seconds into the run, ms): for each result batch the job appended, the time since Spark's
     micro-batch whose watermark fired it began publishing into the job (the final results, which
@@ -230,16 +264,7 @@ def _latencies(client, started: float, input_ended: float) -> list[tuple[float, 
     return out
 
 
-def _offset_read(query) -> int:
-    """The channel offset up to which a reading query has processed."""
-    progress = query.lastProgress
-    if not progress or not progress["sources"]:
-        return -1
-    end = progress["sources"][0].get("endOffset")
-    return json.loads(end)["offset"] if isinstance(end, str) else (end or {}).get("offset", -1)
-
-
-def _monitor(client, into, events, schedule, started, out) -> list[tuple]:
+def _monitor(client, query, events, schedule, started, out) -> list[tuple]:
     """Sample the job twice a second while Spark feeds it; rescale live as the input passes
     evenly spaced marks. Rescales the input outran (a small run on a busy machine) are made once
     Spark has delivered everything, while the job still holds its open windows."""
@@ -260,7 +285,7 @@ def _monitor(client, into, events, schedule, started, out) -> list[tuple]:
             )
             seen += 1
 
-    while into.isActive:
+    while query.isActive:
         time.sleep(0.1)
         now = time.monotonic()
         op = client.describe()["operators"][0]
@@ -284,7 +309,10 @@ def _monitor(client, into, events, schedule, started, out) -> list[tuple]:
                 waiting_said = True
             last_in, last_t = records, now
         report_rescales(now)
-    into.awaitTermination()
+    try:
+        query.awaitTermination()
+    except Exception:  # the caller reports query.exception()
+        pass
     if rescaling is not None:
         rescaling.join()
     for p in pending:

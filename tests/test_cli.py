@@ -64,7 +64,17 @@ def test_jobs_and_status_of_a_running_job():
 def test_demo_pipeline_spark_to_stretch_to_spark(tmp_path):
     """The demo's results, written by Spark, equal the windows computed here from its input."""
     run = stretch(
-        "demo", "--events", "120000", "--files", "4", "--work-dir", str(tmp_path), "--no-plot", check=False
+        "demo",
+        "--events",
+        "120000",
+        "--files",
+        "4",
+        "--files-per-trigger",
+        "2",
+        "--work-dir",
+        str(tmp_path),
+        "--no-plot",
+        check=False,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "rescaled live 1 -> 2" in run.stdout and "rescaled live 2 -> 1" in run.stdout
@@ -77,10 +87,14 @@ def test_demo_pipeline_spark_to_stretch_to_spark(tmp_path):
         key = (c["user"], c["ts"] // 60_000 * 60_000)
         n, total = want.get(key, (0, 0.0))
         want[key] = (n + 1, total + c["amount"])
-    got = {
-        (r["key"], r["window_start"]): (r["count"], r["sum_amount"])
-        for r in pq.read_table(tmp_path / "results").to_pylist()
-    }
+    # the windows the stream closed, written by the stage's query, and those the end of input closed
+    rows = [
+        r
+        for part in ("streamed", "closed_at_end")
+        for r in pq.read_table(tmp_path / "results" / part).to_pylist()
+    ]
+    got = {(r["key"], r["window_start"]): (r["count"], r["sum_amount"]) for r in rows}
+    assert len(got) == len(rows)  # no window twice
     assert got.keys() == want.keys()
     assert all(got[k][0] == want[k][0] and abs(got[k][1] - want[k][1]) < 1e-6 for k in want)
 
