@@ -11,7 +11,6 @@ windows, and saves a plot of throughput, parallelism, backlog and latency over t
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile

@@ -2,13 +2,15 @@
 
 Outside writers append to the channel's gate. A checkpointed job reads the channel's durable log
 instead (the job copies the gate into it), from the position a checkpoint recorded, so that a
-recovery reads again exactly what came after it.
+recovery reads again exactly what came after it, less the stage transactions whose end the dead
+run never logged (runtime.transactions).
 """
 
 from __future__ import annotations
 
 from stretch.runtime.channel_log import ChannelLog, LogTail
 from stretch.runtime.gate import Kind
+from stretch.runtime.transactions import txn_of
 
 
 def read_channel(context, name: str):
@@ -24,13 +26,17 @@ def read_log(context, name: str):
     directory, tail_name = context.res.channel_logs[name]
     log, tail = ChannelLog(directory, create=False), LogTail.attach(tail_name)
     offset = context.position
+    aborted = context.res.aborted_txns
     try:
         while True:
             end = tail.end
             if offset < end:
                 for batch in log.read(offset, end):
                     offset += 1
-                    yield batch
+                    if aborted and txn_of(batch)[0] in aborted:  # a dead run's unfinished transaction
+                        yield batch.slice(0, 0).replace_schema_metadata(None)  # keeps the count
+                    else:
+                        yield batch
             elif tail.state != LogTail.RUNNING:
                 return
             elif not tail.wait(offset, timeout=0.1):

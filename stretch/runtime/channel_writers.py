@@ -54,12 +54,7 @@ class ChannelAppender:
             return
         if isinstance(data, pa.RecordBatch):
             batch = data
-            expected = self.schema if self.schema is not None else self._shape(batch.schema)
-            if not batch.schema.remove_metadata().equals(expected.remove_metadata()):
-                raise ValueError(
-                    f"batch schema does not match channel {self.name!r}:\n  batch:   {batch.schema.remove_metadata()}"
-                    f"\n  channel: {expected.remove_metadata()}"
-                )
+            self.check_fits(batch)
         else:
             records = list(data)
             batch = to_batch(records, self.type_info)
@@ -70,7 +65,16 @@ class ChannelAppender:
         if batch.num_rows:
             self._append(batch, txn, round)
 
-    def end_txn(self, txn: int) -> None:
+    def check_fits(self, batch: pa.RecordBatch) -> None:
+        """Raise unless the batch's schema is the channel's."""
+        expected = self.schema if self.schema is not None else self._shape(batch.schema)
+        if not batch.schema.remove_metadata().equals(expected.remove_metadata()):
+            raise ValueError(
+                f"batch schema does not match channel {self.name!r}:\n  batch:   {batch.schema.remove_metadata()}"
+                f"\n  channel: {expected.remove_metadata()}"
+            )
+
+    def end_txn(self, txn: int, name: tuple | None = None) -> None:
         """The end of input transaction ``txn`` (see runtime.transactions), after its batches."""
         self.check_open()
         try:
@@ -78,7 +82,7 @@ class ChannelAppender:
                 self._gate.append_control(Kind.MARK, 1, txn)
             else:  # the channel's gate, whose log must keep it: a marker batch
                 self._gate.append_batch(
-                    end_marker(self.schema or pa.schema([]), txn), producer=self._producer
+                    end_marker(self.schema or pa.schema([]), txn, name), producer=self._producer
                 )
         except GateClosed as e:
             raise RuntimeError(f"channel {self.name!r} takes no more records: {e}") from None

@@ -25,7 +25,7 @@ from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.input_logger import InputLogger
 from stretch.runtime.publisher import ChannelPublisher
 from stretch.runtime.state_dir import JobDir
-from stretch.runtime.transactions import TxnResults
+from stretch.runtime.transactions import TxnResults, name_of, txn_of
 
 
 @dataclass
@@ -51,6 +51,8 @@ class JobChannels:
         self.log_locations: dict[str, tuple[str, str]] = {}  # input channel -> (log directory, tail)
         self.loggers: list[InputLogger] = []
         self._ended: set[str] = set()
+        self.stage_txns: list[tuple] = []  # what the latest checkpoint says of stage transactions
+        self.aborted_txns: set[int] = set()  # a restored run's: transactions its replay skips
         self._shapes: dict[str, pa.Schema] = {}  # untyped input channel -> the first batch's schema
         self._shapes_lock = threading.Lock()
         self.publisher = ChannelPublisher(
@@ -75,7 +77,8 @@ class JobChannels:
             log.truncate(restore["outputs"].get(name, committed) if restore else committed)
             tail = LogTail.create(job.prefix, log.end_offset)
             job.add_segment(tail.segment)
-            self.outputs[name] = OutputChannel(log, tail, log.end_offset, sink.type_info)
+            self.outputs[name] = out = OutputChannel(log, tail, log.end_offset, sink.type_info)
+            out.txns.tracking = job.config.checkpointing
 
     def open_inputs(self) -> None:
         """Gates (and durable logs) of the input channels that are not direct."""
@@ -102,6 +105,59 @@ class JobChannels:
                     self.log_starts[stage.id] = log.end_offset
                     self.input_logs[stage.id] = log
                 self.loggers.append(InputLogger(name, g, 1, log, tail=tail))
+
+    def restore_txns(self, restore: dict) -> None:
+        """A restored run's stage transactions (see runtime.transactions): those its checkpoint
+        covers are answered with their results; those its input logs replay, by their number;
+        those whose end the dead run never logged are skipped by the replay (``aborted``)."""
+        self.stage_txns = [tuple(t) for t in restore.get("txns", ())]
+        answered = {}
+        for channel, query, batch, partition, _, offsets, output in self.stage_txns:
+            out = self.outputs.get(output)
+            if out is not None:
+                answered[(channel, query, batch, partition)] = {
+                    "ok": True,
+                    "log": str(out.log.dir),
+                    "offsets": offsets,
+                }
+        replayed: dict[tuple, int] = {}
+        for stage_id, log in self.input_logs.items():
+            position = restore["sources"].get(str(stage_id), self.log_starts[stage_id])
+            started, ended = set(), {}
+            for batch in log.read(position, log.end_offset):
+                txn, end = txn_of(batch)
+                if end:
+                    ended[txn] = name_of(batch)
+                elif txn:
+                    started.add(txn)
+            self.aborted_txns |= started - set(ended)
+            for txn, name in ended.items():
+                out = self.outputs.get(name[4]) if name is not None else None
+                if out is not None:
+                    replayed[tuple(name[:4])] = txn
+                    out.txns.name(txn, tuple(name[:4]))
+        self.publisher.restore(answered, replayed)
+
+    def record_txns(self, checkpoint: int) -> list[list]:
+        """The stage transactions checkpoint ``checkpoint`` records: those of earlier ones and
+        those completed before its barrier, each query's latest micro-batch only."""
+        table = {(t[0], t[1], t[2], t[3]): t for t in self.stage_txns}
+        for output, out in self.outputs.items():
+            for (channel, query, batch, partition), txn, offsets in out.txns.covered(checkpoint):
+                table[(channel, query, batch, partition)] = (
+                    channel,
+                    query,
+                    batch,
+                    partition,
+                    txn,
+                    offsets,
+                    output,
+                )
+        latest: dict[tuple, int] = {}
+        for channel, query, batch, *_ in table.values():
+            latest[(channel, query)] = max(batch, latest.get((channel, query), -1))
+        self.stage_txns = [t for t in table.values() if t[2] == latest[(t[0], t[1])]]
+        return [list(t) for t in self.stage_txns]
 
     def log_direct_inputs(self, gates: dict[int, Gate]) -> None:
         """Durable direct channels are logged from the keyed gate, with a reader slot of their own."""
@@ -251,7 +307,7 @@ class JobChannels:
                     return {"ok": True, "log": str(out.log.dir), "offsets": offsets}
 
         txn_id = (str(msg["query"]), int(msg["batch"]), int(msg["partition"]))
-        return self.publisher.publish_txn(name, txn_id, list(msg["files"]), results)
+        return self.publisher.publish_txn(name, txn_id, list(msg["files"]), results, output, out.txns.name)
 
     def publish(self, op: str, msg: dict) -> dict:
         """A staged transaction (Spark's sink commit or abort); may block while the channel is full."""

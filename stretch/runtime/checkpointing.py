@@ -335,6 +335,7 @@ class Checkpointer:
                 for sid in keyed
             },
             "outputs": outputs,
+            "txns": co.channels.record_txns(n),
         }
         self.store.complete(n, metadata)
         co.checkpoint_completed(metadata)

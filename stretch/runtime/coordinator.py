@@ -193,6 +193,8 @@ class Coordinator:
                 restore = self._restorable(store)
         self.channels.open_outputs(restore)
         self.channels.open_inputs()
+        if restore is not None:
+            self.channels.restore_txns(restore)
         if store is not None:
             if restore is None:  # a restore from nothing left to restore starts over too
                 outputs = {name: out.run_start for name, out in self.channels.outputs.items()}
@@ -311,6 +313,7 @@ class Coordinator:
             self._pending.extend((stage.id, i, 0) for i in range(p))
             self._parallelism[stage.id] = p
         res.channel_logs = dict(self.channels.log_locations)
+        res.aborted_txns = set(self.channels.aborted_txns)
         self._positions = dict(self.channels.log_starts)  # channel sources start at the log's end
         if restore is not None:
             self._positions.update({int(k): v for k, v in restore["sources"].items()})

@@ -11,7 +11,8 @@ transaction publishes all of its files in order, or nothing.
 - The one-query stage (``stretch.spark.stage``): a transaction per task, named ``(query, batch id,
   partition)``, numbered and tagged (``runtime.transactions``); the request returns once the
   transaction's results are in the output channel, with their offsets. A task that Spark retries
-  or replays gets the first attempt's results again, and its input never reaches the job twice.
+  or replays gets the first attempt's results again, and its input never reaches the job twice,
+  also after the job's process died and was restored (``restore``; see runtime.transactions).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class ChannelPublisher:
             OrderedDict()
         )  # (channel, query, batch, partition) -> results
         self._txn_numbers = itertools.count(time.time_ns() // 1000)  # unique across runs of the job
+        self._replayed: dict[tuple, int] = {}  # a restored run's: transactions its input log replays
         self.published_at: deque[float] = deque(maxlen=100_000)  # when recent transactions began
 
     def create(self) -> None:
@@ -78,10 +80,23 @@ class ChannelPublisher:
         finally:
             self.discard(files)
 
-    def publish_txn(self, name: str, txn_id: tuple, files: list[str], wait_results) -> dict:
-        """Publish one stage transaction (``txn_id``: query, batch id, partition) and return what
-        ``wait_results(number)`` says of its results; a transaction seen before is answered with
-        the first attempt's results, and its files are only cleaned up."""
+    def restore(self, answered: dict[tuple, dict], replayed: dict[tuple, int]) -> None:
+        """A restored run: ``answered`` are the results of transactions its checkpoint covers,
+        ``replayed`` the numbers of those its input log replays (keys: channel, query, batch,
+        partition)."""
+        for key, result in answered.items():
+            done = self._txns[key] = Future()
+            done.set_result(result)
+        self._replayed.update(replayed)
+
+    def publish_txn(
+        self, name: str, txn_id: tuple, files: list[str], wait_results, output: str = "", named=None
+    ) -> dict:
+        """Publish one stage transaction (``txn_id``: query, batch id, partition; its results go
+        to channel ``output``) and return what ``wait_results(number)`` says of its results; a
+        transaction seen before is answered with the first attempt's results, and its files are
+        only cleaned up. ``named(number, key)`` learns each transaction's number before it is
+        published."""
         key = (name, *txn_id)
         with self._lock:
             first = self._txns.get(key)
@@ -90,33 +105,45 @@ class ChannelPublisher:
                 while len(self._txns) > _KEPT_TXNS:  # Spark replays only its latest micro-batch
                     self._txns.popitem(last=False)
                 mine = True
+                replayed = self._replayed.pop(key, None)
             else:
                 mine = False
         if not mine:
             self.discard(files)
             return {**first.result(), "duplicate": True}
         try:
+            if replayed is not None:  # the restored run replays it from its input log
+                self.discard(files)
+                result = wait_results(replayed)
+                first.set_result(result)
+                return {**result, "duplicate": True}
             number = next(self._txn_numbers)
-            self._append_all(name, files, number, f"{txn_id[0]}/{txn_id[1]}")
+            if named is not None:
+                named(number, key)
+            self._append_all(name, files, number, (*key, output))
             result = wait_results(number)
         except BaseException as e:
             with self._lock:
                 self._txns.pop(key, None)  # nothing of it was published, or the job is ending
+                if replayed is not None:
+                    self._replayed[key] = replayed
             first.set_exception(e)
             raise
         first.set_result(result)
         return {**result, "duplicate": False}
 
-    def _append_all(self, name: str, files: list[str], txn: int, round: str) -> None:
+    def _append_all(self, name: str, files: list[str], txn: int, marker: tuple) -> None:
         paths = [self._staged(f) for f in files]
         try:
             with self._lock:
                 appender = self._appender(name)
             batches = _read_all(paths)
+            for batch in batches:  # all of it fits, or none of it is published
+                appender.check_fits(batch)
             self.published_at.append(time.monotonic())
             for batch in batches:
-                appender.write(batch, txn, round)
-            appender.end_txn(txn)
+                appender.write(batch, txn, f"{marker[1]}/{marker[2]}")
+            appender.end_txn(txn, marker)
         finally:
             self.discard(files)
 

@@ -23,3 +23,4 @@ class JobResources:
     dead_letter_sink: int | None = None  # the sink of rejected records, under the dead-letter policy
     checkpoints: str | None = None  # directory of the job's checkpoints, if it takes them
     channel_logs: dict[str, tuple[str, str]] = field(default_factory=dict)  # input channel -> (log, tail)
+    aborted_txns: set[int] = field(default_factory=set)  # stage transactions a restored run skips

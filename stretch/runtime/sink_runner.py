@@ -153,6 +153,8 @@ class SinkRunner(threading.Thread):
             self.txns.output(txn, offset)
 
     def _barrier(self, checkpoint: int) -> None:
+        if self.txns is not None:
+            self.txns.barrier(checkpoint)
         with self._lock:
             if self._channel:
                 self._staged.append((checkpoint, self._active.log.end_offset))

@@ -133,6 +133,7 @@ class SourceTask(Task):
         skip = 0 if source.seekable else position
         barrier = Barrier(self.attached.control, self.stage.id) if self.res.checkpoints else None
         reader = source.create_reader(self)
+        open_txn = 0  # no checkpoint barrier inside a stage transaction (runtime.transactions)
         try:
             for item in reader:
                 if self.should_stop():
@@ -150,9 +151,13 @@ class SourceTask(Task):
                         chain.outputs.txn, chain.outputs.round = txn, round_of(item)
                         if end:
                             chain.end_txn(txn, 1)
+                            open_txn = 0
                         else:
                             chain.push(Records(batch=item))
+                            open_txn = txn
                     position = source.advance(position, item)
+                if open_txn:
+                    continue
                 if barrier is not None and not barrier.source_reached(position, self.should_stop):
                     raise Stopped()
         finally:

@@ -8,6 +8,16 @@ the number; a stage forwards the end marker (a MARK entry) once each of its inst
 from all its own producers, so when the output channel's sink has the marker from every producer,
 every result of the transaction is in the output log, at offsets ``TxnResults`` recorded.
 
+Exactly once across the death of the job's process (a checkpointed job, restored):
+
+- a source takes no checkpoint barrier inside a transaction, so each transaction, its results and
+  its end marker lie on one side of every checkpoint;
+- the end marker carries the transaction's name, so a restored job finds in its input log the
+  transactions it replays (and those whose end the dead run never logged: it skips them, and the
+  restarted query publishes them anew);
+- a checkpoint records the transactions whose results it covers (each query's latest micro-batch),
+  so a restored job answers a replayed task with the first run's results.
+
 Batches from Spark also carry their *round*: the writing query's micro-batch. The tasks of one
 micro-batch publish in no order among themselves, so a watermark generator holds back what a round
 shows until the next round begins (``runtime.event_time``), as Spark's own watermark advances only
@@ -16,6 +26,7 @@ between micro-batches.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -23,6 +34,7 @@ import pyarrow as pa
 
 TXN_KEY = b"stretch.txn"
 TXN_END_KEY = b"stretch.txn_end"
+TXN_NAME_KEY = b"stretch.txn_name"
 ROUND_KEY = b"stretch.round"
 
 
@@ -36,10 +48,19 @@ def tagged(batch: pa.RecordBatch, txn: int, round: str | None = None) -> pa.Reco
     return batch.replace_schema_metadata(meta)
 
 
-def end_marker(schema: pa.Schema, txn: int) -> pa.RecordBatch:
-    """The zero-row batch that ends transaction ``txn`` in a channel."""
+def end_marker(schema: pa.Schema, txn: int, name: tuple | None = None) -> pa.RecordBatch:
+    """The zero-row batch that ends transaction ``txn`` (named ``name``) in a channel."""
     meta = {**(schema.metadata or {}), TXN_KEY: str(txn).encode(), TXN_END_KEY: b"1"}
+    if name is not None:
+        meta[TXN_NAME_KEY] = json.dumps(list(name)).encode()
     return pa.RecordBatch.from_pylist([], schema=schema.with_metadata(meta))
+
+
+def name_of(batch: pa.RecordBatch) -> tuple | None:
+    """The name an end marker carries (input channel, query, micro-batch, partition)."""
+    meta = batch.schema.metadata
+    value = meta.get(TXN_NAME_KEY) if meta else None
+    return tuple(json.loads(value)) if value is not None else None
 
 
 def txn_of(batch: pa.RecordBatch) -> tuple[int, bool]:
@@ -83,6 +104,10 @@ class TxnResults:
         self._complete: set[int] = set()
         self._failed: str | None = None
         self.generation = 0  # bumped when a recovery drops uncommitted output (it is made again)
+        self.tracking = False  # a checkpointed job's: record what each checkpoint covers
+        self.names: dict[int, tuple] = {}  # txn -> its name, for checkpoints (see the module doc)
+        self._since_barrier: list[tuple[int, list[int]]] = []  # completed since the last barrier
+        self._covered: dict[int, list[tuple[int, list[int]]]] = {}  # checkpoint -> completed before it
 
     def output(self, txn: int, offset: int) -> None:
         with self._cond:
@@ -92,7 +117,34 @@ class TxnResults:
         with self._cond:
             if self._marks.ended(txn, expected):
                 self._complete.add(txn)
+                if self.tracking:
+                    self._since_barrier.append((txn, list(self._offsets.get(txn, ()))))
                 self._cond.notify_all()
+
+    def name(self, txn: int, name: tuple) -> None:
+        if self.tracking:
+            with self._cond:
+                self.names[txn] = name
+
+    def barrier(self, checkpoint: int) -> None:
+        """The sink reached ``checkpoint``: the transactions completed so far lie before it."""
+        if not self.tracking:
+            return
+        with self._cond:
+            self._covered[checkpoint], self._since_barrier = self._since_barrier, []
+
+    def covered(self, checkpoint: int) -> list[tuple[tuple, int, list[int]]]:
+        """(name, txn, result offsets) of the named transactions completed before ``checkpoint``
+        and after the one before it."""
+        with self._cond:
+            done = [k for k in self._covered if k <= checkpoint]
+            out = []
+            for k in sorted(done):
+                for txn, offsets in self._covered.pop(k):
+                    name = self.names.pop(txn, None)
+                    if name is not None:
+                        out.append((name, txn, offsets))
+            return out
 
     def reset(self) -> None:
         """A recovery rolled the output back to a checkpoint: the job replays the transactions
@@ -101,6 +153,7 @@ class TxnResults:
             self._offsets.clear()
             self._marks = MarkCounter()
             self._complete.clear()
+            self._since_barrier, self._covered = [], {}
             self.generation += 1
             self._cond.notify_all()
 

@@ -4,14 +4,18 @@ parallelism, the concurrency of transactions, rescales and replays."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pytest
 
-from stretch import jobs
+from stretch import channels, jobs
 from stretch.channels import OutputLog
 from stretch.common import Types
 from stretch.datastream import StreamExecutionEnvironment
@@ -116,3 +120,141 @@ def test_concurrent_transactions_under_rescales_are_each_exact():
         for k, v in records:
             want[k] = want.get(k, 0) + v
     assert final == want
+
+
+STAGE_JOB_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from stretch.datastream import StreamExecutionEnvironment
+    from tests.runtime.test_transactions import checkpointed_sums
+
+    client = checkpointed_sums(sys.argv[1], restore=False)
+    print("ready", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def checkpointed_sums(name: str, restore: bool):
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.enable_checkpointing(20)
+    env.get_checkpoint_config().set_min_pause_between_checkpoints(0)
+    src = env.from_source(ChannelSource("in", PAIR), None, "in")
+    src.key_by(lambda r: r[0]).sum(1).name("sums").sink_to(ChannelSink("out"))
+    return env.execute_async(name, restore=restore)
+
+
+@pytest.mark.parametrize("kill_after_ms", [0, 3, 8, 15, 40])
+def test_a_restored_job_answers_a_restarted_querys_replay_exactly_once(tmp_path, kill_after_ms):
+    """The job's process is killed while a micro-batch's second task publishes (before it is
+    logged, part-way, or after); the restored job answers the restarted query's replay of that
+    micro-batch: the first task gets its first answer again, the second its input applied once."""
+    name = f"txn-restore-{uuid.uuid4().hex[:10]}"
+    script = tmp_path / "job.py"
+    script.write_text(STAGE_JOB_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), name],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    inputs = {
+        (b, p): [((b * 5 + p * 3 + i) % 13, 1 + (b + p + i) % 7) for i in range(2000)]
+        for b in range(6)
+        for p in range(2)
+    }
+    answers: dict = {}
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        job = jobs.find(name)
+        staging = job.join_channel("in", "writer")["staging"]
+        for b in range(3):
+            for p in range(2):
+                answers[(b, p)] = _publish(job, staging, inputs[(b, p)], ("q", b, p))[0]
+        first = answers[(2, 0)]
+        del answers[(2, 1)]  # the query had not committed micro-batch 2: it is replayed
+
+        def second_task() -> None:
+            try:
+                _publish(job, staging, inputs[(2, 1)], ("q", 2, 1))
+            except Exception:
+                pass  # the job died under it: the task fails
+
+        task = threading.Thread(target=second_task)
+        task.start()
+        time.sleep(kill_after_ms / 1000)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    task.join(60)
+    client = checkpointed_sums(name, restore=True)
+    try:
+        job = jobs.find(client)
+        staging = job.join_channel("in", "writer")["staging"]
+        for b in range(2, 6):  # the restarted query replays micro-batch 2, then goes on
+            for p in range(2):
+                answers[(b, p)] = _publish(job, staging, inputs[(b, p)], ("q", b, p))[0]
+        assert answers[(2, 0)] == first
+        channels.open_writer(client, "in").end()
+        assert client.wait(60).name == "FINISHED"
+        log = sorted(tuple(r) for r in channels.open_reader(name, "out", from_offset=0))
+    finally:
+        client.cancel()
+    by_key: dict = {}
+    for key, records in inputs.items():
+        assert sorted(k for k, _ in answers[key]) == sorted(k for k, _ in records)
+        for k, v in answers[key]:
+            by_key.setdefault(k, []).append(v)
+    totals: dict = {}
+    for records in inputs.values():
+        for k, v in records:
+            totals[k] = totals.get(k, 0) + v
+    for k, sums in by_key.items():  # running sums: distinct, as many as the key's records, up to its total
+        assert len(set(sums)) == len(sums) and max(sums) == totals[k]
+    assert log == sorted((k, v) for k, sums in by_key.items() for v in sums)  # the log: each result once
+
+
+HALF_TXN_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from stretch import channels
+    from tests.runtime.test_transactions import checkpointed_sums
+
+    client = checkpointed_sums(sys.argv[1], restore=False)
+    writer = channels.open_writer(client, "in")
+    writer.write([(1, 10), (2, 20)])  # plain input, then half a transaction: its end never comes
+    writer.write([(1, 1000), (3, 3000)], txn=7)
+    while client.describe()["operators"][0]["records_in"] < 4:
+        time.sleep(0.01)
+    print("ready", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def test_a_transaction_whose_end_the_dead_run_never_logged_is_not_replayed(tmp_path):
+    name = f"txn-half-{uuid.uuid4().hex[:10]}"
+    script = tmp_path / "job.py"
+    script.write_text(HALF_TXN_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), name],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+    finally:
+        proc.kill()
+        proc.wait(30)
+    client = checkpointed_sums(name, restore=True)
+    try:
+        writer = channels.open_writer(client, "in")
+        writer.write([(1, 5)])
+        writer.end()
+        assert client.wait(60).name == "FINISHED"
+        log = sorted(tuple(r) for r in channels.open_reader(name, "out", from_offset=0))
+    finally:
+        client.cancel()
+    assert log == [(1, 10), (1, 15), (2, 20)]

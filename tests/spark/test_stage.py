@@ -5,18 +5,23 @@ and a job that dies mid-query."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
+import uuid
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stretch import channels
+from stretch import channels, jobs
 from stretch.common import Duration, Time, Types, WatermarkStrategy
 from stretch.datastream import StreamExecutionEnvironment, aggregates
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.window import TumblingEventTimeWindows
 from stretch.spark import stage
+from tests.runtime.test_transactions import checkpointed_sums
 
 RECORD = Types.TUPLE([Types.LONG(), Types.LONG()])  # user, amount
 
@@ -208,3 +213,74 @@ def test_latest_per_key_keeps_each_keys_last_result_in_emission_order(key_type):
         table = pa.table({"k": keys, "position": np.arange(n)})
         last = {k: i for i, k in enumerate(keys.to_pylist())}
         assert _latest_per_key(table, ["k"]).column("position").to_pylist() == sorted(last.values())
+
+
+STAGE_JOB_SCRIPT = """
+import sys, time
+from tests.runtime.test_transactions import checkpointed_sums
+
+checkpointed_sums(sys.argv[1], restore=False)
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_job_killed_mid_query_and_restored_loses_and_duplicates_nothing(spark, tmp_path):
+    """The job's process is killed while the query runs: the query fails with a clear error; the
+    job is restored and the query restarted from its checkpoint; every row counts exactly once."""
+    name = f"stage restore {uuid.uuid4().hex[:8]}"
+    script = tmp_path / "job.py"
+    script.write_text(STAGE_JOB_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), name],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    parts = _files(tmp_path / "in", parts=6, rows=300)
+    got: dict[int, list] = {}  # an idempotent sink: a replayed micro-batch replaces its rows
+
+    def collect(df, batch_id):
+        got[batch_id] = [tuple(r) for r in df.collect()]
+
+    def start():
+        clicks = spark.readStream.schema("user long, amount long").option("maxFilesPerTrigger", 1)
+        results = stage(clicks.parquet(str(tmp_path / "in")), name, into="in", out="out")
+        return (
+            results.writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        query = start()
+        job = jobs.find(name)
+        deadline = time.monotonic() + 120
+        while job.status()["operators"][0]["records_in"] < 3 * 300:  # a third micro-batch is in
+            assert time.monotonic() < deadline and query.isActive
+            time.sleep(0.002)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    with pytest.raises(Exception, match=f"stretch job '{name}' .* is not running any more"):
+        query.awaitTermination(120)
+    client = checkpointed_sums(name, restore=True)
+    try:
+        query = start()
+        query.awaitTermination(300)
+        assert query.exception() is None
+    finally:
+        client.cancel()
+    records = [r for p in parts for r in p]
+    totals: dict = {}
+    for k, v in records:
+        totals[k] = totals.get(k, 0) + v
+    results = [r for rows in got.values() for r in rows]
+    assert sorted(k for k, _ in results) == sorted(k for k, _ in records)  # one result per row
+    by_key: dict = {}
+    for k, v in results:
+        by_key.setdefault(k, []).append(v)
+    for k, sums in by_key.items():  # running sums: distinct, ending at the key's total
+        assert len(set(sums)) == len(sums) and max(sums) == totals[k]
