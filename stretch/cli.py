@@ -204,6 +204,34 @@ def cmd_cluster_status(args) -> int:
     return 0
 
 
+def cmd_cluster_change(args) -> int:
+    """add-node / remove-node: the cluster's driver moves the key groups; prints its HandoffReport."""
+    try:
+        connection = ClusterConnection(args.address)
+    except OSError as e:
+        raise SystemExit(f"stretch: no stretch cluster at {args.address}: {e}") from None
+    try:
+        if args.cluster_command == "add-node":
+            report = connection.driver_action("add_node")
+        else:
+            report = connection.driver_action("remove_node", {"node": args.node})
+    except LookupError as e:
+        raise SystemExit(f"stretch: {e}") from None
+    finally:
+        connection.close()
+    if not report.pop("ok"):
+        raise SystemExit(f"stretch: {report['error']}")
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(
+        f"{args.cluster_command}: moved {report['key_groups_moved']} key groups ({report['bytes_moved']:,} state "
+        f"bytes) in {report['elapsed_ms']:.1f} ms over {report['steps']} steps; longest stall "
+        f"{report['max_stall_ms']:.1f} ms; routing version {report['version']}"
+    )
+    return 0
+
+
 _EXAMPLES = """examples:
   stretch demo                            the demo pipeline (Spark -> stretch -> Spark)
   stretch jobs                            running jobs (--json for scripts)
@@ -282,12 +310,26 @@ def main(argv: list[str] | None = None) -> int:
     p = command("metrics", "a running job's metrics, in Prometheus' text format", "stretch metrics clicks")
     p.add_argument("job", help="job id (or a unique prefix) or job name")
     p.set_defaults(func=cmd_metrics)
-    p = command("cluster", "a stretch cluster", "stretch cluster status /path/to/cluster")
+    p = command(
+        "cluster",
+        "a stretch cluster",
+        "stretch cluster status /path/to/cluster\n  stretch cluster add-node /path/to/cluster\n"
+        "  stretch cluster remove-node /path/to/cluster node-0",
+    )
     csub = p.add_subparsers(dest="cluster_command", required=True)
     c = csub.add_parser("status", help="each node's routing version, key groups and jobs")
     c.add_argument("address", help="the cluster's address (its directory)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_cluster_status)
+    c = csub.add_parser("add-node", help="start a node and move its share of key groups to it, live")
+    c.add_argument("address", help="the cluster's address (its directory)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_cluster_change)
+    c = csub.add_parser("remove-node", help="move a node's key groups to the others, live, then stop it")
+    c.add_argument("address", help="the cluster's address (its directory)")
+    c.add_argument("node", help="the node's id, as `stretch cluster status` shows it")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_cluster_change)
     args = parser.parse_args(argv)
     return args.func(args)
 

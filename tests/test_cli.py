@@ -14,9 +14,10 @@ import pytest
 from stretch.cli import main
 from stretch.cluster import StretchCluster
 from stretch.common import Types
+from stretch.common.records import to_batch
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors import DataGeneratorSource, DiscardingSink, RateLimiterStrategy
-from tests.cluster.jobs import count_sum_job
+from tests.cluster.jobs import PAIR, count_sum_job, reference
 
 
 def stretch(*args, check=True):
@@ -193,6 +194,30 @@ def test_cluster_status_shows_each_nodes_key_groups_and_jobs(tmp_path, capsys):
         assert "64 key groups" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no stretch cluster"):
         main(["cluster", "status", str(tmp_path / "nothing")])
+
+
+def test_cluster_add_node_and_remove_node_from_another_process(tmp_path):
+    """The driver moves key groups when a second process asks; the job's state stays exact."""
+    rows = [[(f"k{(b * 31 + i) % 97}", i % 11) for i in range(200)] for b in range(3)]
+    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
+        client = count_sum_job().execute_async("cli-nodes", cluster=cluster)
+        with client.writer("in") as w:
+            w.write(to_batch(rows[0], PAIR), query="q", batch=0)
+            added = json.loads(stretch("cluster", "add-node", cluster.address, "--json").stdout)
+            assert cluster.nodes == ["node-0", "node-1", "node-2"]
+            assert added["key_groups_moved"] == 42 and added["bytes_moved"] > 0  # about 1/3 of 128
+            w.write(to_batch(rows[1], PAIR), query="q", batch=1)
+            removed = stretch("cluster", "remove-node", cluster.address, "node-0").stdout
+            assert removed.startswith("remove-node: moved ") and cluster.nodes == ["node-1", "node-2"]
+            w.write(to_batch(rows[2], PAIR), query="q", batch=2)
+        with pytest.raises(SystemExit, match="no node 'node-7'"):
+            main(["cluster", "remove-node", cluster.address, "node-7"])
+        state = client.query_state("counts").to_pylist()
+        client.cancel()
+    want = reference([r for b in rows for r in b])
+    assert {r["key"]: (r["count"], r["sum"]) for r in state} == want
+    with pytest.raises(SystemExit, match="no running driver"):
+        main(["cluster", "add-node", str(tmp_path / "cluster")])
 
 
 def test_help_has_examples_and_exit_codes_follow_the_conventions():

@@ -70,6 +70,17 @@ class ClusterConnection:
     def get(self, node: str, ticket: str) -> pa.Table:
         return self.client(node).do_get(flight.Ticket(ticket.encode()), self.options).read_all()
 
+    def driver_action(self, kind: str, body: dict | None = None) -> dict:
+        """Ask the cluster's driver (``cluster.driver``) for a node change."""
+        try:
+            location = json.loads((self.directory / "driver.json").read_text())["location"]
+        except FileNotFoundError:
+            raise LookupError(f"the cluster at {self.directory} has no running driver") from None
+        with flight.FlightClient(location) as driver:
+            raw = json.dumps(body or {}).encode()
+            (result,) = list(driver.do_action(flight.Action(kind, raw), self.options))
+        return json.loads(result.body.to_pybytes())
+
     def forget(self, node: str) -> None:
         c = self._clients.pop(node, None)
         if c is not None:

@@ -26,6 +26,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ import cloudpickle
 import pyarrow as pa
 
 from stretch.cluster.client import ClusterConnection, ClusterWriter
+from stretch.cluster.driver import DriverServer
 from stretch.cluster.launchers import LocalNodes, SparkNodes
 from stretch.cluster.node import cluster_inputs
 from stretch.cluster.routing import RoutingStore, RoutingTable, plan_add_node, plan_remove_node, steps
@@ -74,6 +76,7 @@ class StretchCluster:
         self.store = RoutingStore(directory)
         self.table: RoutingTable | None = None
         self.connection: ClusterConnection | None = None
+        self._driver: DriverServer | None = None
         self.closed = False
 
     # ---- creation -------------------------------------------------------------------------------
@@ -152,6 +155,9 @@ class StretchCluster:
             self.store.save(self.table)
         for node_id in ids:
             self._own(node_id)
+        self._driver = DriverServer(self, self._secret)
+        threading.Thread(target=self._driver.serve, name="stretch-cluster-driver", daemon=True).start()
+        self._write("driver.json", {"location": self._driver.location})
 
     def _write(self, name: str, value) -> None:
         tmp = self.directory / f".{name}.tmp"
@@ -226,6 +232,12 @@ class StretchCluster:
     # ---- node changes ---------------------------------------------------------------------------
     def add_node(self) -> HandoffReport:
         """Start a node and give it its share of key groups, moving the fewest."""
+        if self._driver is not None:
+            with self._driver.changing:  # one node change at a time (the CLI's too)
+                return self._add_node()
+        return self._add_node()
+
+    def _add_node(self) -> HandoffReport:
         node_id = f"node-{self._next}"
         self._next += 1
         self._start_node(node_id)
@@ -238,6 +250,14 @@ class StretchCluster:
 
     def remove_node(self, node: str) -> HandoffReport:
         """Hand a node's key groups to the others, then stop it."""
+        if self._driver is not None:
+            with self._driver.changing:
+                return self._remove_node(node)
+        return self._remove_node(node)
+
+    def _remove_node(self, node: str) -> HandoffReport:
+        if len(self._nodes) == 1 and node in self._nodes:
+            raise ValueError(f"{node!r} is the cluster's last node: its key groups would have nowhere to go")
         if node not in self._nodes:
             raise LookupError(f"no node {node!r} in the cluster (nodes: {self.nodes})")
         report = self._handoff(plan_remove_node(self.table, node))
@@ -305,6 +325,9 @@ class StretchCluster:
         if self.closed:
             return
         self.closed = True
+        if self._driver is not None:
+            self._driver.shutdown()
+            (self.directory / "driver.json").unlink(missing_ok=True)
         for node_id in list(self._nodes):
             self._stop_node(node_id)
         if self.connection is not None:
