@@ -142,12 +142,15 @@ def run(
         starting = threading.Thread(target=lambda: job.append(start_job(parallelism)), daemon=True)
         starting.start()  # the job starts while Spark does
         spark = spark_session(log)
+        t1 = time.monotonic()
         try:
             _warm_python_workers(spark)
             starting.join()
             if not job:
                 raise RuntimeError("the stretch job did not start (see the error above)")
-            out(f"  Spark, its Python workers and the job started in {time.monotonic() - t0:.1f}s")
+            out(
+                f"  Spark started in {t1 - t0:.1f}s, its Python workers and the job {time.monotonic() - t1:.1f}s later"
+            )
             return _pipeline(spark, job[0], work, events, schedule, files_per_trigger, plot, out)
         finally:
             if job:
