@@ -10,10 +10,16 @@ query, so replays would be dropped per key group) while the nodes go 2 -> 3 -> 2
   snapshot, ship, load, adopt), ``max_stall_ms``: the longest any key group refused rows;
 - ``moved_fraction`` on 2 -> 3 (ideal 1/3), ``bytes_moved`` per node change, ``state_mb``;
 - ``lost``/``duplicated``: per key, the count the cluster holds against the events written;
+- ``bytes_moved_ratio``: the bytes a node change shipped over the logical bytes (as Arrow: key
+  and state columns) of the keys in the key groups it moved (ideal 1.0);
+- ``restart_baseline_ms``: the same job and state on one node engine, checkpointed, stopped and
+  restored (what a savepoint and restart, or Flink's reactive mode, amounts to; without moving
+  files between hosts, so a lower bound for a cluster);
 - ``cluster_meps`` (2 nodes, through the cluster writer) against ``single_node_meps`` (the same
   job and writer path on one node engine, ``channels.open_writer``).
 
-Not measured yet: ``restart_baseline_ms`` and ``bytes_moved_ratio`` (see README, Across nodes).
+About 100 MB of state: ``--keys 2500000 --events 5000000``; about 1 GB: ``--keys 25000000
+--events 30000000``. ``--plot`` saves each step's move time (experiments/out/cluster_scale.png).
 """
 
 from __future__ import annotations
@@ -32,15 +38,16 @@ from stretch.common import Types
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors import DiscardingSink
 from stretch.datastream.connectors.channel import ChannelSource
+from stretch.state.key_groups import key_groups_of
 
 W1 = Types.TUPLE([Types.LONG(), Types.LONG(), Types.DOUBLE()])
 BATCH = 20_000
 
 
-def job(parallelism: int = 2) -> StreamExecutionEnvironment:
+def job(parallelism: int = 2, durable: bool = False) -> StreamExecutionEnvironment:
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(parallelism)
-    env.from_source(ChannelSource("w1", W1, durable=False), None, "w1").key_by(0).sum([1, 2]).name(
+    env.from_source(ChannelSource("w1", W1, durable=durable), None, "w1").key_by(0).sum([1, 2]).name(
         "sum"
     ).sink_to(DiscardingSink())
     return env
@@ -61,6 +68,57 @@ def single_node_meps(data: list[pa.RecordBatch], rows: int) -> float:
     return rows / (time.perf_counter() - t0) / 1e6
 
 
+def restart_baseline_ms(data: list[pa.RecordBatch]) -> float:
+    """One node engine holding the same state: checkpoint, stop, restore at another parallelism,
+    until the restored job runs with all of its state loaded."""
+    env = job(durable=True)
+    env.enable_checkpointing()  # on demand
+    name = f"cluster_scale restart {time.time_ns()}"
+    client = env.execute_async(name)
+    writer = channels.open_writer(client, "w1")
+    for b in data:
+        writer.write(b)
+    while client.describe()["operators"][0]["records_in"] < sum(b.num_rows for b in data):
+        time.sleep(0.05)
+    t0 = time.perf_counter()
+    client.trigger_checkpoint()
+    client.cancel()
+    env = job(parallelism=3, durable=True)
+    env.enable_checkpointing()
+    restored = env.execute_async(name, restore=True)
+    elapsed = (time.perf_counter() - t0) * 1000
+    restored.cancel()
+    return elapsed
+
+
+def moved_key_groups(before: list[str], after: list[str]) -> list[int]:
+    return [kg for kg, (a, b) in enumerate(zip(before, after)) if a != b]
+
+
+def logical_bytes(state: pa.Table, kgs: list[int], max_parallelism: int) -> int:
+    """The Arrow bytes of the state rows (key and state columns) of the keys in ``kgs``."""
+    owned = np.isin(key_groups_of(state.column("key"), max_parallelism), kgs)
+    return int(state.filter(pa.array(owned)).nbytes)
+
+
+def plot(added, removed, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(range(len(added.step_ms)), added.step_ms, "o-", label="2 -> 3 (add a node)")
+    ax.plot(range(len(removed.step_ms)), removed.step_ms, "s-", label="3 -> 2 (remove a node)")
+    ax.set_xlabel("step (8 key groups, one routing version)")
+    ax.set_ylabel("move: release to adoption (ms)")
+    ax.set_title("key-group handoff under a steady W1 load")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def counts(client) -> dict[int, int]:
     table = client.query_state("sum")
     if table is None:
@@ -75,6 +133,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keys", type=int, default=500_000)
     parser.add_argument("--events", type=int, default=3_000_000)
+    parser.add_argument("--plot", default=None, help="save the handoff steps' plot here")
     args = parser.parse_args()
     table = w1(args.events, args.keys)
     data = batches(table)
@@ -82,6 +141,8 @@ def main() -> None:
 
     log("single node ...")
     single = single_node_meps(data, table.num_rows)
+    log("restart baseline ...")
+    restart = restart_baseline_ms(data)
 
     log("cluster ...")
     with StretchCluster.local(nodes=2) as cluster:
@@ -98,8 +159,11 @@ def main() -> None:
             target=lambda: [writer.write(b, query="w1", batch=half + i) for i, b in enumerate(data[half:])]
         )
         feeding.start()
+        before = list(cluster.table.owners)
         added = cluster.add_node()
+        between = list(cluster.table.owners)
         removed = cluster.remove_node("node-0")
+        after = list(cluster.table.owners)
         feeding.join()
         for i in (0, half - 1, len(data) - 1):  # replays: dropped wherever their key groups are now
             writer.write(data[i], query="w1", batch=i)
@@ -113,7 +177,14 @@ def main() -> None:
         held = np.zeros(args.keys, dtype=np.int64)
         for k, c in got.items():
             held[k] = c
+        state = client.query_state("sum")
         client.cancel()
+    mp = cluster.max_parallelism
+    logical = logical_bytes(state, moved_key_groups(before, between), mp) + logical_bytes(
+        state, moved_key_groups(between, after), mp
+    )
+    if args.plot:
+        plot(added, removed, args.plot)
 
     steps = np.asarray(added.step_ms + removed.step_ms)
     emit(
@@ -130,6 +201,8 @@ def main() -> None:
             "moved_fraction": round(added.key_groups_moved / cluster.max_parallelism, 4),
             "bytes_moved_add": added.bytes_moved,
             "bytes_moved_remove": removed.bytes_moved,
+            "bytes_moved_ratio": round((added.bytes_moved + removed.bytes_moved) / max(1, logical), 3),
+            "restart_baseline_ms": round(restart, 1),
             "lost": int(np.clip(expected - held, 0, None).sum()),
             "duplicated": int(np.clip(held - expected, 0, None).sum()),
             "cluster_meps": round(cluster_meps, 3),

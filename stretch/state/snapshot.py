@@ -5,6 +5,9 @@ addresses its contents relative to itself, so a key group is relocatable: a snap
 header and the live bytes of each structure it points to; a restore allocates each structure
 afresh in the target arena and rewrites the header's offsets. Snapshots hold key groups, not
 instances, so a checkpoint taken at one parallelism restores at any other.
+
+The hash index of a key group's keys is not stored: it is rebuilt from the keys on restore, so a
+snapshot holds little more than the keys and their state (a node change ships only that).
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ def _blocks(table: KeyedTable, kg: int, registry: list[dict]):
     n = int(h[K.H_NKEYS])
     byte_keys = table.mode() not in (None, KeyMode.INT64)
     width = 16 if byte_keys else 8
-    yield K.H_INDEX_OFF, int(h[K.H_INDEX_CAP]) * 4, int(h[K.H_INDEX_CAP]) * 4
     yield K.H_KEYS_OFF, int(h[K.H_KEYS_CAP]) * width, n * width
     if byte_keys:
         yield K.H_KHASH_OFF, int(h[K.H_KEYS_CAP]) * 8, n * 8
@@ -125,6 +127,8 @@ def load_key_groups(arena: Arena, batches) -> int:
     meanwhile (a node that receives key groups from another). Returns the key groups loaded."""
     headers = arena.headers
     restored = 0
+    loaded: list[int] = []
+    indexed: set[int] = set()  # key groups whose snapshot holds their index (older snapshots)
     for batch in batches:
         kgs = batch.column(0).to_numpy()
         words = batch.column(1).to_numpy()
@@ -138,13 +142,31 @@ def load_key_groups(arena: Arena, batches) -> int:
                     raise ValueError(f"key group {kg} already holds keys here: it cannot be loaded over them")
                 header = np.frombuffer(raw, dtype=np.int64).copy()
                 header[K.H_VERSION] = 0
+                header[K.H_INDEX_OFF] = 0
                 headers[kg] = header
                 restored += 1
+                loaded.append(kg)
                 continue
             off = arena.alloc(int(caps[i]))
             arena.a8[off : off + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
             headers[kg, word] = off
+            if word == K.H_INDEX_OFF:
+                indexed.add(kg)
+    for kg in loaded:
+        if kg not in indexed:
+            _rebuild_index(arena, kg)
     return restored
+
+
+def _rebuild_index(arena: Arena, kg: int) -> None:
+    cap = int(arena.headers[kg, K.H_INDEX_CAP])
+    off = arena.alloc(cap * 4)
+    arena.a8[off : off + cap * 4] = 0
+    h = arena.headers[kg]
+    w = arena.dir_w + kg * K.KG_WORDS
+    rehash = K.rehash_bytes if h[K.H_KHASH_OFF] else K.rehash_i64
+    rehash(arena.a64, arena.a32, w, off, cap)
+    h[K.H_INDEX_OFF] = off
 
 
 def release_key_groups(table: KeyedTable, key_groups) -> None:
