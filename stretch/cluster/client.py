@@ -91,6 +91,19 @@ class ClusterConnection:
             self.forget(node)
 
 
+def job_nodes(address: str | Path, job: str) -> list[str]:
+    """The nodes job ``job`` ran on, in the order they joined (removed nodes too: their output
+    logs stay readable); each runs it as ``<job>@<node>``."""
+    try:
+        jobs = json.loads((Path(address) / "jobs.json").read_text())
+    except FileNotFoundError:
+        raise LookupError(f"no stretch cluster at {address}") from None
+    nodes = jobs.get(job, {}).get("nodes")
+    if not nodes:
+        raise LookupError(f"the cluster at {address} runs no job {job!r} (jobs: {sorted(jobs)})")
+    return nodes
+
+
 class ClusterWriter:
     """Writes records into input channel ``channel`` of job ``job`` on the cluster at ``address``.
 

@@ -167,9 +167,18 @@ class StretchCluster:
     def _start_node(self, node_id: str) -> _Node:
         node = self._nodes[node_id] = _Node(node_id, self.launcher.start(node_id, self._secret))
         self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
-        for blob in self._jobs.values():
+        for name, blob in self._jobs.items():
             self.connection.action(node_id, "submit", blob)
+            self._ran_on(name, [node_id])
         return node
+
+    def _ran_on(self, job: str, nodes: list[str]) -> None:
+        """Record in ``jobs.json`` that ``job`` ran on ``nodes``: readers of its output (and of
+        its state) look at every node it ran on, removed ones too."""
+        jobs = json.loads((self.directory / "jobs.json").read_text())
+        entry = jobs.setdefault(job, {})
+        entry["nodes"] = [*entry.get("nodes", []), *(n for n in nodes if n not in entry.get("nodes", []))]
+        self._write("jobs.json", jobs)
 
     def _own(self, node_id: str) -> None:
         body = {
@@ -224,6 +233,7 @@ class StretchCluster:
         self._write("jobs.json", jobs)
         for node_id in self._nodes:
             self.connection.action(node_id, "submit", blob)
+        self._ran_on(name, list(self._nodes))
         return ClusterJobClient(self, name)
 
     def writer(self, job: str, channel: str, key=None) -> ClusterWriter:

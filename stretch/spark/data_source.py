@@ -5,7 +5,11 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 
 from stretch.channels import output_schema
+from stretch.cluster import job_nodes
+from stretch.jobs import JobNotFound
+from stretch.jobs import find as find_job
 from stretch.spark.cluster_sink import ClusterStreamWriter
+from stretch.spark.cluster_source import ClusterBatchReader, ClusterStateReader, ClusterStreamReader
 from stretch.spark.schemas import spark_ddl
 from stretch.spark.sink import StretchStreamWriter
 from stretch.spark.source import StretchBatchReader, StretchStreamReader
@@ -13,7 +17,8 @@ from stretch.spark.state_source import StretchStateReader, state_schema
 
 
 class StretchDataSource(DataSource):
-    """``format("stretch")`` with options ``job`` (a job name or id) and ``channel``."""
+    """``format("stretch")`` with options ``job`` (a job name or id) and ``channel``; with
+    ``cluster`` (a cluster's address), the job of that name on the cluster's nodes."""
 
     @classmethod
     def name(cls) -> str:
@@ -28,9 +33,24 @@ class StretchDataSource(DataSource):
     def schema(self):
         """What a read returns, so that Spark needs no schema from the user: an output channel's
         records, or (``option("state", operator)``) an operator's keyed state."""
+        job = self._required("job")
+        if self.options.get("cluster"):
+            job = self._node_job(job, running=bool(self.options.get("state")))
         if self.options.get("state"):
-            return state_schema(self._required("job"), self.options["state"])
-        return spark_ddl(output_schema(self._required("job"), self._required("channel")))
+            return state_schema(job, self.options["state"])
+        return spark_ddl(output_schema(job, self._required("channel")))
+
+    def _node_job(self, job: str, running: bool) -> str:
+        """The job as one of the cluster's nodes runs it (a running one, for its state)."""
+        for node in job_nodes(self.options["cluster"], job):
+            if not running:
+                return f"{job}@{node}"
+            try:
+                find_job(f"{job}@{node}")
+                return f"{job}@{node}"
+            except JobNotFound:
+                continue
+        raise JobNotFound(f"no node of the cluster at {self.options['cluster']} runs job {job!r} now")
 
     def streamWriter(self, schema, overwrite: bool):
         if self.options.get("cluster"):  # a job on a stretch cluster: rows go to their key groups' nodes
@@ -38,9 +58,12 @@ class StretchDataSource(DataSource):
         return StretchStreamWriter(self.options, schema)
 
     def streamReader(self, schema):
+        if self.options.get("cluster"):
+            return ClusterStreamReader(self.options, schema)
         return StretchStreamReader(self.options, schema)
 
     def reader(self, schema):
+        cluster = bool(self.options.get("cluster"))
         if self.options.get("state"):
-            return StretchStateReader(self.options, schema)
-        return StretchBatchReader(self.options, schema)
+            return (ClusterStateReader if cluster else StretchStateReader)(self.options, schema)
+        return (ClusterBatchReader if cluster else StretchBatchReader)(self.options, schema)

@@ -26,6 +26,7 @@ class KeyGroups(InputPartition):
 
 
 def state_schema(job: str, operator: str) -> str:
+    """The Spark schema of an operator's keyed state (``job``: a running job's name or id)."""
     with QueryableState(find(job).state_location(operator)["arena"]) as state:
         schema = state.schema()
     return spark_ddl(pa.schema([(f.name, spark_values(pa.array([], f.type)).type) for f in schema]))
@@ -45,9 +46,14 @@ class StretchStateReader(DataSourceReader):
         return [KeyGroups(self.arena, a, b) for a, b in pairwise(bounds)]
 
     def read(self, partition: KeyGroups):
-        with QueryableState(partition.arena) as state:  # the rows are read before it is unmapped
-            table = state.read(range(partition.first, partition.last))
-            columns = [spark_values(table.column(n).combine_chunks()) for n in self.names]
-            batch = pa.RecordBatch.from_arrays(columns, names=self.names) if table.num_rows else None
-        if batch is not None:
-            yield batch
+        return read_key_groups(partition, self.names)
+
+
+def read_key_groups(partition: KeyGroups, names: list[str]):
+    """The rows of the partition's key groups, columns ``names``."""
+    with QueryableState(partition.arena) as state:  # the rows are read before it is unmapped
+        table = state.read(range(partition.first, partition.last))
+        columns = [spark_values(table.column(n).combine_chunks()) for n in names]
+        batch = pa.RecordBatch.from_arrays(columns, names=names) if table.num_rows else None
+    if batch is not None:
+        yield batch
