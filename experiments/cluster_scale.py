@@ -98,7 +98,8 @@ def moved_key_groups(before: list[str], after: list[str]) -> list[int]:
 def logical_bytes(state: pa.Table, kgs: list[int], max_parallelism: int) -> int:
     """The Arrow bytes of the state rows (key and state columns) of the keys in ``kgs``."""
     owned = np.isin(key_groups_of(state.column("key"), max_parallelism), kgs)
-    return int(state.filter(pa.array(owned)).nbytes)
+    rows = state.filter(pa.array(owned))
+    return int(rows.drop_columns(["key_group"]).nbytes if "key_group" in rows.column_names else rows.nbytes)
 
 
 def plot(added, removed, path: str) -> None:
