@@ -7,9 +7,11 @@ the cluster moves key groups between nodes (copying their state) when nodes come
 from stretch.cluster.client import ClusterWriter, NotOwner, job_nodes
 from stretch.cluster.cluster import ClusterJobClient, HandoffReport, StretchCluster
 from stretch.cluster.routing import RoutingStore, RoutingTable, plan_add_node, plan_remove_node
+from stretch.cluster.tls import ClusterTLS
 
 __all__ = [
     "ClusterJobClient",
+    "ClusterTLS",
     "ClusterWriter",
     "HandoffReport",
     "NotOwner",

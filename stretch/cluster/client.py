@@ -21,6 +21,7 @@ from pyarrow import flight
 
 from stretch.cluster.node import NOT_OWNER, SECRET_HEADER, column_of
 from stretch.cluster.routing import RoutingStore, RoutingTable
+from stretch.cluster.tls import ClusterTLS
 from stretch.common.records import schema_for, to_batch
 from stretch.common.typeinfo import TypeInformation
 from stretch.state.key_groups import key_groups_of
@@ -38,6 +39,8 @@ class ClusterConnection:
         secret = (self.directory / "secret").read_text().strip()
         self.options = flight.FlightCallOptions(headers=[(SECRET_HEADER.encode(), secret.encode())])
         self.store = RoutingStore(self.directory)
+        tls = ClusterTLS.of_cluster(self.directory)
+        self._tls_options = tls.client_options() if tls is not None else {}
         self._clients: dict[str, flight.FlightClient] = {}
         self._locations: dict[str, str] = {}
 
@@ -51,7 +54,7 @@ class ClusterConnection:
             location = self._locations.get(node) or self.locations().get(node)
             if location is None:
                 raise LookupError(f"cluster at {self.directory} has no node {node!r}")
-            c = self._clients[node] = flight.FlightClient(location)
+            c = self._clients[node] = flight.FlightClient(location, **self._tls_options)
         return c
 
     def action(self, node: str, kind: str, body: bytes | dict = b"") -> dict:
@@ -76,7 +79,7 @@ class ClusterConnection:
             location = json.loads((self.directory / "driver.json").read_text())["location"]
         except FileNotFoundError:
             raise LookupError(f"the cluster at {self.directory} has no running driver") from None
-        with flight.FlightClient(location) as driver:
+        with flight.FlightClient(location, **self._tls_options) as driver:
             raw = json.dumps(body or {}).encode()
             (result,) = list(driver.do_action(flight.Action(kind, raw), self.options))
         return json.loads(result.body.to_pybytes())

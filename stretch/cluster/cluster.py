@@ -39,6 +39,7 @@ from stretch.cluster.driver import DriverServer
 from stretch.cluster.launchers import LocalNodes, SparkNodes
 from stretch.cluster.node import cluster_inputs
 from stretch.cluster.routing import RoutingStore, RoutingTable, plan_add_node, plan_remove_node, steps
+from stretch.cluster.tls import ClusterTLS
 from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
 
 
@@ -63,8 +64,11 @@ class _Node:
 
 
 class StretchCluster:
-    def __init__(self, directory: Path, max_parallelism: int, step: int, owns_directory: bool, launcher=None):
+    def __init__(
+        self, directory: Path, max_parallelism: int, step: int, owns_directory: bool, launcher=None, tls=None
+    ):
         self.directory = directory
+        self.tls: ClusterTLS | None = tls
         self.launcher = launcher if launcher is not None else LocalNodes()
         self.max_parallelism = max_parallelism
         self.step = step
@@ -87,17 +91,19 @@ class StretchCluster:
         directory: str | os.PathLike | None = None,
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
         step: int = 8,
+        tls: ClusterTLS | None = None,
     ) -> StretchCluster:
         """``nodes`` node processes on this machine (the default for laptops and tests).
 
         ``directory`` holds the cluster's routing table; given one that a previous driver used,
         the cluster goes on from the routing version stored there (with fresh, empty nodes).
-        ``step``: key groups moved per routing version during a node change.
+        ``step``: key groups moved per routing version during a node change. ``tls``: mutual TLS
+        between every node, the driver and every writer (see cluster.tls).
         """
         owns = directory is None
         path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        cluster = cls(path, max_parallelism, step, owns)
+        cluster = cls(path, max_parallelism, step, owns, tls=tls)
         try:
             cluster._begin(nodes)
         except BaseException:
@@ -113,6 +119,7 @@ class StretchCluster:
         directory: str | os.PathLike | None = None,
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
         step: int = 8,
+        tls: ClusterTLS | None = None,
     ) -> StretchCluster:
         """``nodes`` nodes, each a long-running task of a Spark job of ``spark``'s context,
         holding one task slot for as long as it runs (as Ray on Spark does). Spark's executors
@@ -121,7 +128,7 @@ class StretchCluster:
         owns = directory is None
         path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        cluster = cls(path, max_parallelism, step, owns, SparkNodes(spark, path))
+        cluster = cls(path, max_parallelism, step, owns, SparkNodes(spark, path), tls=tls)
         try:
             cluster._begin(nodes)
         except BaseException:
@@ -136,6 +143,8 @@ class StretchCluster:
         secret_file.write_text(self._secret)
         self._write("jobs.json", {})
         self._write("nodes.json", {})
+        if self.tls is not None:
+            self._write_text("tls.json", self.tls.to_json())
         (self.directory / "staging").mkdir(mode=0o700, exist_ok=True)  # Spark executors stage here
         self.connection = ClusterConnection(self.directory)
         stored = self.store.load()
@@ -155,17 +164,20 @@ class StretchCluster:
             self.store.save(self.table)
         for node_id in ids:
             self._own(node_id)
-        self._driver = DriverServer(self, self._secret)
+        self._driver = DriverServer(self, self._secret, tls=self.tls)
         threading.Thread(target=self._driver.serve, name="stretch-cluster-driver", daemon=True).start()
         self._write("driver.json", {"location": self._driver.location})
 
     def _write(self, name: str, value) -> None:
+        self._write_text(name, json.dumps(value))
+
+    def _write_text(self, name: str, text: str) -> None:
         tmp = self.directory / f".{name}.tmp"
-        tmp.write_text(json.dumps(value))
+        tmp.write_text(text)
         tmp.replace(self.directory / name)
 
     def _start_node(self, node_id: str) -> _Node:
-        node = self._nodes[node_id] = _Node(node_id, self.launcher.start(node_id, self._secret))
+        node = self._nodes[node_id] = _Node(node_id, self.launcher.start(node_id, self._secret, self.tls))
         self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
         for name, blob in self._jobs.items():
             self.connection.action(node_id, "submit", blob)

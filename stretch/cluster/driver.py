@@ -16,16 +16,21 @@ import threading
 from pyarrow import flight
 
 from stretch.cluster.node import SecretCheck
+from stretch.cluster.tls import ClusterTLS, location
 
 
 class DriverServer(flight.FlightServerBase):
     """Actions ``add_node`` and ``remove_node`` (body: {"node": id}) on ``cluster``; each answers
     with the HandoffReport, as a JSON object."""
 
-    def __init__(self, cluster, secret: str, host: str = "127.0.0.1"):
-        super().__init__(f"grpc://{host}:0", middleware={"secret": SecretCheck(secret)})
+    def __init__(self, cluster, secret: str, host: str = "127.0.0.1", tls: ClusterTLS | None = None):
+        super().__init__(
+            location(host, 0, tls),
+            middleware={"secret": SecretCheck(secret)},
+            **(tls.server_options() if tls is not None else {}),
+        )
         self.cluster = cluster
-        self.location = f"grpc://{host}:{self.port}"
+        self.location = location(host, self.port, tls)
         self.changing = threading.Lock()  # the cluster holds it through every node change
 
     def do_action(self, context, action):

@@ -18,26 +18,30 @@ from pathlib import Path
 
 import stretch
 from stretch.cluster.node import SECRET_ENV
+from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
 
 NODE_COMMAND = "from stretch.cluster.node import main; main()"
 
 
-def node_environment(secret: str) -> dict:
-    """The environment of a node process: the secret, and this stretch first on its path."""
+def node_environment(secret: str, tls: ClusterTLS | None = None) -> dict:
+    """The environment of a node process: the secret (and TLS paths), and this stretch first on
+    its path."""
     env = dict(os.environ)
     env[SECRET_ENV] = secret
+    if tls is not None:
+        env[TLS_ENV] = tls.to_json()
     root = str(Path(stretch.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, os.getcwd(), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 
-def spawn_node(node_id: str, secret: str) -> tuple[subprocess.Popen, int]:
+def spawn_node(node_id: str, secret: str, tls: ClusterTLS | None = None) -> tuple[subprocess.Popen, int]:
     """Start one node process; returns it and the port it listens on."""
     proc = subprocess.Popen(
         [sys.executable, "-c", NODE_COMMAND, "--node-id", node_id],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        env=node_environment(secret),
+        env=node_environment(secret, tls),
     )
     line = proc.stdout.readline()
     if not line:
@@ -62,10 +66,10 @@ class LocalNodes:
     def __init__(self):
         self._procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, node_id: str, secret: str) -> str:
-        proc, port = spawn_node(node_id, secret)
+    def start(self, node_id: str, secret: str, tls: ClusterTLS | None = None) -> str:
+        proc, port = spawn_node(node_id, secret, tls)
         self._procs[node_id] = proc
-        return f"grpc://127.0.0.1:{port}"
+        return location("127.0.0.1", port, tls)
 
     def stop(self, node_id: str) -> None:
         proc = self._procs.pop(node_id, None)
@@ -73,12 +77,12 @@ class LocalNodes:
             reap(proc)
 
 
-def _run_node_task(node_id: str, secret: str, ports: str):
+def _run_node_task(node_id: str, secret: str, ports: str, tls: ClusterTLS | None):
     """The body of a node's Spark task: run the node until it is shut down (or the task is
     killed), after telling the driver its port through the cluster's directory."""
 
     def run(_partition):
-        proc, port = spawn_node(node_id, secret)
+        proc, port = spawn_node(node_id, secret, tls)
         path = Path(ports) / f"{node_id}.json"
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps({"port": port}))
@@ -108,11 +112,11 @@ class SparkNodes:
         self._threads: dict[str, threading.Thread] = {}
         self._errors: dict[str, BaseException] = {}
 
-    def start(self, node_id: str, secret: str) -> str:
+    def start(self, node_id: str, secret: str, tls: ClusterTLS | None = None) -> str:
         sc = self.spark.sparkContext
         path = self.ports / f"{node_id}.json"
         path.unlink(missing_ok=True)
-        task = _run_node_task(node_id, secret, str(self.ports))
+        task = _run_node_task(node_id, secret, str(self.ports), tls)
 
         def job() -> None:
             try:
@@ -138,7 +142,7 @@ class SparkNodes:
                     "free task slot for it? (each node holds one for as long as it runs)"
                 )
             time.sleep(0.05)
-        return f"grpc://127.0.0.1:{json.loads(path.read_text())['port']}"
+        return location("127.0.0.1", json.loads(path.read_text())["port"], tls)
 
     def stop(self, node_id: str) -> None:
         thread = self._threads.pop(node_id, None)

@@ -22,8 +22,9 @@ Calls (Flight):
   ``rescale``, ``end``, ``wait``, ``cancel``, ``retire``, ``shutdown``.
 
 Run as ``python -m stretch.cluster.node --node-id ID`` with the secret in the environment
-(``STRETCH_CLUSTER_SECRET``, never on the command line); it prints ``{"port": N}`` once it listens
-and ends with its parent.
+(``STRETCH_CLUSTER_SECRET``, never on the command line) and, for mutual TLS, the paths of its
+certificate, key and CA (``STRETCH_CLUSTER_TLS``, see cluster.tls); it prints ``{"port": N}`` once
+it listens and ends with its parent.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from stretch.channels import open_writer
+from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
 from stretch.datastream.job_client import JobClient
 from stretch.jobs import find
 from stretch.runtime.coordinator import Coordinator
@@ -165,8 +167,14 @@ class NodeJob:
 
 
 class NodeServer(flight.FlightServerBase):
-    def __init__(self, node_id: str, secret: str, host: str = "127.0.0.1", port: int = 0):
-        super().__init__(f"grpc://{host}:{port}", middleware={"secret": SecretCheck(secret)})
+    def __init__(
+        self, node_id: str, secret: str, host: str = "127.0.0.1", port: int = 0, tls: ClusterTLS | None = None
+    ):
+        super().__init__(
+            location(host, port, tls),
+            middleware={"secret": SecretCheck(secret)},
+            **(tls.server_options() if tls is not None else {}),
+        )
         self.node_id = node_id
         self.lock = threading.RLock()  # ownership changes and writes take turns
         self.version = -1
@@ -436,8 +444,10 @@ def main(argv: list[str] | None = None) -> None:
     secret = os.environ.pop(SECRET_ENV, None)
     if not secret:
         sys.exit(f"{SECRET_ENV} must hold the cluster's secret")
+    tls_json = os.environ.pop(TLS_ENV, None)
+    tls = ClusterTLS.from_json(tls_json) if tls_json else None
     warm_up()
-    server = NodeServer(args.node_id, secret, args.host, args.port)
+    server = NodeServer(args.node_id, secret, args.host, args.port, tls)
     threading.Thread(target=_exit_with_parent, args=(server, os.getppid()), daemon=True).start()
     print(json.dumps({"port": server.port}), flush=True)
     server.serve()
