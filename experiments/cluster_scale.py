@@ -30,8 +30,8 @@ import time
 
 import numpy as np
 import pyarrow as pa
-from pyarrow import flight
 from _common import emit, log, w1
+from pyarrow import flight
 
 from stretch import channels
 from stretch.cluster import StretchCluster
