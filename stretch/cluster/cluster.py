@@ -92,18 +92,21 @@ class StretchCluster:
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
         step: int = 8,
         tls: ClusterTLS | None = None,
+        private_shm_mb: int | None = None,
     ) -> StretchCluster:
         """``nodes`` node processes on this machine (the default for laptops and tests).
 
         ``directory`` holds the cluster's routing table; given one that a previous driver used,
         the cluster goes on from the routing version stored there (with fresh, empty nodes).
         ``step``: key groups moved per routing version during a node change. ``tls``: mutual TLS
-        between every node, the driver and every writer (see cluster.tls).
+        between every node, the driver and every writer (see cluster.tls). ``private_shm_mb``: each
+        node in a mount namespace of its own with a private ``/dev/shm`` of that size (needs root),
+        so that nodes share nothing by accident, as on separate hosts.
         """
         owns = directory is None
         path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        cluster = cls(path, max_parallelism, step, owns, tls=tls)
+        cluster = cls(path, max_parallelism, step, owns, LocalNodes(private_shm_mb), tls=tls)
         try:
             cluster._begin(nodes)
         except BaseException:

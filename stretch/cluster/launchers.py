@@ -35,10 +35,18 @@ def node_environment(secret: str, tls: ClusterTLS | None = None) -> dict:
     return env
 
 
-def spawn_node(node_id: str, secret: str, tls: ClusterTLS | None = None) -> tuple[subprocess.Popen, int]:
-    """Start one node process; returns it and the port it listens on."""
+def spawn_node(
+    node_id: str, secret: str, tls: ClusterTLS | None = None, private_shm_mb: int | None = None
+) -> tuple[subprocess.Popen, int]:
+    """Start one node process; returns it and the port it listens on. ``private_shm_mb``: run it
+    in a mount namespace of its own with a private ``/dev/shm`` of that size (``unshare -m``;
+    needs root), as a node on another host would be: nothing can be shared with it by accident."""
+    command = [sys.executable, "-c", NODE_COMMAND, "--node-id", node_id]
+    if private_shm_mb is not None:
+        mount = f'mount -t tmpfs -o size={int(private_shm_mb)}m tmpfs /dev/shm && exec "$0" "$@"'
+        command = ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, *command]
     proc = subprocess.Popen(
-        [sys.executable, "-c", NODE_COMMAND, "--node-id", node_id],
+        command,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         env=node_environment(secret, tls),
@@ -61,13 +69,18 @@ def reap(proc: subprocess.Popen, timeout: float = 60) -> None:
 
 
 class LocalNodes:
-    """Node processes that are children of this (the driver's) process."""
+    """Node processes that are children of this (the driver's) process; ``private_shm_mb``: each
+    with a private ``/dev/shm`` (see spawn_node)."""
 
-    def __init__(self):
+    def __init__(self, private_shm_mb: int | None = None):
         self._procs: dict[str, subprocess.Popen] = {}
+        self.private_shm_mb = private_shm_mb
+
+    def pids(self) -> dict[str, int]:
+        return {node: proc.pid for node, proc in self._procs.items()}
 
     def start(self, node_id: str, secret: str, tls: ClusterTLS | None = None) -> str:
-        proc, port = spawn_node(node_id, secret, tls)
+        proc, port = spawn_node(node_id, secret, tls, self.private_shm_mb)
         self._procs[node_id] = proc
         return location("127.0.0.1", port, tls)
 

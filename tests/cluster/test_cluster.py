@@ -3,6 +3,7 @@ rows stream in, and the result equals a plain-Python reference (nothing lost, no
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 
@@ -34,8 +35,9 @@ def outputs(name: str, nodes: list[str]) -> list[tuple]:
 
 
 def test_add_and_remove_nodes_under_a_steady_stream_lose_and_duplicate_nothing(tmp_path):
+    """Each node has a private /dev/shm (its own mount namespace), as on hosts of its own."""
     data = batches(1, 120, 50)
-    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster", step=8) as cluster:
+    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster", step=8, private_shm_mb=256) as cluster:
         client = count_sum_job().execute_async("counts-job", cluster=cluster)
         writer = client.writer("in")
         sent = threading.Event()
@@ -58,6 +60,13 @@ def test_add_and_remove_nodes_under_a_steady_stream_lose_and_duplicate_nothing(t
         sent.wait(300)
         added = cluster.add_node()
         assert cluster.nodes == ["node-0", "node-1", "node-2"]
+        mine = os.readlink("/proc/self/ns/mnt")
+        assert all(os.readlink(f"/proc/{pid}/ns/mnt") != mine for pid in cluster.launcher.pids().values())
+        assert not [
+            p
+            for p in os.listdir("/dev/shm")
+            if any(f"-{pid}-" in p for pid in cluster.launcher.pids().values())
+        ]
         leaving = len(cluster.table.key_groups_of("node-0"))
         removed = cluster.remove_node("node-0")
         feeder.join(300)

@@ -4,6 +4,7 @@ hands key groups over as without; a caller without a certificate the cluster's C
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 from pyarrow import flight
@@ -87,9 +88,10 @@ def test_a_cluster_with_mutual_tls_runs_and_refuses_callers_without_its_certific
         node = cluster.connection.locations()["node-0"]
         secret = (tmp_path / "c" / "secret").read_text().encode()
         options = flight.FlightCallOptions(headers=[(SECRET_HEADER.encode(), secret)])
+        ca = Path(tls.root_certificates).read_bytes()
         for opts in (
-            {"tls_root_certs": open(tls.root_certificates, "rb").read()},  # no client certificate
-            stranger.client_options() | {"tls_root_certs": open(tls.root_certificates, "rb").read()},
+            {"tls_root_certs": ca},  # no client certificate
+            stranger.client_options() | {"tls_root_certs": ca},
         ):
             with flight.FlightClient(node, **opts) as c, pytest.raises(flight.FlightError):
                 list(c.do_action(flight.Action("status", b"{}"), options))
