@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from stretch.cluster.client import ClusterConnection, ClusterWriter
 from stretch.cluster.driver import DriverServer
+from stretch.cluster.elasticity import NodeElasticity
 from stretch.cluster.launchers import LocalNodes, SparkNodes
 from stretch.cluster.node import cluster_inputs
 from stretch.cluster.routing import RoutingStore, RoutingTable, plan_add_node, plan_remove_node, steps
@@ -81,6 +82,7 @@ class StretchCluster:
         self.table: RoutingTable | None = None
         self.connection: ClusterConnection | None = None
         self._driver: DriverServer | None = None
+        self._elasticity: NodeElasticity | None = None
         self.closed = False
 
     # ---- creation -------------------------------------------------------------------------------
@@ -255,6 +257,16 @@ class StretchCluster:
         return ClusterWriter(self.address, job, channel, key)
 
     # ---- node changes ---------------------------------------------------------------------------
+    def enable_elasticity(
+        self, policy=None, min_nodes: int = 1, max_nodes: int = 4, interval_ms: int = 1000
+    ) -> NodeElasticity:
+        """Add and remove nodes by load (see cluster.elasticity): ``policy`` is any object with
+        ``decide(load) -> int`` (default ``ThresholdPolicy()``), here deciding a node count."""
+        if self._elasticity is not None:
+            raise ValueError("the cluster's elasticity is enabled already")
+        self._elasticity = NodeElasticity(self, policy, min_nodes, max_nodes, interval_ms)
+        return self._elasticity
+
     def add_node(self) -> HandoffReport:
         """Start a node and give it its share of key groups, moving the fewest."""
         if self._driver is not None:
@@ -350,6 +362,8 @@ class StretchCluster:
         if self.closed:
             return
         self.closed = True
+        if self._elasticity is not None:
+            self._elasticity.stop()
         if self._driver is not None:
             self._driver.shutdown()
             (self.directory / "driver.json").unlink(missing_ok=True)
