@@ -1,37 +1,112 @@
-"""Stretch nodes inside Spark: each a long-running Spark task; a node added and one removed while a
-job runs, with the result checked against the plain-Python reference."""
+"""Stretch nodes inside Spark executors: on local-cluster[2,2,1024] (two executor JVMs of two task
+slots each, as the pip wheel runs them), each node is a long-running task of an executor; a node
+added and one removed while a job runs, checked against the plain-Python reference."""
 
 from __future__ import annotations
 
-from stretch.cluster import StretchCluster
-from stretch.common.records import to_batch
-from tests.cluster.jobs import PAIR, count_sum_job, reference
-from tests.cluster.test_cluster import batches, outputs
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from pyspark.sql import SparkSession
+    from stretch.cluster import StretchCluster
+    from stretch.common.records import to_batch
+    from tests.cluster.jobs import PAIR, count_sum_job, reference
+    from tests.cluster.test_cluster import batches, outputs
 
-def test_nodes_run_as_spark_tasks_and_hand_key_groups_over(spark, tmp_path):
+    def ancestors(pid):
+        out = []
+        while pid > 1:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat[stat.rfind(")") + 2 :].split()[1])
+            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\\0", b" ").decode())
+        return out
+
+    spark = (
+        SparkSession.builder.master("local-cluster[2,2,1024]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.python.authenticate.socketTimeout", "120s")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
     data = batches(5, 20, 40)
-    # local[2,2] has two task slots: one node, then two while the second joins and the first leaves
-    with StretchCluster.on_spark(spark, nodes=1, directory=tmp_path / "cluster") as cluster:
-        tracker = spark.sparkContext.statusTracker()
-        assert set(tracker.getJobIdsForGroup("stretch-node-node-0")) & set(tracker.getActiveJobsIds())
-        client = count_sum_job().execute_async("on-spark", cluster=cluster)
-        with client.writer("in") as w:
-            for i, records in enumerate(data[:10]):
-                w.write(to_batch(records, PAIR), query="q", batch=i)
-            added = cluster.add_node()
-            assert added.key_groups_moved == 64
-            for i, records in enumerate(data[10:], start=10):
-                w.write(to_batch(records, PAIR), query="q", batch=i)
-            removed = cluster.remove_node("node-0")
-            assert removed.key_groups_moved == 64
-            w.write(to_batch(data[3], PAIR), query="q", batch=3)  # a replay: dropped
-        client.end("in")
-        assert client.wait(120) == {"node-1": "FINISHED"}
-        got = outputs("on-spark", ["node-0", "node-1"])
+    try:
+        with StretchCluster.on_spark(spark, nodes=2, directory=sys.argv[1]) as cluster:
+            client = count_sum_job().execute_async("on-spark", cluster=cluster)
+            with client.writer("in") as w:
+                for i, records in enumerate(data[:10]):
+                    w.write(to_batch(records, PAIR), query="q", batch=i)
+                added = cluster.add_node()
+                from stretch.jobs import list_jobs
+                nodes = [j for j in list_jobs() if j.name.startswith("on-spark@")]
+                in_executors = len(nodes) == 3 and all(
+                    any("CoarseGrainedExecutorBackend" in c for c in ancestors(j.pid)) for j in nodes
+                )
+                for i, records in enumerate(data[10:], start=10):
+                    w.write(to_batch(records, PAIR), query="q", batch=i)
+                removed = cluster.remove_node("node-0")
+                w.write(to_batch(data[3], PAIR), query="q", batch=3)  # a replay: dropped
+            client.end("in")
+            statuses = client.wait(120)
+            got = outputs("on-spark", ["node-0", "node-1", "node-2"])
+    finally:
+        spark.stop()
     rows = [r for records in data for r in records]
     final = {}
     for key, count, total in got:
         final[key] = max(final.get(key, (0, 0)), (count, total))
-    assert final == reference(rows)
-    assert len(got) == len(rows)
+    print(json.dumps({
+        "in_executors": in_executors,
+        "added": added.key_groups_moved,
+        "removed": removed.key_groups_moved,
+        "statuses": statuses,
+        "exact": final == reference(rows) and len(got) == len(rows),
+    }), flush=True)
+    """
+)
+
+
+def test_nodes_run_as_tasks_of_executor_jvms_and_hand_key_groups_over(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "cluster")],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["in_executors"]  # each node process runs under an executor JVM, not the driver
+    assert result["added"] == 42 and result["removed"] > 0  # 2 -> 3: a third of 128 key groups
+    assert result["statuses"] == {"node-1": "FINISHED", "node-2": "FINISHED"}
+    assert result["exact"]
+    deadline = time.monotonic() + 30  # the executors and their nodes end with the application
+    while _leftovers(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _leftovers(tmp_path)
+
+
+def _leftovers(tmp_path) -> list[int]:
+    """Processes still running from the script: executors and nodes name the run's directory or
+    the node module in their command lines."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if (
+                "stretch.cluster.node" in cmd and str(tmp_path) in cmd
+            ) or "CoarseGrainedExecutorBackend" in cmd:
+                out.append(int(entry.name))
+    return out
