@@ -62,7 +62,11 @@ def run_phases(policy, phases, max_parallelism=6, exact=False):
     return levels, parallelisms
 
 
-@pytest.mark.parametrize("policy", [ThresholdPolicy(), TrendPolicy()], ids=["threshold", "trend"])
+@pytest.mark.parametrize(
+    "policy",
+    [ThresholdPolicy(), pytest.param(TrendPolicy(), marks=pytest.mark.long)],
+    ids=["threshold", "trend"],
+)
 def test_stepped_rate_goes_up_and_comes_back_down_within_bounds(policy):
     # the low phase first drains what the high one left (its backlog is in the input channel,
     # beyond the gate); judging windows of two intervals, the policies then need a few seconds
@@ -74,6 +78,7 @@ def test_stepped_rate_goes_up_and_comes_back_down_within_bounds(policy):
     assert all(1 <= p <= 6 for p in parallelisms)
 
 
+@pytest.mark.long
 def test_no_oscillation_at_a_steady_rate():
     levels, _ = run_phases(ThresholdPolicy(), [(3000, 8), (3000, 8)])
     _, rescales_in_steady_phase = levels[1]
@@ -105,6 +110,7 @@ def capacity_of_one_instance() -> float:
         client.wait()
 
 
+@pytest.mark.long
 def test_a_steady_load_below_one_instance_is_rescaled_at_most_once():
     """72 % of one instance used to cycle 1 -> 2 -> 1 -> 2 ... every few seconds."""
     rate = int(0.72 * capacity_of_one_instance())
