@@ -179,12 +179,16 @@ def cmd_demo(args) -> int:
     return 0 if summary["results_match_reference"] and summary["status"] == "FINISHED" else 1
 
 
+def _connect(address: str) -> ClusterConnection:
+    try:
+        return ClusterConnection(address)
+    except OSError as e:
+        raise SystemExit(f"stretch: no stretch cluster at {address}: {e}") from None
+
+
 def cmd_cluster_status(args) -> int:
     """Each node of the cluster at ADDRESS: its routing version, key groups and jobs."""
-    try:
-        connection = ClusterConnection(args.address)
-    except OSError as e:
-        raise SystemExit(f"stretch: no stretch cluster at {args.address}: {e}") from None
+    connection = _connect(args.address)
     try:
         table = connection.store.load()
         nodes = {n: connection.action(n, "status") for n in connection.locations()}
@@ -206,10 +210,7 @@ def cmd_cluster_status(args) -> int:
 
 def cmd_cluster_change(args) -> int:
     """add-node / remove-node: the cluster's driver moves the key groups; prints its HandoffReport."""
-    try:
-        connection = ClusterConnection(args.address)
-    except OSError as e:
-        raise SystemExit(f"stretch: no stretch cluster at {args.address}: {e}") from None
+    connection = _connect(args.address)
     try:
         if args.cluster_command == "add-node":
             report = connection.driver_action("add_node")

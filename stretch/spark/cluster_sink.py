@@ -17,18 +17,14 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter
 
 from stretch.cluster import ClusterWriter
+from stretch.spark.options import job_and_channel
 from stretch.spark.sink import StagedFiles
 
 
 class ClusterStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options, schema):
-        self.address, self.job, self.channel = (
-            options.get("cluster"),
-            options.get("job"),
-            options.get("channel"),
-        )
-        if not self.job or not self.channel:
-            raise ValueError('format("stretch") needs .option("job", ...) and .option("channel", ...)')
+        self.address = options.get("cluster")
+        self.job, self.channel = job_and_channel(options)
         self.query = options.get("query") or options.get("checkpointLocation")
         if not self.query:
             raise ValueError(

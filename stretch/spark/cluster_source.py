@@ -15,21 +15,17 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 from stretch.channels import OutputLog, locate_output
 from stretch.cluster import job_nodes
 from stretch.jobs import find
-from stretch.spark.source import _arrow_schema, read_range, split
+from stretch.spark.options import job_and_channel
+from stretch.spark.source import arrow_schema_of, read_range, split
 from stretch.spark.state_source import KeyGroups, read_key_groups
 
 
 class _ClusterChannel:
     def __init__(self, options, schema):
-        self.address, self.job, self.channel = (
-            options.get("cluster"),
-            options.get("job"),
-            options.get("channel"),
-        )
-        if not self.job or not self.channel:
-            raise ValueError('format("stretch") needs .option("job", ...) and .option("channel", ...)')
+        self.address = options.get("cluster")
+        self.job, self.channel = job_and_channel(options)
         self.parts = int(options.get("partitions", 2))
-        self.arrow_schema = _arrow_schema(schema)
+        self.arrow_schema = arrow_schema_of(schema)
         self.nodes()  # an unknown cluster or job: an error now
 
     def nodes(self) -> dict[str, str]:

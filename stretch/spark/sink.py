@@ -18,6 +18,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
 from stretch.jobs import find
+from stretch.spark.options import job_and_channel
 from stretch.spark.schemas import channel_schema, check_fits
 
 
@@ -28,10 +29,7 @@ class StagedFiles(WriterCommitMessage):
 
 class StretchStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options, schema):
-        self.job = options.get("job")
-        self.channel = options.get("channel")
-        if not self.job or not self.channel:
-            raise ValueError('format("stretch") needs .option("job", ...) and .option("channel", ...)')
+        self.job, self.channel = job_and_channel(options)
         # a replayed batch is recognised by (query, batch id): the query must have a stable name
         self.query = options.get("query") or options.get("checkpointLocation")
         if not self.query:

@@ -16,6 +16,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
 from stretch.channels import OutputLog, locate_output
+from stretch.spark.options import job_and_channel
 from stretch.spark.schemas import spark_values
 
 _ARROW = {
@@ -43,7 +44,7 @@ class LogRange(InputPartition):
     end: int
 
 
-def _arrow_schema(spark_schema) -> pa.Schema:
+def arrow_schema_of(spark_schema) -> pa.Schema:
     return pa.schema(
         [(f.name, _ARROW.get(f.dataType.simpleString(), pa.string())) for f in spark_schema.fields]
     )
@@ -65,15 +66,12 @@ def split(directory: str, start: int, end: int, parts: int) -> list[LogRange]:
 
 class _ChannelOptions:
     def __init__(self, options, schema):
-        self.job = options.get("job")
-        self.channel = options.get("channel")
-        if not self.job or not self.channel:
-            raise ValueError('format("stretch") needs .option("job", ...) and .option("channel", ...)')
+        self.job, self.channel = job_and_channel(options)
         reply = locate_output(self.job, self.channel)
         self.directory = reply["log"]
         self.run_start = reply["run_start"]
         self.parts = int(options.get("partitions", 2))
-        self.arrow_schema = _arrow_schema(schema)
+        self.arrow_schema = arrow_schema_of(schema)
 
     def log(self) -> OutputLog:
         return OutputLog(self.directory)

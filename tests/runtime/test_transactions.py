@@ -135,6 +135,18 @@ STAGE_JOB_SCRIPT = textwrap.dedent(
 )
 
 
+def start_job_script(tmp_path, text: str, name: str) -> subprocess.Popen:
+    """Run a job script (``text``) in a process of its own, as a user's driver would be."""
+    script = tmp_path / "job.py"
+    script.write_text(text)
+    return subprocess.Popen(
+        [sys.executable, str(script), name],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+
+
 def checkpointed_sums(name: str, restore: bool):
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(2)
@@ -151,14 +163,7 @@ def test_a_restored_job_answers_a_restarted_querys_replay_exactly_once(tmp_path,
     logged, part-way, or after); the restored job answers the restarted query's replay of that
     micro-batch: the first task gets its first answer again, the second its input applied once."""
     name = f"txn-restore-{uuid.uuid4().hex[:10]}"
-    script = tmp_path / "job.py"
-    script.write_text(STAGE_JOB_SCRIPT)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), name],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )
+    proc = start_job_script(tmp_path, STAGE_JOB_SCRIPT, name)
     inputs = {
         (b, p): [((b * 5 + p * 3 + i) % 13, 1 + (b + p + i) % 7) for i in range(2000)]
         for b in range(6)
@@ -235,14 +240,7 @@ HALF_TXN_SCRIPT = textwrap.dedent(
 
 def test_a_transaction_whose_end_the_dead_run_never_logged_is_not_replayed(tmp_path):
     name = f"txn-half-{uuid.uuid4().hex[:10]}"
-    script = tmp_path / "job.py"
-    script.write_text(HALF_TXN_SCRIPT)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), name],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )
+    proc = start_job_script(tmp_path, HALF_TXN_SCRIPT, name)
     try:
         assert proc.stdout.readline().strip() == "ready"
     finally:

@@ -5,8 +5,6 @@ and a job that dies mid-query."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 import uuid
 
@@ -21,7 +19,7 @@ from stretch.datastream import StreamExecutionEnvironment, aggregates
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.window import TumblingEventTimeWindows
 from stretch.spark import stage
-from tests.runtime.test_transactions import checkpointed_sums
+from tests.runtime.test_transactions import checkpointed_sums, start_job_script
 
 RECORD = Types.TUPLE([Types.LONG(), Types.LONG()])  # user, amount
 
@@ -217,7 +215,7 @@ def test_latest_per_key_keeps_each_keys_last_result_in_emission_order(key_type):
 
 STAGE_JOB_SCRIPT = """
 import sys, time
-from tests.runtime.test_transactions import checkpointed_sums
+from tests.runtime.test_transactions import checkpointed_sums, start_job_script
 
 checkpointed_sums(sys.argv[1], restore=False)
 print("ready", flush=True)
@@ -229,14 +227,7 @@ def test_a_job_killed_mid_query_and_restored_loses_and_duplicates_nothing(spark,
     """The job's process is killed while the query runs: the query fails with a clear error; the
     job is restored and the query restarted from its checkpoint; every row counts exactly once."""
     name = f"stage restore {uuid.uuid4().hex[:8]}"
-    script = tmp_path / "job.py"
-    script.write_text(STAGE_JOB_SCRIPT)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), name],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )
+    proc = start_job_script(tmp_path, STAGE_JOB_SCRIPT, name)
     parts = _files(tmp_path / "in", parts=6, rows=300)
     got: dict[int, list] = {}  # an idempotent sink: a replayed micro-batch replaces its rows
 
