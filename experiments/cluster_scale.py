@@ -121,11 +121,16 @@ def plot(added, removed, path: str) -> None:
     plt.close(fig)
 
 
-def counts(client) -> dict[int, int]:
+def state_of(client) -> pa.Table | None:
+    """The job's keyed state over all nodes; None while a busy key group could not be read (at
+    1 GB, a read of 200 k keys a key group can lose to the writer: it is tried again)."""
     try:
-        table = client.query_state("sum")
-    except flight.FlightError:  # a big key group kept changing while being read: the job is busy
-        return {}
+        return client.query_state("sum")
+    except flight.FlightError:
+        return None
+
+
+def counts(table: pa.Table | None) -> dict[int, int]:
     if table is None:
         return {}
     keys = table.column("key").to_numpy()
@@ -175,14 +180,14 @@ def main() -> None:
 
         deadline = time.monotonic() + 600
         while True:
-            got = counts(client)
+            state = state_of(client)
+            got = counts(state)
             if sum(got.values()) >= table.num_rows or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         held = np.zeros(args.keys, dtype=np.int64)
         for k, c in got.items():
             held[k] = c
-        state = client.query_state("sum")
         client.cancel()
     mp = cluster.max_parallelism
     logical = logical_bytes(state, moved_key_groups(before, between), mp) + logical_bytes(
