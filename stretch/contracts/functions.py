@@ -242,3 +242,91 @@ class ProcessJoinFunction(Function, Generic[IN1, IN2, OUT]):
 
     @abstractmethod
     def process_element(self, left, right, ctx: ProcessJoinFunction.Context): ...
+
+
+class CoMapFunction(Function, Generic[IN1, IN2, OUT]):
+    """Maps each element of two connected streams: ``map1`` for the first, ``map2`` for the second."""
+
+    @abstractmethod
+    def map1(self, value): ...
+
+    @abstractmethod
+    def map2(self, value): ...
+
+
+class CoFlatMapFunction(Function, Generic[IN1, IN2, OUT]):
+    """``flat_map1``/``flat_map2``: any number of results per element of either connected stream."""
+
+    @abstractmethod
+    def flat_map1(self, value): ...
+
+    @abstractmethod
+    def flat_map2(self, value): ...
+
+
+class CoProcessFunction(Function, Generic[IN1, IN2, OUT]):
+    """Processes two connected (not keyed) streams; yields results, or ``(output_tag, value)``."""
+
+    class Context(ABC):
+        @abstractmethod
+        def timer_service(self) -> TimerService: ...
+
+        @abstractmethod
+        def timestamp(self) -> int | None: ...
+
+    @abstractmethod
+    def process_element1(self, value, ctx: CoProcessFunction.Context): ...
+
+    @abstractmethod
+    def process_element2(self, value, ctx: CoProcessFunction.Context): ...
+
+
+class KeyedCoProcessFunction(Function, Generic[KEY, IN1, IN2, OUT]):
+    """Processes two connected keyed streams: both inputs of a key share its keyed state and timers."""
+
+    class Context(ABC):
+        @abstractmethod
+        def get_current_key(self): ...
+
+        @abstractmethod
+        def timer_service(self) -> TimerService: ...
+
+        @abstractmethod
+        def timestamp(self) -> int | None: ...
+
+    class OnTimerContext(Context):
+        @abstractmethod
+        def time_domain(self) -> TimeDomain: ...
+
+    @abstractmethod
+    def process_element1(self, value, ctx: KeyedCoProcessFunction.Context): ...
+
+    @abstractmethod
+    def process_element2(self, value, ctx: KeyedCoProcessFunction.Context): ...
+
+    def on_timer(self, timestamp: int, ctx: KeyedCoProcessFunction.OnTimerContext):
+        """A timer registered by either input fired."""
+
+
+class AllWindowFunction(Function, Generic[IN, OUT, W]):
+    """The window function of a non-keyed (``window_all``) window: every element of it at once."""
+
+    @abstractmethod
+    def apply(self, window, inputs): ...
+
+
+class ProcessAllWindowFunction(Function, Generic[IN, OUT, W]):
+    """``window_all``'s process function: the window's elements with a context (its window)."""
+
+    class Context(ABC, Generic[W2]):
+        @abstractmethod
+        def window(self): ...
+
+        @abstractmethod
+        def current_processing_time(self) -> int: ...
+
+        @abstractmethod
+        def current_watermark(self) -> int: ...
+
+    @abstractmethod
+    def process(self, context: ProcessAllWindowFunction.Context, elements): ...

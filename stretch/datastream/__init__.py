@@ -14,13 +14,19 @@ from stretch.contracts.execution import (
 )
 from stretch.contracts.functions import (
     AggregateFunction,
+    AllWindowFunction,
+    CoFlatMapFunction,
     CoGroupFunction,
+    CoMapFunction,
+    CoProcessFunction,
     FilterFunction,
     FlatMapFunction,
     JoinFunction,
+    KeyedCoProcessFunction,
     KeyedProcessFunction,
     KeySelector,
     MapFunction,
+    ProcessAllWindowFunction,
     ProcessFunction,
     ProcessJoinFunction,
     ProcessWindowFunction,
@@ -31,11 +37,13 @@ from stretch.contracts.functions import (
     WindowFunction,
 )
 from stretch.contracts.output_tag import OutputTag
+from stretch.datastream.all_windowed_stream import AllWindowedStream
 from stretch.datastream.checkpoint_config import (
     CheckpointConfig,
     CheckpointingMode,
     ExternalizedCheckpointRetention,
 )
+from stretch.datastream.connected_streams import ConnectedStreams
 from stretch.datastream.data_stream import DataStream, DataStreamSink, KeyedStream, WindowedStream
 from stretch.datastream.job_client import CloseableIterator, JobClient, JobExecutionResult
 from stretch.datastream.join import (
@@ -49,12 +57,18 @@ from stretch.datastream.stream_execution_environment import StreamExecutionEnvir
 
 __all__ = [
     "AggregateFunction",
+    "AllWindowFunction",
+    "AllWindowedStream",
     "BandJoinedStreams",
     "CheckpointConfig",
     "CheckpointingMode",
     "CloseableIterator",
+    "CoFlatMapFunction",
     "CoGroupFunction",
     "CoGroupedStreams",
+    "CoMapFunction",
+    "CoProcessFunction",
+    "ConnectedStreams",
     "DataStream",
     "DataStreamSink",
     "EmbeddedRocksDBStateBackend",
@@ -70,10 +84,12 @@ __all__ = [
     "JoinFunction",
     "JoinedStreams",
     "KeySelector",
+    "KeyedCoProcessFunction",
     "KeyedProcessFunction",
     "KeyedStream",
     "MapFunction",
     "OutputTag",
+    "ProcessAllWindowFunction",
     "ProcessFunction",
     "ProcessJoinFunction",
     "ProcessWindowFunction",

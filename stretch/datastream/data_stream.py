@@ -30,6 +30,8 @@ from stretch.contracts.window import (
 from stretch.datastream import aggregates
 from stretch.datastream import keyed_functions as kf
 from stretch.datastream.aggregates import as_builtins
+from stretch.datastream.all_windowed_stream import AllWindowedStream
+from stretch.datastream.connected_streams import ConnectedStreams
 from stretch.datastream.connectors.print_sink import CollectSink, PrintSink
 from stretch.datastream.join import BandJoinedStreams, CoGroupedStreams, IntervalJoin, JoinedStreams
 from stretch.datastream.windowing import WindowOperator
@@ -47,6 +49,8 @@ def _check_function(func, cls, what: str):
 
 
 class DataStream:
+    _is_keyed = False  # a KeyedStream's is True: connected, two keyed streams make a keyed operator
+
     """A stream of records; transformations return new streams, nothing runs until execute()."""
 
     def __init__(self, env: StreamExecutionEnvironment, transformation: Transformation):
@@ -194,6 +198,14 @@ class DataStream:
         """Window co-group: ``.where(key).equal_to(key).window(assigner).apply(co_group_function)``."""
 
         return CoGroupedStreams(self, other_stream)
+
+    def connect(self, data_stream: DataStream) -> ConnectedStreams:
+        """Two streams into one operator, each input with its own method (see ConnectedStreams)."""
+        return ConnectedStreams(self, data_stream)
+
+    def window_all(self, window_assigner) -> AllWindowedStream:
+        """Windows over the whole stream, not per key: one instance sees every element, as in Flink."""
+        return AllWindowedStream(self._values(), window_assigner)
 
     def band_join(self, other_stream: DataStream):
         """Beyond PyFlink, a non-equi time-band join: ``.on(predicate).within(ms).apply(fn)``."""
@@ -399,6 +411,8 @@ class DataStreamSink:
 
 class KeyedStream(DataStream):
     """A stream partitioned by key: keyed state, process functions and rolling aggregates."""
+
+    _is_keyed = True
 
     def __init__(self, env, transformation: Transformation, original: DataStream):
         super().__init__(env, transformation)
