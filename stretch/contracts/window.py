@@ -210,3 +210,17 @@ class CountSlidingWindowAssigner(WindowAssigner):
     @staticmethod
     def of(window_size: int, window_slide: int) -> CountSlidingWindowAssigner:
         return CountSlidingWindowAssigner(window_size, window_slide)
+
+
+class GlobalWindows(WindowAssigner):
+    """All of a key's elements in one window that never ends: it fires only by a trigger set with
+    ``WindowedStream.trigger`` (its default trigger never fires), as in Flink."""
+
+    event_time = False
+
+    def assign_windows(self, element, timestamp: int) -> list[Window]:
+        return [GlobalWindow()]
+
+    @staticmethod
+    def create() -> GlobalWindows:
+        return GlobalWindows()

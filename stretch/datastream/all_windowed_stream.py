@@ -34,6 +34,14 @@ class AllWindowedStream:
         self._windowed.side_output_late_data(output_tag)
         return self
 
+    def trigger(self, trigger) -> AllWindowedStream:
+        self._windowed.trigger(trigger)
+        return self
+
+    def evictor(self, evictor) -> AllWindowedStream:
+        self._windowed.evictor(evictor)
+        return self
+
     def reduce(self, reduce_function, window_function=None, output_type: TypeInformation | None = None):
         """Each window's elements reduced to one (then handed to ``window_function`` if given)."""
         return self._one(self._windowed.reduce(reduce_function, _keyless(window_function), output_type))

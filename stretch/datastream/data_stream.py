@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from stretch.common.typeinfo import TupleTypeInfo, TypeInformation, Types
 from stretch.common.watermark_strategy import WatermarkStrategy
 from stretch.contracts.connectors import Sink
+from stretch.contracts.evictors import Evictor
 from stretch.contracts.functions import (
     AggregateFunction,
     FilterFunction,
@@ -19,9 +20,11 @@ from stretch.contracts.functions import (
     ReduceFunction,
 )
 from stretch.contracts.output_tag import OutputTag
+from stretch.contracts.triggers import Trigger
 from stretch.contracts.window import (
     CountSlidingWindowAssigner,
     CountTumblingWindowAssigner,
+    GlobalWindows,
     SlidingEventTimeWindows,
     TumblingEventTimeWindows,
     WindowAssigner,
@@ -34,6 +37,7 @@ from stretch.datastream.all_windowed_stream import AllWindowedStream
 from stretch.datastream.connected_streams import ConnectedStreams
 from stretch.datastream.connectors.print_sink import CollectSink, PrintSink
 from stretch.datastream.join import BandJoinedStreams, CoGroupedStreams, IntervalJoin, JoinedStreams
+from stretch.datastream.triggered_windows import TriggeredWindowOperator
 from stretch.datastream.windowing import WindowOperator
 from stretch.plan.graph import Transformation
 from stretch.plan.specs import VectorWindowSpec
@@ -282,6 +286,8 @@ class WindowedStream:
         self._assigner = assigner
         self._lateness = 0
         self._late_tag = None
+        self._trigger = None
+        self._evictor = None
 
     def allowed_lateness(self, time_ms: int) -> WindowedStream:
         """Keep windows this long after the watermark passed them; late records re-fire them."""
@@ -296,13 +302,23 @@ class WindowedStream:
         self._late_tag = output_tag
         return self
 
-    def trigger(self, trigger) -> WindowedStream:
-        raise NotImplementedError(
-            "custom triggers are not supported; the assigners' default triggers are used"
-        )
+    def trigger(self, trigger: Trigger) -> WindowedStream:
+        """When a window fires (and purges): instead of the assigner's default trigger."""
+        self._trigger = trigger
+        return self
+
+    def evictor(self, evictor: Evictor) -> WindowedStream:
+        """Elements removed from a window's pane before and/or after its function runs."""
+        self._evictor = evictor
+        return self
 
     def _window(self, mode: str, fn, window_fn, output_type, name: str) -> DataStream:
-
+        a = self._assigner
+        if self._trigger is not None or self._evictor is not None or isinstance(a, GlobalWindows):
+            op = TriggeredWindowOperator(
+                a, mode, fn, window_fn, self._lateness, self._late_tag, self._trigger, self._evictor
+            )
+            return self._keyed._keyed("process", f"Window({name})", {"fn": op}, output_type)
         op = WindowOperator(self._assigner, mode, fn, window_fn, self._lateness, self._late_tag)
         return self._keyed._keyed("process", f"Window({name})", {"fn": op}, output_type)
 
@@ -370,6 +386,8 @@ class WindowedStream:
             "field" in key_by.spec
             and type(a) in (TumblingEventTimeWindows, SlidingEventTimeWindows)
             and self._lateness == 0
+            and self._trigger is None
+            and self._evictor is None
         )
         if not vectorized:
             op = aggregates.BuiltinAggregates(builtins)

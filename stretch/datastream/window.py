@@ -1,13 +1,26 @@
-"""Windows and window assigners (PyFlink: ``pyflink.datastream.window``).
+"""Windows, window assigners, triggers and evictors (PyFlink: ``pyflink.datastream.window``).
 
-The definitions live in ``stretch.contracts.window``, below the engine that calls them."""
+The definitions live in ``stretch.contracts``, below the engine that calls them."""
 
+from stretch.contracts.evictors import CountEvictor, DeltaEvictor, Evictor, TimeEvictor, TimestampedValue
+from stretch.contracts.triggers import (
+    ContinuousEventTimeTrigger,
+    ContinuousProcessingTimeTrigger,
+    CountTrigger,
+    EventTimeTrigger,
+    NeverTrigger,
+    ProcessingTimeTrigger,
+    PurgingTrigger,
+    Trigger,
+    TriggerResult,
+)
 from stretch.contracts.window import (
     CountSlidingWindowAssigner,
     CountTumblingWindowAssigner,
     CountWindow,
     EventTimeSessionWindows,
     GlobalWindow,
+    GlobalWindows,
     ProcessingTimeSessionWindows,
     SessionWindowTimeGapExtractor,
     SlidingEventTimeWindows,
@@ -20,16 +33,31 @@ from stretch.contracts.window import (
 )
 
 __all__ = [
+    "ContinuousEventTimeTrigger",
+    "ContinuousProcessingTimeTrigger",
+    "CountEvictor",
     "CountSlidingWindowAssigner",
+    "CountTrigger",
     "CountTumblingWindowAssigner",
     "CountWindow",
+    "DeltaEvictor",
     "EventTimeSessionWindows",
+    "EventTimeTrigger",
+    "Evictor",
     "GlobalWindow",
+    "GlobalWindows",
+    "NeverTrigger",
     "ProcessingTimeSessionWindows",
+    "ProcessingTimeTrigger",
+    "PurgingTrigger",
     "SessionWindowTimeGapExtractor",
     "SlidingEventTimeWindows",
     "SlidingProcessingTimeWindows",
+    "TimeEvictor",
     "TimeWindow",
+    "TimestampedValue",
+    "Trigger",
+    "TriggerResult",
     "TumblingEventTimeWindows",
     "TumblingProcessingTimeWindows",
     "Window",
