@@ -408,14 +408,13 @@ class NodeServer(flight.FlightServerBase):
 def barrier_all(job: NodeJob) -> None:
     """Return once every keyed operator of ``job`` processed every row appended before this call.
 
-    A live rescale to the same parallelism places an epoch record in the operator's gate and
-    returns when every instance has passed it: the node engine's own ordered barrier.
+    The engine's barrier places an epoch record at the current parallelism in the operator's
+    gate and returns when every instance has passed it.
     """
     for operator in job.keyed:
-        parallelism = next(
-            o["parallelism"] for o in job.client.describe()["operators"] if o["name"] == operator
-        )
-        job.client.rescale(operator, parallelism)
+        reply = job.client.control({"op": "barrier", "operator": operator})
+        if not reply.get("ok"):
+            raise RuntimeError(reply.get("error", f"the barrier of {operator!r} failed"))
 
 
 def warm_up() -> None:

@@ -639,12 +639,23 @@ class Coordinator:
         Under a backlog that takes as long as the instances need to read up to the epoch record;
         ``timeout`` (None: as long as the job runs) bounds the wait, after which the new epoch
         still takes effect. Thread-safe; rescales of one operator are serialized, of different
-        operators may overlap.
+        operators may overlap. A rescale to the current parallelism publishes nothing.
         """
+        return self._epoch_change(operator, parallelism, timeout, barrier=False)
+
+    def barrier(self, operator: str, timeout: float | None = None) -> dict:
+        """Return once every instance of ``operator`` has processed everything its gate held when
+        this was called: an epoch record at the current parallelism, read in order with the data
+        (a node hands key groups away behind it)."""
+        return self._epoch_change(operator, None, timeout, barrier=True)
+
+    def _epoch_change(self, operator: str, parallelism: int | None, timeout, barrier: bool) -> dict:
         t0 = time.monotonic_ns()
         stage = self.plan.stage(operator)
         if stage.kind != "keyed":
             raise ValueError(f"operator {operator!r} is not a keyed operator; only keyed operators rescale")
+        if barrier:
+            parallelism = self._parallelism[stage.id]
         if (
             not isinstance(parallelism, int)
             or isinstance(parallelism, bool)
@@ -661,14 +672,27 @@ class Coordinator:
                     break
             busy.wait()
         try:
+            current = self._parallelism[stage.id]
+            if parallelism == current and not barrier:
+                op = self.resources.keyed_index[stage.id]
+                return {
+                    "operator": operator,
+                    "epoch": int(self.control.epoch(op)),
+                    "old_parallelism": current,
+                    "new_parallelism": current,
+                    "elapsed_ms": (time.monotonic_ns() - t0) / 1e6,
+                    "state_bytes_copied": 0,
+                }
             with self.exclusive:
-                return self._rescale(stage, operator, parallelism, timeout, t0)
+                return self._rescale(stage, operator, parallelism, timeout, t0, record=not barrier)
         finally:
             with self._rescale_lock:
                 del self._rescaling[stage.id]
             done.set()
 
-    def _rescale(self, stage, operator: str, parallelism: int, timeout: float | None, t0: int) -> dict:
+    def _rescale(
+        self, stage, operator: str, parallelism: int, timeout: float | None, t0: int, record: bool = True
+    ) -> dict:
         if self.status is not JobStatus.RUNNING:
             raise RuntimeError(f"the job is {self.status.name}; only a running job rescales")
         generation = self.generation
@@ -704,7 +728,8 @@ class Coordinator:
             "elapsed_ms": elapsed,
             "state_bytes_copied": 0,
         }
-        self.rescales.append({**report, "at": time.time()})
+        if record:  # a barrier is not a rescale
+            self.rescales.append({**report, "at": time.time()})
         return report
 
     def _prepare_rescale(self, stage_id: int, parallelism: int):

@@ -70,6 +70,12 @@ class ControlRequests:
             **_with_progress(conn, lambda: self.job.rescale(operator, parallelism, timeout=None)),
         }
 
+    def _barrier(self, conn, msg) -> dict:
+        operator = msg.get("operator")
+        if not isinstance(operator, str):
+            raise ValueError(f"operator must be a string, got {operator!r}")
+        return {"ok": True, **_with_progress(conn, lambda: self.job.barrier(operator))}
+
     def _checkpoint(self, conn, msg) -> dict:
         return {"ok": True, **_with_progress(conn, self.job.trigger_checkpoint)}
 
@@ -114,6 +120,7 @@ _HANDLERS = {
     "channel_end": ControlRequests._channel,
     "channel_shape": ControlRequests._channel,
     "scale": ControlRequests._scale,
+    "barrier": ControlRequests._barrier,
     "checkpoint": ControlRequests._checkpoint,
     "channel_publish": ControlRequests._publish,
     "channel_discard": ControlRequests._publish,

@@ -298,3 +298,26 @@ def test_rescale_errors(bad):
             job.client.rescale("nope", 2)
     finally:
         job.finish()
+
+
+def test_a_rescale_to_the_current_parallelism_publishes_nothing_and_a_barrier_waits_for_the_gate():
+    def build(env):
+        src = env.from_source(ChannelSource("in", Types.TUPLE([Types.LONG(), Types.LONG()])), None, "in")
+        return src.key_by(0).sum(1).name("sums")  # keyed by a field: writers append to its gate
+
+    job = Job(build, "rescale no-op")
+    co = job.client._coordinator
+    op = co.resources.keyed_index[co.plan.stage("sums").id]
+    before = int(co.control.epoch(op))
+    same = job.client.rescale("sums", 2)
+    assert (same.old_parallelism, same.new_parallelism, same.epoch) == (2, 2, before)
+    assert int(co.control.epoch(op)) == before and co.rescales == []
+    n = 20_000
+    job.writer.write([(i % 13, 1) for i in range(n)])
+    co.barrier("sums")  # every record appended before it has been processed when it returns
+    assert job.client.describe()["operators"][0]["records_in"] == n
+    assert int(co.control.epoch(op)) == before + 1 and co.rescales == []  # a barrier is not a rescale
+    out = job.finish()
+    assert sorted(max(v for k2, v in out if k2 == k) for k in range(13)) == sorted(
+        sum(1 for i in range(n) if i % 13 == k) for k in range(13)
+    )
