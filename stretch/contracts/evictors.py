@@ -44,7 +44,24 @@ class Evictor(ABC):
     def evict_after(self, elements: list, size: int, window, evictor_context) -> None: ...
 
 
-class CountEvictor(Evictor):
+class _BeforeOrAfter(Evictor):
+    """The built-in evictors: one rule, applied before the function or (``do_evict_after``) after."""
+
+    do_evict_after = False
+
+    def _evict(self, elements: list, size: int) -> None:
+        raise NotImplementedError
+
+    def evict_before(self, elements, size, window, evictor_context):
+        if not self.do_evict_after:
+            self._evict(elements, size)
+
+    def evict_after(self, elements, size, window, evictor_context):
+        if self.do_evict_after:
+            self._evict(elements, size)
+
+
+class CountEvictor(_BeforeOrAfter):
     """Keeps at most ``max_count`` elements (the latest), before the function or after it."""
 
     def __init__(self, max_count: int, do_evict_after: bool = False):
@@ -58,16 +75,8 @@ class CountEvictor(Evictor):
         if size > self.max_count:
             del elements[: size - self.max_count]
 
-    def evict_before(self, elements, size, window, evictor_context):
-        if not self.do_evict_after:
-            self._evict(elements, size)
 
-    def evict_after(self, elements, size, window, evictor_context):
-        if self.do_evict_after:
-            self._evict(elements, size)
-
-
-class TimeEvictor(Evictor):
+class TimeEvictor(_BeforeOrAfter):
     """Keeps the elements within ``window_size`` of the pane's latest timestamp."""
 
     def __init__(self, window_size: int, do_evict_after: bool = False):
@@ -77,23 +86,15 @@ class TimeEvictor(Evictor):
     def of(window_size, do_evict_after: bool = False) -> TimeEvictor:
         return TimeEvictor(to_millis(window_size, "window size"), do_evict_after)
 
-    def _evict(self, elements: list) -> None:
+    def _evict(self, elements: list, size: int) -> None:
         stamps = [e.timestamp for e in elements if e.timestamp is not None]
         if not stamps:
             return
         cut = max(stamps) - self.window_size
         elements[:] = [e for e in elements if e.timestamp is None or e.timestamp > cut]
 
-    def evict_before(self, elements, size, window, evictor_context):
-        if not self.do_evict_after:
-            self._evict(elements)
 
-    def evict_after(self, elements, size, window, evictor_context):
-        if self.do_evict_after:
-            self._evict(elements)
-
-
-class DeltaEvictor(Evictor):
+class DeltaEvictor(_BeforeOrAfter):
     """Removes the elements whose ``delta_function(element, last)`` to the pane's last element is
     at least ``threshold``."""
 
@@ -104,16 +105,8 @@ class DeltaEvictor(Evictor):
     def of(threshold: float, delta_function, do_evict_after: bool = False) -> DeltaEvictor:
         return DeltaEvictor(threshold, delta_function, do_evict_after)
 
-    def _evict(self, elements: list) -> None:
+    def _evict(self, elements: list, size: int) -> None:
         if not elements:
             return
         last = elements[-1].value
         elements[:] = [e for e in elements if self.delta_function(e.value, last) < self.threshold]
-
-    def evict_before(self, elements, size, window, evictor_context):
-        if not self.do_evict_after:
-            self._evict(elements)
-
-    def evict_after(self, elements, size, window, evictor_context):
-        if self.do_evict_after:
-            self._evict(elements)

@@ -17,6 +17,7 @@ from stretch.contracts.functions import (
     ProcessWindowFunction,
     WindowFunction,
 )
+from stretch.datastream.wrapping import Wrapping
 
 if TYPE_CHECKING:
     from stretch.datastream.data_stream import DataStream
@@ -87,29 +88,11 @@ def _keyless(fn):
     raise TypeError(f"expected an AllWindowFunction or a ProcessAllWindowFunction, got {fn!r}")
 
 
-class _ProcessAll(ProcessWindowFunction):
-    def __init__(self, fn: ProcessAllWindowFunction):
-        self.fn = fn
-
-    def open(self, runtime_context) -> None:
-        self.fn.open(runtime_context)
-
-    def close(self) -> None:
-        self.fn.close()
-
+class _ProcessAll(Wrapping, ProcessWindowFunction):
     def process(self, key, context, elements):
         return self.fn.process(context, elements)
 
 
-class _ApplyAll(WindowFunction):
-    def __init__(self, fn: AllWindowFunction):
-        self.fn = fn
-
-    def open(self, runtime_context) -> None:
-        self.fn.open(runtime_context)
-
-    def close(self) -> None:
-        self.fn.close()
-
+class _ApplyAll(Wrapping, WindowFunction):
     def apply(self, key, window, inputs):
         return self.fn.apply(window, inputs)

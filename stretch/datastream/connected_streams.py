@@ -22,6 +22,7 @@ from stretch.contracts.functions import (
     ProcessFunction,
 )
 from stretch.datastream.join import LEFT, _selector_of, _tagged, _UnionKey
+from stretch.datastream.wrapping import Wrapping
 
 if TYPE_CHECKING:
     from stretch.datastream.data_stream import DataStream
@@ -74,17 +75,8 @@ class ConnectedStreams:
         return tagged.process(_Unkeyed(func), output_type).name(name)
 
 
-class _CoMap(CoProcessFunction, KeyedCoProcessFunction):
+class _CoMap(Wrapping, CoProcessFunction, KeyedCoProcessFunction):
     """A CoMapFunction as a (keyed) co-process function; a None result is dropped, as in PyFlink."""
-
-    def __init__(self, fn: CoMapFunction):
-        self.fn = fn
-
-    def open(self, runtime_context) -> None:
-        self.fn.open(runtime_context)
-
-    def close(self) -> None:
-        self.fn.close()
 
     def process_element1(self, value, ctx):
         result = self.fn.map1(value)
@@ -95,16 +87,7 @@ class _CoMap(CoProcessFunction, KeyedCoProcessFunction):
         return () if result is None else (result,)
 
 
-class _CoFlatMap(CoProcessFunction, KeyedCoProcessFunction):
-    def __init__(self, fn: CoFlatMapFunction):
-        self.fn = fn
-
-    def open(self, runtime_context) -> None:
-        self.fn.open(runtime_context)
-
-    def close(self) -> None:
-        self.fn.close()
-
+class _CoFlatMap(Wrapping, CoProcessFunction, KeyedCoProcessFunction):
     def process_element1(self, value, ctx):
         return self.fn.flat_map1(value) or ()
 
@@ -112,18 +95,10 @@ class _CoFlatMap(CoProcessFunction, KeyedCoProcessFunction):
         return self.fn.flat_map2(value) or ()
 
 
-class _Dispatch:
+class _Dispatch(Wrapping):
     """Hands a tagged element to the co-function's method for its input."""
 
-    def __init__(self, fn):
-        self.fn = fn
-        self.what = "process_element1"  # named in errors: which input's method raised
-
-    def open(self, runtime_context) -> None:
-        self.fn.open(runtime_context)
-
-    def close(self) -> None:
-        self.fn.close()
+    what = "process_element1"  # named in errors: which input's method raised
 
     def process_element(self, value, ctx):
         side, element = value

@@ -13,25 +13,15 @@ from stretch.common.row import Row
 from stretch.common.typeinfo import Types
 from stretch.contracts.functions import Function, KeyedProcessFunction, KeySelector, MapFunction
 from stretch.contracts.state import ValueStateDescriptor
+from stretch.datastream.wrapping import Wrapping
 
 END_OF_INPUT = 2**63 - 1  # Flink's Long.MAX_VALUE: the watermark that ends a bounded input
 
 
-class _Delegating(KeyedProcessFunction):
-    """Forwards open/close to the wrapped user function (so it may use keyed state)."""
+class _Delegating(Wrapping, KeyedProcessFunction):
+    """A keyed map/flat_map/filter: the user function wrapped in a KeyedProcessFunction."""
 
     what = "process_element"  # what errors and dead letters say failed: the user's function
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def open(self, runtime_context) -> None:
-        if isinstance(self.fn, Function):
-            self.fn.open(runtime_context)
-
-    def close(self) -> None:
-        if isinstance(self.fn, Function):
-            self.fn.close()
 
 
 class KeyedMap(_Delegating):

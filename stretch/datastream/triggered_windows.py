@@ -60,19 +60,9 @@ class TriggeredWindowOperator(WindowOperator):
 
     # ---- elements ------------------------------------------------------------------------
     def process_element(self, value, ctx):
-        timers = ctx.timer_service()
-        if self.assigner.event_time:
-            ts = ctx.timestamp()
-            if ts is None:
-                raise ValueError(
-                    "event-time windows need record timestamps: use assign_timestamps_and_watermarks "
-                    "or from_source with a WatermarkStrategy that has a timestamp assigner"
-                )
-            watermark = timers.current_watermark()
-        else:
-            ts = ctx.timestamp() if ctx.timestamp() is not None else timers.current_processing_time()
-            watermark = -(2**63)
-        windows = self.assigner.assign_windows(value, ts)
+        at, watermark = self._times(ctx)
+        ts = ctx.timestamp() if ctx.timestamp() is not None else at  # what triggers and evictors see
+        windows = self.assigner.assign_windows(value, at)
         out, live = [], False
         for w in windows:
             if (

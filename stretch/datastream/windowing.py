@@ -126,17 +126,7 @@ class WindowOperator(KeyedProcessFunction):
         if self.counting:
             return self._count_element(value, ctx)
         timers = ctx.timer_service()
-        if self.assigner.event_time:
-            ts = ctx.timestamp()
-            if ts is None:
-                raise ValueError(
-                    "event-time windows need record timestamps: use assign_timestamps_and_watermarks "
-                    "or from_source with a WatermarkStrategy that has a timestamp assigner"
-                )
-            watermark = timers.current_watermark()
-        else:
-            ts = timers.current_processing_time()
-            watermark = -(2**63)
+        ts, watermark = self._times(ctx)
         windows = self.assigner.assign_windows(value, ts)
         out = []
         live = False
@@ -158,6 +148,20 @@ class WindowOperator(KeyedProcessFunction):
         if not live and windows and self.late_tag is not None:
             out.append(((self.late_tag, value), ts))
         return out
+
+    def _times(self, ctx) -> tuple[int, int]:
+        """The time that assigns a record's windows (its timestamp, or the wall clock for
+        processing-time windows) and the watermark that judges lateness."""
+        timers = ctx.timer_service()
+        if not self.assigner.event_time:
+            return timers.current_processing_time(), -(2**63)
+        ts = ctx.timestamp()
+        if ts is None:
+            raise ValueError(
+                "event-time windows need record timestamps: use assign_timestamps_and_watermarks "
+                "or from_source with a WatermarkStrategy that has a timestamp assigner"
+            )
+        return ts, timers.current_watermark()
 
     def _register(self, timers, ts: int) -> None:
         if self.assigner.event_time:
