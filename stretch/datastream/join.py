@@ -30,6 +30,7 @@ from stretch.contracts.window import (
     WindowAssigner,
     to_millis,
 )
+from stretch.datastream.wrapping import Wrapping
 from stretch.plan.specs import BandJoinSpec
 
 if TYPE_CHECKING:
@@ -98,20 +99,12 @@ def _method(fn, name: str):
 
 
 # ---- window join and co-group ---------------------------------------------------------------
-class _PairUp(WindowFunction):
+class _PairUp(Wrapping, WindowFunction):
     """The window function of a join (every left with every right) or co-group (both lists)."""
 
     def __init__(self, fn, kind: str):
-        self.fn = fn
+        super().__init__(fn)
         self.kind = kind
-
-    def open(self, runtime_context) -> None:
-        if isinstance(self.fn, Function):
-            self.fn.open(runtime_context)
-
-    def close(self) -> None:
-        if isinstance(self.fn, Function):
-            self.fn.close()
 
     def apply(self, key, window, inputs):
         lefts = [v for side, v in inputs if side == LEFT]
