@@ -67,6 +67,8 @@ class StageSpec:
     input_gate: int = -1
     direct: bool = False  # a channel whose writers append straight into the keyed operator's gate
     batch: bool = False  # BATCH execution mode: processing time stands still, its timers fire at the end
+    code_version: int = 0  # which version of the operator's code this is (live updates add versions)
+    drop_states: tuple = ()  # states this version clears when it takes over (update's drop_orphaned)
 
 
 @dataclass

@@ -22,5 +22,6 @@ class JobResources:
     producers: dict[int, list[int]] = field(default_factory=dict)  # gate id -> initial watermark producers
     dead_letter_sink: int | None = None  # the sink of rejected records, under the dead-letter policy
     checkpoints: str | None = None  # directory of the job's checkpoints, if it takes them
+    code: str = ""  # directory of the keyed operators' code versions (runtime.code_update)
     channel_logs: dict[str, tuple[str, str]] = field(default_factory=dict)  # input channel -> (log, tail)
     aborted_txns: set[int] = field(default_factory=set)  # stage transactions a restored run skips

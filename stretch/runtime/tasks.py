@@ -15,6 +15,7 @@ from stretch.runtime.batch import KG_COLUMN, Records
 from stretch.runtime.chain import Chain
 from stretch.runtime.channel_source import read_channel
 from stretch.runtime.checkpointing import Barrier, snapshot_file, write_snapshot_or_report
+from stretch.runtime.code_update import load_version
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker, producer_id
 from stretch.runtime.gate import Gate, Kind
@@ -37,6 +38,7 @@ class Assignment:
     index: int = 0
     epoch: int = 0
     position: int = 0  # where a source restarts: the position its checkpoint recorded (Source.advance)
+    code: int = 0  # a keyed operator's code version where the instance starts reading (live updates)
 
 
 class Stopped(Exception):
@@ -196,14 +198,16 @@ class KeyedInstanceTask(Task):
         return self
 
     def run(self) -> None:
+        cb = self.attached.control
+        op = self.op_index
+        if self.a.code != self.stage.code_version:  # built before or after a live update
+            self.stage, self._parts = load_version(self.res.code, self.stage.id, self.a.code), None
         stage, index = self.stage, self.a.index
         if self._parts is None:
             self.build()
         gate, operator, outputs, chain = self._parts
         outputs.producer = index + 1
         outputs.producer_id = producer_id(stage.id, index)
-        cb = self.attached.control
-        op = self.op_index
         epoch = self.a.epoch
         owners = cb.table(op, epoch).copy()
         operator.owned = np.flatnonzero(owners == index)
@@ -215,15 +219,9 @@ class KeyedInstanceTask(Task):
         # an instance added by a rescale learns the watermarks at its first marker instead
         self.tracker = WatermarkTracker(self.res.producers.get(stage.input_gate, ()))
         self.fresh = operator.owned.size == 0  # added by a rescale: it owns nothing before its marker
-        ctx = InstanceRuntimeContext(
-            stage.name,
-            index,
-            lambda: int(cb.header(op)[cbk.O_PARALLELISM]),
-            stage.max_parallelism,
-            operator.backend,
-        )
-        operator.open(ctx)
-        chain.open(ctx)
+        cb.announce(op, index, cbk.I_CODE, stage.code_version)
+        operator.open(self._context(operator))
+        chain.open(self._context(operator))
         fused = hasattr(operator, "process_owned")
         marks = MarkCounter()
         seq = gate.cursor(index)
@@ -279,6 +277,9 @@ class KeyedInstanceTask(Task):
                     break
             elif entry.kind is Kind.CHECKPOINT:
                 self._checkpoint(entry.arg0, operator)
+            elif entry.kind is Kind.UPDATE:
+                operator = self._update(entry.arg0, operator)
+                fused = hasattr(operator, "process_owned")
             elif entry.kind is Kind.MARK and entry.arg1 and marks.ended(entry.arg1, entry.arg0):
                 chain.end_txn(entry.arg1, int(owners.max()) + 1)  # the parallelism of this epoch
             elif entry.kind is Kind.END_OF_STREAM:
@@ -296,6 +297,31 @@ class KeyedInstanceTask(Task):
         chain.close()
         stats[cbk.I_RECORDS_OUT] = self._records_out
         stats[cbk.I_STATE] = cbk.DONE
+
+    def _context(self, operator) -> InstanceRuntimeContext:
+        cb, op = self.attached.control, self.op_index
+        return InstanceRuntimeContext(
+            self.stage.name,
+            self.a.index,
+            lambda: int(cb.header(op)[cbk.O_PARALLELISM]),
+            self.stage.max_parallelism,
+            operator.backend,
+        )
+
+    def _update(self, version: int, old):
+        """At an UPDATE record: close the old code, open the new version's on the same shared state
+        (its timers, kept with the state, fire into the new code), and say so."""
+        if version <= self.stage.code_version:
+            return old  # started with this version already
+        self.stage = load_version(self.res.code, self.stage.id, version)
+        old.close()
+        new = make_operator(self.stage.operator, self.stage.name, old.table)
+        new.outputs, new.owned, new.watermark = old.outputs, old.owned, old.watermark
+        for name in self.stage.drop_states:
+            new.drop_state(name)
+        new.open(self._context(new))
+        self.attached.control.announce(self.op_index, self.a.index, cbk.I_CODE, version)
+        return new
 
     def _checkpoint(self, checkpoint: int, operator) -> None:
         """At a barrier: copy the key groups this instance owns, then wait for the release; the
