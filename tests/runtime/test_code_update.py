@@ -299,3 +299,72 @@ def test_a_stream_without_a_keyed_operator_is_refused():
             client.update("plain", lambda x: x)
     finally:
         client.wait()
+
+
+class Reminding(KeyedProcessFunction):
+    """Version 1 sets a processing-time timer per key; its on_timer is never reached."""
+
+    tag = "v1"
+
+    def process_element(self, value, ctx):
+        ctx.timer_service().register_processing_time_timer(ctx.timer_service().current_processing_time() + 400)
+        return ()
+
+    def on_timer(self, timestamp, ctx):
+        yield ctx.get_current_key(), -1, self.tag, 0, 0
+
+
+class RemindingV2(Reminding):
+    tag = "v2"
+
+
+def test_timers_set_by_the_old_code_fire_into_the_new_code():
+    records = records_of(300, 6)
+    job = Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", RECORD), None, "in")
+            .key_by(lambda r: r[0])
+            .process(Reminding(), OUT)
+            .name("remind")
+        ),
+        "timers across an update",
+    )
+    job.writer.write(records)
+    job.client._coordinator.barrier("remind")
+    report = job.client.update("remind", RemindingV2())
+    assert report.elapsed_ms < 400
+    time.sleep(1.0)
+    out = job.finish()
+    assert sorted(o[0] for o in out) == sorted({r[0] for r in records})
+    assert {o[2] for o in out} == {"v2"}
+
+
+def test_a_count_window_reduce_switches_at_the_record():
+    records = records_of(900, 8)
+    job = Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", RECORD), None, "in")
+            .key_by(lambda r: r[0])
+            .count_window(3)
+            .reduce(Summing())
+            .name("windows")
+        ),
+        "window reduce update",
+    )
+    job.writer.write(records[:450])
+    job.client._coordinator.barrier("windows")
+    job.client.update("windows", Keeping())
+    job.writer.write(records[450:])
+    out = job.finish()
+    acc: dict = {}
+    want = []
+    for k, v, p in records:
+        a, n = acc.get(k, (None, 0))
+        f = Summing() if p < 450 else Keeping()
+        a = (k, v, p) if a is None else f.reduce(a, (k, v, p))
+        if n + 1 == 3:
+            want.append(a)
+            acc[k] = (None, 0)
+        else:
+            acc[k] = (a, n + 1)
+    assert sorted(out, key=lambda o: o[2]) == sorted(want, key=lambda o: o[2])
