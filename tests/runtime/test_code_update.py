@@ -9,12 +9,15 @@ on the rest, over one state per key, and must give exactly the job's output.
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import signal
 import threading
 import time
 
 import pytest
 
+from stretch import channels
 from stretch.common import Types
 from stretch.datastream import (
     KeyedProcessFunction,
@@ -22,7 +25,7 @@ from stretch.datastream import (
     ReduceFunction,
     StreamExecutionEnvironment,
 )
-from stretch.datastream.connectors.channel import ChannelSource
+from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.state import ListStateDescriptor, ValueStateDescriptor
 from stretch.errors import UpdateRefused
 from tests.runtime.test_rescale import Job
@@ -368,3 +371,67 @@ def test_a_count_window_reduce_switches_at_the_record():
         else:
             acc[k] = (a, n + 1)
     assert sorted(out, key=lambda o: o[2]) == sorted(want, key=lambda o: o[2])
+
+
+@pytest.mark.parametrize("kill_after", [0.0, 0.005, 0.5])
+def test_a_kill_9_during_or_after_an_update_loses_and_duplicates_nothing(kill_after):
+    """A worker dies while the update is under way (the recovery undoes it, and it is asked again)
+    or after it (the recovery runs the version its checkpoint recorded): either way the output is
+    the old code up to one record and the new code after it, each result once."""
+    records = records_of(1500, 17)
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.enable_checkpointing(200)
+    source = ChannelSource("in", RECORD, durable=True)
+    ds = env.from_source(source, None, "in").key_by(lambda r: r[0]).process(Counting(), OUT).name("count")
+    ds.sink_to(ChannelSink("out"))
+    client = env.execute_async(f"update-kill-{random.randrange(1 << 40):x}")
+    co = client._coordinator
+    writer = channels.open_writer(client, "in")
+    writer.write(records[:500])
+    co.barrier("count")
+    stage = co.plan.stage("count").id
+
+    def kill() -> None:
+        time.sleep(kill_after)
+        victims = [w for w in list(co._workers.values()) if w.task and w.task[0] == stage and w.pid]
+        os.kill(victims[0].pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    try:
+        report = client.update("count", Doubling())
+        assert report.checkpoint is not None
+    except RuntimeError:  # the recovery ended it: nothing of it stays
+        deadline = time.monotonic() + 30
+        while co.status.name != "RUNNING" or not co.recoveries:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        client.update("count", Doubling())
+    killer.join()
+    writer.write(records[500:])
+    writer.end()
+    assert client.wait(60).name == "FINISHED"
+    assert len(co.recoveries) == 1
+    out = [tuple(r) for r in channels.open_reader(client, "out")]
+    assert set(out) == oracle(records, cuts(out, ["v1", "v2"])) and len(out) == len(records)
+
+
+def test_a_restore_with_the_scripts_older_code_refuses_unless_told(tmp_path):
+    from stretch.plan.stages import OperatorSpec, StageSpec
+    from stretch.runtime.code_update import CodeHistory
+
+    def stage(fn):
+        return StageSpec(1, "count", "keyed", 2, 128, [], operator=OperatorSpec("process", fn))
+
+    first = CodeHistory(tmp_path, [stage(Counting())], restore=False)
+    first.add(stage(Doubling()), "tests:Doubling")
+    again = CodeHistory(tmp_path, [stage(Counting())], restore=True)  # the old script, restored
+    with pytest.raises(UpdateRefused, match="ran code version 1 at the checkpoint .* tests:Doubling"):
+        again.at_checkpoint(stage(Counting()), 1, "refuse")
+    ran = again.at_checkpoint(stage(Counting()), 1, "checkpoint")
+    assert type(ran.operator.fn) is Doubling and ran.code_version == 1
+    assert type(again.at_checkpoint(stage(Counting()), 1, "script").operator.fn) is Counting
+    assert again.at_checkpoint(stage(Counting()), 0, "refuse").code_version == 0
+    updated = CodeHistory(tmp_path, [stage(Doubling())], restore=True)  # the script brought up to date
+    assert type(updated.at_checkpoint(stage(Doubling()), 1, "refuse").operator.fn) is Doubling
