@@ -164,23 +164,29 @@ class CodeHistory:
     def at_checkpoint(self, stage: StageSpec, version: int, mode: str) -> StageSpec:
         """The code a restore runs for an operator that ran ``version`` at the checkpoint.
 
-        The script's own code if it is that version's; else, by ``mode``: ``"checkpoint"`` runs
-        the recorded version, ``"script"`` the script's code, and ``"refuse"`` fails with why.
+        The script's code, unless the checkpoint ran a live update and the script holds code older
+        than it (an earlier version's): then, by ``mode``, ``"checkpoint"`` runs the recorded
+        version, ``"script"`` the script's code, and ``"refuse"`` fails with why. A script with
+        code of its own (no recorded version's) runs, as a restart with new code does in Flink.
         """
         script = self.script[stage.id]
-        recorded = next((e for e in self.entries.get(stage.name, ()) if e["version"] == version), None)
-        if recorded is None or recorded["fingerprint"] == fingerprint(script) or mode == "script":
-            chosen = script
-        elif mode == "checkpoint":
-            chosen = load_version(str(self.dir), stage.id, version)
-        else:
-            raise UpdateRefused(
-                f"operator {stage.name!r} ran code version {version} at the checkpoint (updated live "
-                f"from {recorded['source']} at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(recorded['at']))}), "
-                "but this script's code for it is older: bring the script up to date, or restore with "
-                "restore_code='checkpoint' (CLI: --restore-code checkpoint) to run the live-updated "
-                "code, or restore_code='script' to run the script's code anyway"
-            )
+        mine = fingerprint(script)
+        history = {e["version"]: e for e in self.entries.get(stage.name, ())}
+        recorded = history.get(version)
+        older = any(e["fingerprint"] == mine for v, e in history.items() if v < version)
+        chosen = script
+        if recorded is not None and version > 0 and recorded["fingerprint"] != mine and mode != "script":
+            if mode == "checkpoint":
+                chosen = load_version(str(self.dir), stage.id, version)
+            elif older:
+                at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(recorded["at"]))
+                raise UpdateRefused(
+                    f"operator {stage.name!r} ran code version {version} at the checkpoint (updated live "
+                    f"from {recorded['source']} at {at}), but this script's code for it is older: bring "
+                    "the script up to date, or restore with restore_code='checkpoint' (CLI: "
+                    "--restore-code checkpoint) to run the live-updated code, or restore_code='script' "
+                    "to run the script's code anyway"
+                )
         self.current[stage.id] = version
         return dataclasses.replace(chosen, code_version=version)
 

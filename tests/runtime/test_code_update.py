@@ -310,7 +310,9 @@ class Reminding(KeyedProcessFunction):
     tag = "v1"
 
     def process_element(self, value, ctx):
-        ctx.timer_service().register_processing_time_timer(ctx.timer_service().current_processing_time() + 400)
+        ctx.timer_service().register_processing_time_timer(
+            ctx.timer_service().current_processing_time() + 400
+        )
         return ()
 
     def on_timer(self, timestamp, ctx):
@@ -435,3 +437,5 @@ def test_a_restore_with_the_scripts_older_code_refuses_unless_told(tmp_path):
     assert again.at_checkpoint(stage(Counting()), 0, "refuse").code_version == 0
     updated = CodeHistory(tmp_path, [stage(Doubling())], restore=True)  # the script brought up to date
     assert type(updated.at_checkpoint(stage(Doubling()), 1, "refuse").operator.fn) is Doubling
+    edited = CodeHistory(tmp_path, [stage(Tripling())], restore=True)  # new code of the script's own
+    assert type(edited.at_checkpoint(stage(Tripling()), 1, "refuse").operator.fn) is Tripling
