@@ -28,8 +28,9 @@ from stretch.common.job_status import JobStatus
 from stretch.errors import JobExecutionError, UpdateRefused, UserFunctionError
 from stretch.plan.stages import JobPlan
 from stretch.runtime import control_block as cbk
+from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.channels import JobChannels
-from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore
+from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore, broadcast_file
 from stretch.runtime.code_update import CodeHistory, swapped_stage
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.control_socket import ControlServer, running_jobs, runtime_dir
@@ -321,6 +322,14 @@ class Coordinator:
                             f"checkpoint {restore['id']} lacks {directory / f}: it is damaged"
                         )
                     restore_key_groups(arena, directory / f)
+            if stage.operator.kind == "broadcast_process":
+                board = BroadcastBoard.create(prefix)
+                self._dataplane.append(board.segment)
+                res.boards[stage.id] = board.name
+                if saved is not None:
+                    saved_state = broadcast_file(self.checkpointer.store.path(restore["id"]), stage.id)
+                    if saved_state.exists():  # absent: no instance owned its key groups at the barrier
+                        board.put_start(saved_state.read_bytes())
             p = self._parallelism.get(stage.id, stage.parallelism)
             self.control.publish(op_index, 0, range_assignment(p, stage.max_parallelism))
             gate = self.gates[stage.input_gate]

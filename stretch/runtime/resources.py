@@ -17,6 +17,7 @@ class JobResources:
     sink_gates: dict[int, str] = field(default_factory=dict)  # sink id -> segment
     arenas: dict[int, str] = field(default_factory=dict)  # stage id -> state segment
     keyed_index: dict[int, int] = field(default_factory=dict)  # stage id -> control block operator
+    boards: dict[int, str] = field(default_factory=dict)  # stage id -> broadcast hand-off segment
     channels: dict[str, str] = field(default_factory=dict)  # input channel name -> gate segment
     sinks: dict = field(default_factory=dict)  # sink id -> SinkSpec, for sinks chained into instances
     producers: dict[int, list[int]] = field(default_factory=dict)  # gate id -> initial watermark producers

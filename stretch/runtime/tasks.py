@@ -12,16 +12,19 @@ import numpy as np
 from stretch.plan.stages import StageSpec
 from stretch.runtime import control_block as cbk
 from stretch.runtime.batch import KG_COLUMN, Records
+from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.chain import Chain
 from stretch.runtime.channel_source import read_channel
-from stretch.runtime.checkpointing import Barrier, snapshot_file, write_snapshot_or_report
+from stretch.runtime.checkpointing import Barrier, broadcast_file, snapshot_file, write_snapshot_or_report
 from stretch.runtime.code_update import load_version
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker, producer_id
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
+from stretch.runtime.operators.broadcast import EMITTER_GROUP
 from stretch.runtime.outputs import Outputs
 from stretch.runtime.resources import JobResources
+from stretch.runtime.state_dir import write_private
 from stretch.runtime.transactions import MarkCounter, round_of, txn_of
 from stretch.state.arena import Arena
 from stretch.state.keyed_table import KeyedTable, writable
@@ -54,6 +57,7 @@ class _Attached:
         self.control = ControlBlock.attach(resources.control, resources.n_keyed, resources.max_parallelism)
         self._arenas: dict[str, Arena] = {}
         self._tables: dict[str, KeyedTable] = {}
+        self._boards: dict[str, BroadcastBoard] = {}
 
     def attach_all(self) -> None:
         """Map every segment of the job now (spare workers do it before they are needed)."""
@@ -77,6 +81,12 @@ class _Attached:
         if g is None:
             g = self._gates[name] = Gate.attach(name)
         return g
+
+    def board(self, name: str) -> BroadcastBoard:
+        b = self._boards.get(name)
+        if b is None:
+            b = self._boards[name] = BroadcastBoard.attach(name)
+        return b
 
     def arena(self, name: str) -> Arena:
         a = self._arenas.get(name)
@@ -177,6 +187,7 @@ class KeyedInstanceTask(Task):
 
     retired = False  # set when a rescale removed this instance (it ended at the epoch marker)
     _parts = None
+    board: BroadcastBoard | None = None  # a broadcast operator's: where its state is handed over
 
     def build(self) -> KeyedInstanceTask:
         """Construct everything that does not depend on the instance index.
@@ -189,6 +200,8 @@ class KeyedInstanceTask(Task):
         outputs = self.outputs(producer=0)
         operator = make_operator(stage.operator, stage.name, table)
         operator.outputs = outputs  # for records its functions reject (the dead-letter policy)
+        if stage.id in self.res.boards:
+            self.board = self.attached.board(self.res.boards[stage.id])
         self._parts = (
             self.attached.gate(self.res.gates[stage.input_gate]),
             operator,
@@ -220,6 +233,8 @@ class KeyedInstanceTask(Task):
         self.tracker = WatermarkTracker(self.res.producers.get(stage.input_gate, ()))
         self.fresh = operator.owned.size == 0  # added by a rescale: it owns nothing before its marker
         cb.announce(op, index, cbk.I_CODE, stage.code_version)
+        if self.board is not None:  # the run's starting broadcast state (a restored checkpoint's)
+            operator.load_broadcast(self.board.start())
         operator.open(self._context(operator))
         chain.open(self._context(operator))
         fused = hasattr(operator, "process_owned")
@@ -247,7 +262,10 @@ class KeyedInstanceTask(Task):
                 kgs = writable(batch.column(KG_COLUMN).to_numpy())
                 if fused:
                     out = operator.process_owned(batch, kgs, owners, index)
-                    if out is not None:
+                    if isinstance(out, list):  # results in order, of runs of the batch
+                        for part in out:
+                            chain.push(part)
+                    elif out is not None:
                         chain.push(out)
                     n = operator.rows_in
                 else:
@@ -317,6 +335,8 @@ class KeyedInstanceTask(Task):
         old.close()
         new = make_operator(self.stage.operator, self.stage.name, old.table)
         new.outputs, new.owned, new.watermark = old.outputs, old.owned, old.watermark
+        if hasattr(old, "broadcast_bytes"):  # a broadcast operator keeps its copy of the broadcast state
+            new.load_broadcast(old.broadcast_bytes())
         for name in self.stage.drop_states:
             new.drop_state(name)
         new.open(self._context(new))
@@ -329,6 +349,8 @@ class KeyedInstanceTask(Task):
         self.stats[cbk.I_BARRIER_AT_NS] = time.monotonic_ns()
         path = snapshot_file(Path(self.res.checkpoints), checkpoint, self.stage.id, self.a.index)
         batches = copy_key_groups(operator.table, operator.owned)
+        if self.board is not None and EMITTER_GROUP in operator.owned:  # before the barrier is passed
+            write_private(broadcast_file(path.parent, self.stage.id), operator.broadcast_bytes())
         threading.Thread(target=write_snapshot_or_report, args=(batches, path), daemon=True).start()
         cb = self.attached.control
         cb.signal(cb.instance_word(self.op_index, self.a.index, cbk.I_CHECKPOINT), checkpoint)
@@ -364,19 +386,25 @@ class KeyedInstanceTask(Task):
         same. An instance that gains nothing never waits. An instance scaled away gives up its
         reader slot first, so the slot is free for reuse once the rescale is announced complete.
         Instances record the watermarks they track at the marker; an added instance starts from
-        those.
+        those, and (a broadcast operator's) from the broadcast state that the previous owner of
+        its emitting key group left at the marker.
         """
         new = cb.table(op, epoch).copy()
         if not self.fresh:
             cb.save_watermarks(op, epoch, self.tracker.state())
+        handing = self.board is not None and bool(np.setdiff1d(new, owners).size)  # instances added
+        if handing and not self.fresh and owners[EMITTER_GROUP] == index:
+            self.board.put_epoch(epoch, operator.broadcast_bytes())
         if not (new == index).any():
             gate.close_reader(index)
             self.retired = True
         cb.announce(op, index, cbk.I_EPOCH, epoch)
         gained = (new == index) & (owners != index)
         t0 = time.perf_counter_ns()
-        if gained.any():
-            previous = sorted({int(p) for p in owners[gained]})
+        previous = sorted({int(p) for p in owners[gained]})
+        if handing and self.fresh:
+            previous = sorted({*previous, int(owners[EMITTER_GROUP])})
+        if previous:
             while not cb.wait_epochs(op, previous, epoch, timeout=0.1):
                 if self.should_stop():
                     raise Stopped()
@@ -387,6 +415,11 @@ class KeyedInstanceTask(Task):
                 self.tracker = WatermarkTracker.from_state(state)
                 if self.tracker.current > MIN_WATERMARK:
                     self._advance(operator, chain, self.tracker.current)
+            if handing:
+                data = self.board.at_epoch(epoch)
+                if data is None:
+                    raise RuntimeError(f"operator {self.stage.name!r}: no broadcast state at epoch {epoch}")
+                operator.load_broadcast(data)
             self.fresh = False
         stats = cb.instances(op)[index]
         stats[cbk.I_STALL_NS] += stall

@@ -429,7 +429,7 @@ def test_a_restore_with_the_scripts_older_code_refuses_unless_told(tmp_path):
     first = CodeHistory(tmp_path, [stage(Counting())], restore=False)
     first.add(stage(Doubling()), "tests:Doubling")
     again = CodeHistory(tmp_path, [stage(Counting())], restore=True)  # the old script, restored
-    with pytest.raises(UpdateRefused, match="ran code version 1 at the checkpoint .* tests:Doubling"):
+    with pytest.raises(UpdateRefused, match=r"ran code version 1 at the checkpoint .* tests:Doubling"):
         again.at_checkpoint(stage(Counting()), 1, "refuse")
     ran = again.at_checkpoint(stage(Counting()), 1, "checkpoint")
     assert type(ran.operator.fn) is Doubling and ran.code_version == 1
