@@ -242,7 +242,7 @@ class Doubled(Counting):
 
 
 def test_update_from_a_second_process_and_its_refusals(tmp_path):
-    from tests.runtime.test_code_update import counting_job, oracle, records_of
+    from tests.runtime.test_code_update import counting_job, oracle, records_of, settle
 
     module = tmp_path / "new_code.py"
     module.write_text(NEW_CODE)
@@ -250,7 +250,7 @@ def test_update_from_a_second_process_and_its_refusals(tmp_path):
     job = counting_job("cli update job", 2)
     job_id = job.client.get_job_id()
     job.writer.write(records[:300])
-    job.client._coordinator.barrier("count")
+    settle(job.client, "count", 300)
     for args, message in [
         (("count", f"{module}:Nope"), "has no 'Nope'"),
         (("count", "no_such_module:X"), "does not import in the job's process"),

@@ -115,6 +115,15 @@ def counting_job(name: str, parallelism: int) -> Job:
     )
 
 
+def settle(client, operator: str, n: int) -> None:
+    """Until ``operator`` has taken ``n`` records: what was written before is through the channel
+    source's task and in the operator's gate, so an update now comes after it."""
+    deadline = time.monotonic() + 30
+    while next(o for o in client.describe()["operators"] if o["name"] == operator)["records_in"] < n:
+        assert time.monotonic() < deadline, "the records never reached the operator"
+        time.sleep(0.005)
+
+
 def feed_slowly(job: Job, records: list, chunk: int = 20) -> threading.Thread:
     """Write from a thread, and return once the job's first results are out."""
 
@@ -237,7 +246,7 @@ def test_orphaned_state_is_kept_unless_dropped():
     records = records_of(800, 3)
     job = counting_job("orphaned states", 2)
     job.writer.write(records[:400])
-    job.client._coordinator.barrier("count")
+    settle(job.client, "count", 400)
     kept = job.client.update("count", Orphaning())
     assert kept.states_orphaned == ["total"]
     totals = job.client.query_state("count").column("total").to_pylist()
@@ -274,7 +283,7 @@ def test_keyed_map_and_rolling_reduce_switch_at_the_record():
             f"update {kind}",
         )
         job.writer.write(records[:600])
-        job.client._coordinator.barrier("op")
+        settle(job.client, "op", 600)
         job.client.update("op", new)
         job.writer.write(records[600:])
         out = job.finish()
@@ -335,7 +344,7 @@ def test_timers_set_by_the_old_code_fire_into_the_new_code():
         "timers across an update",
     )
     job.writer.write(records)
-    job.client._coordinator.barrier("remind")
+    settle(job.client, "remind", len(records))
     report = job.client.update("remind", RemindingV2())
     assert report.elapsed_ms < 400
     time.sleep(1.0)
@@ -357,7 +366,7 @@ def test_a_count_window_reduce_switches_at_the_record():
         "window reduce update",
     )
     job.writer.write(records[:450])
-    job.client._coordinator.barrier("windows")
+    settle(job.client, "windows", 450)
     job.client.update("windows", Keeping())
     job.writer.write(records[450:])
     out = job.finish()
@@ -391,7 +400,7 @@ def test_a_kill_9_during_or_after_an_update_loses_and_duplicates_nothing(kill_af
     co = client._coordinator
     writer = channels.open_writer(client, "in")
     writer.write(records[:500])
-    co.barrier("count")
+    settle(client, "count", 500)
     stage = co.plan.stage("count").id
 
     def kill() -> None:
