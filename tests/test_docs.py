@@ -1,9 +1,16 @@
 """The documentation builds cleanly and every Python example in it runs.
 
 Each ```python block of README.md and docs/**/*.md is one test, named by file and line, run in a
-fresh namespace, in a temporary directory. Fragments that continue an earlier example (they use
-its `env`, `spark` or files) are fenced as ```py and not run. A block preceded by the line
-`<!-- not-run: REASON -->` is collected but skipped with that reason.
+fresh namespace, in a temporary directory of its own, so every block is a whole program: it makes
+its own small data and stops the jobs and queries it starts. Python code is never fenced ```py;
+a block that cannot run here is fenced ```text with the reason beside it.
+
+Spark: a block that uses a name ``spark`` (``spark.read...``, or a line
+``spark = SparkSession.builder...getOrCreate()``, which returns it) gets the one local Spark
+session that all the docs' blocks share (tests/spark/session.py's settings, quiet logs), made
+when the first such block runs and stopped with its JVM after the last; a block that starts a
+streaming query stops it (``availableNow`` triggers end by themselves). Spark resolves relative
+paths in the directory its JVM started in, not the block's, so Spark blocks give it absolute ones.
 """
 
 import re
@@ -15,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
-NOT_RUN = re.compile(r"<!-- not-run: (.*?) -->\s*$")
+USES_SPARK = re.compile(r"(?<![\w.])spark\b")
 
 
 def _blocks():
@@ -24,11 +31,15 @@ def _blocks():
         text = path.read_text()
         for m in FENCE.finditer(text):
             line = text.count("\n", 0, m.start()) + 1
-            before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
-            skip = NOT_RUN.search(before)
-            marks = [pytest.mark.skip(reason=skip.group(1))] if skip else []
-            name = f"{path.relative_to(ROOT)}:{line}"
-            yield pytest.param(m.group(1), id=name, marks=marks)
+            yield pytest.param(m.group(1), id=f"{path.relative_to(ROOT)}:{line}")
+
+
+@pytest.fixture(scope="module")
+def docs_spark(expected_children):
+    from tests.spark.session import local_spark
+
+    with local_spark(expected_children, "stretch docs", log_level="ERROR") as session:
+        yield session
 
 
 def test_site_builds_strict(tmp_path):
@@ -40,7 +51,17 @@ def test_site_builds_strict(tmp_path):
     )
 
 
+def test_no_python_left_unrun():
+    """Python code is fenced ```python (run here), never ```py."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    unrun = [f"{p.relative_to(ROOT)}" for p in files if re.search(r"^```py\s*$", p.read_text(), re.M)]
+    assert unrun == []
+
+
 @pytest.mark.parametrize("code", list(_blocks()))
-def test_code_block_runs(code, tmp_path, monkeypatch):
+def test_code_block_runs(code, tmp_path, monkeypatch, request):
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "<docs>", "exec"), {"__name__": "__docs__"})
+    namespace = {"__name__": "__docs__"}
+    if USES_SPARK.search(code):
+        namespace["spark"] = request.getfixturevalue("docs_spark")
+    exec(compile(code, "<docs>", "exec"), namespace)
