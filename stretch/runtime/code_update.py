@@ -227,11 +227,19 @@ def declared_states(stage: StageSpec, table: KeyedTable, max_parallelism: int) -
     return recorder.declared
 
 
-def check(new: StageSpec, table: KeyedTable) -> dict:
+def check(old: StageSpec, new: StageSpec, table: KeyedTable) -> dict:
     """What a spare worker checks before an update: the new code opens against the operator's
     state, and every state name it keeps keeps its kind and type. Returns the states it adds and
-    the operator's states it no longer declares (orphaned: kept, unless the update drops them)."""
+    the operator's states it no longer declares (orphaned: kept, unless the update drops them).
+
+    The operator's states are those in its table and those its current code declares (its
+    instances may not have opened yet)."""
     registry = {e["name"]: e for e in table.arena.registry()}
+    try:
+        current = declared_states(old, table, old.max_parallelism)
+    except Exception:  # its instances opened it, or will fail on their own
+        current = {}
+    registry = {**current, **registry}
     try:
         after = declared_states(new, table, new.max_parallelism)
     except Exception as e:

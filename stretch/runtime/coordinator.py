@@ -887,7 +887,7 @@ class Coordinator:
         """Run ``code_update.check`` of the new code in a spare worker; refused updates raise."""
         cid = next(self._check_ids)
         ticket = self._checks[cid] = queue.Queue()
-        self._events.put(("check_update", cid, blob))
+        self._events.put(("check_update", cid, self._stage_blobs[stage.id], blob))
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -905,16 +905,16 @@ class Coordinator:
             )
         return answer
 
-    def _dispatch_check(self, cid: int, new: bytes) -> None:
+    def _dispatch_check(self, cid: int, old: bytes, new: bytes) -> None:
         """In the job thread: hand a check to an idle worker, or to the next one that starts."""
         idle = self._idle_workers()
         if not idle:
-            self._waiting_checks.append((cid, new))
+            self._waiting_checks.append((cid, old, new))
             self._spawn_worker()
             return
         w = idle[0]
         w.task = ("check", cid)
-        w.conn.send({"op": "check_update", "id": cid, "new": new}, fmt=ord("P"))
+        w.conn.send({"op": "check_update", "id": cid, "old": old, "new": new}, fmt=ord("P"))
 
     def _send_code(self, stage_id: int, blob: bytes) -> None:
         """In the job thread: idle workers re-park the operator's task with its new code."""

@@ -79,7 +79,7 @@ def _check_update(attached, msg) -> dict:
         except Exception as e:
             raise UpdateRefused(f"the new code does not unpickle in a worker: {type(e).__name__}: {e}") from e
         table = KeyedTable(attached.arena(attached.resources.arenas[new.id]))
-        return {**answer, "ok": True, **check(new, table)}
+        return {**answer, "ok": True, **check(cloudpickle.loads(msg["old"]), new, table)}
     except Exception as e:
         return {**answer, "ok": False, "error": exception_text(e), "refused": isinstance(e, UpdateRefused)}
 
