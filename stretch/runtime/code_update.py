@@ -150,9 +150,12 @@ class CodeHistory:
         self.entries.setdefault(stage.name, []).append(entry)
         write_private(self.dir / "history.json", json.dumps(self.entries))
 
+    def next_version(self, stage: StageSpec) -> int:
+        return self.entries[stage.name][-1]["version"] + 1
+
     def add(self, stage: StageSpec, source: str) -> StageSpec:
         """Record ``stage`` as its operator's next code version; returns it numbered."""
-        stage = dataclasses.replace(stage, code_version=self.entries[stage.name][-1]["version"] + 1)
+        stage = dataclasses.replace(stage, code_version=self.next_version(stage))
         self._save(stage, stage.code_version, source)
         self.current[stage.id] = stage.code_version
         return stage

@@ -846,7 +846,7 @@ class Coordinator:
             checked = self._check_in_spare(stage, blob)
             report = {
                 "operator": operator,
-                "version": stage.code_version + 1,
+                "version": self.code.next_version(stage),  # an undone update's number is not reused
                 "states_added": checked["added"],
                 "states_orphaned": checked["orphaned"],
             }

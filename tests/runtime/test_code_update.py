@@ -384,7 +384,7 @@ def test_a_count_window_reduce_switches_at_the_record():
     assert sorted(out, key=lambda o: o[2]) == sorted(want, key=lambda o: o[2])
 
 
-@pytest.mark.parametrize("kill_after", [0.5])
+@pytest.mark.parametrize("kill_after", [0.0, 0.005, 0.5])
 def test_a_kill_9_during_or_after_an_update_loses_and_duplicates_nothing(kill_after):
     """A worker dies while the update is under way (the recovery undoes it, and it is asked again)
     or after it (the recovery runs the version its checkpoint recorded): either way the output is
@@ -418,7 +418,10 @@ def test_a_kill_9_during_or_after_an_update_loses_and_duplicates_nothing(kill_af
         while co.status.name != "RUNNING" or not co.recoveries:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        client.update("count", Doubling())
+        settle(client, "count", 500)  # the replay has caught up (else the update applies to it)
+        report = client.update("count", Doubling())
+        assert report.version == 2  # version 1 was undone with the recovery
+        assert [e["version"] for e in client.code_history()["count"]] == [0, 1, 2]
     killer.join()
     writer.write(records[500:])
     writer.end()
