@@ -103,10 +103,10 @@ class Load(threading.Thread):
 class Sampler(threading.Thread):
     """Samples the operator's progress every millisecond (throughput and queueing latency)."""
 
-    def __init__(self, client):
+    def __init__(self, client, operator: str = "sum"):
         super().__init__(daemon=True)
         c = client._coordinator
-        self.stage = c.plan.stage("sum")
+        self.stage = c.plan.stage(operator)
         self.c = c
         self.op = c.resources.keyed_index[self.stage.id]
         self.stop = threading.Event()

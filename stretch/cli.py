@@ -1,5 +1,5 @@
-"""The ``stretch`` command: run the demo or a job script, list, describe, rescale and checkpoint the
-jobs on this machine, and look at or change a stretch cluster."""
+"""The ``stretch`` command: run the demo or a job script, list, describe, rescale, update and
+checkpoint the jobs on this machine, and look at or change a stretch cluster."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 from stretch import jobs
 from stretch.cluster.client import ClusterConnection
-from stretch.datastream.stream_execution_environment import RESTORE_ENV
+from stretch.datastream.stream_execution_environment import RESTORE_CODE_ENV, RESTORE_ENV
 
 
 def _jobs() -> list[dict]:
@@ -134,6 +134,30 @@ def cmd_scale(args) -> int:
     return 0
 
 
+def cmd_update(args) -> int:
+    job = _find(args.job)
+    reply = _ask(
+        job,
+        job.update,
+        args.operator,
+        args.function,
+        dry_run=args.dry_run,
+        drop_orphaned=args.drop_orphaned,
+        on_progress=_waiting("update"),
+    )
+    if args.json:
+        print(json.dumps(reply))
+        return 0
+    states = f"states added {reply['states_added'] or 'none'}, orphaned {reply['states_orphaned'] or 'none'}"
+    if reply["dry_run"]:
+        print(f"update of {reply['operator']!r} to version {reply['version']} would be accepted ({states})")
+    else:
+        print(
+            f"updated {reply['operator']!r} to version {reply['version']} in {reply['elapsed_ms']:.2f} ms ({states})"
+        )
+    return 0
+
+
 def _waiting(what: str):
     """Progress of a long operation, on stderr once it takes more than a few seconds."""
 
@@ -157,6 +181,8 @@ def cmd_run(args) -> int:
 
     if args.restore:
         os.environ[RESTORE_ENV] = "1"
+    if args.restore_code:
+        os.environ[RESTORE_CODE_ENV] = args.restore_code
     sys.argv = [args.script, *args.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))  # as `python script.py` does
     runpy.run_path(args.script, run_name="__main__")
@@ -240,6 +266,7 @@ _EXAMPLES = """examples:
   stretch status clicks                   a job by name, id or unique id prefix
   stretch scale clicks totals 4           rescale operator 'totals' live
   stretch checkpoint clicks               a checkpoint now
+  stretch update clicks totals fns:V2     swap the function of operator 'totals', live
   stretch metrics clicks                  its metrics, in Prometheus' text format
   stretch run --restore my_job.py         a job script, from its job's latest checkpoint
   stretch cluster status DIR              the nodes of a stretch cluster (its address: a directory)
@@ -251,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="stretch",
         description="Elastic stateful stream processing: run the demo or a job script; list, describe, "
-        "rescale and checkpoint the stretch jobs running on this machine; look at and change a cluster.",
+        "rescale, update and checkpoint the stretch jobs running on this machine; look at and change a cluster.",
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -294,12 +321,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("operator", help="operator name")
     p.add_argument("parallelism", type=int)
     p.set_defaults(func=cmd_scale)
+    p = command(
+        "update",
+        "swap a running keyed operator's function, live, keeping its state",
+        "stretch update clicks totals my_functions:TotalsV2",
+    )
+    p.add_argument("job", help="job id (or a unique prefix) or job name")
+    p.add_argument("operator", help="operator name")
+    p.add_argument(
+        "function",
+        help="module:Name importable in the job's process, or path/to/file.py:Name (a class is instantiated)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="only check the new code; change nothing")
+    p.add_argument(
+        "--drop-orphaned", action="store_true", help="clear the states the new code no longer declares"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable: the update's report as JSON")
+    p.set_defaults(func=cmd_update)
     p = command("checkpoint", "take a checkpoint of a running job now", "stretch checkpoint clicks")
     p.add_argument("job", help="job id (or a unique prefix) or job name")
     p.set_defaults(func=cmd_checkpoint)
     p = command("run", "run a job script (a Python file)", "stretch run --restore my_job.py")
     p.add_argument("script")
     p.add_argument("--restore", action="store_true", help="start from the job's latest complete checkpoint")
+    p.add_argument(
+        "--restore-code",
+        choices=("checkpoint", "script", "refuse"),
+        help="an operator whose code was updated live since this script: run the checkpoint's code, "
+        "the script's, or refuse (the default)",
+    )
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=cmd_run)
     p = command("jobs", "list the running jobs of this user on this machine", "stretch jobs --json")

@@ -15,3 +15,9 @@ class UserFunctionError(JobExecutionError):
 class JobCancellationError(JobExecutionError):
     """The job was cancelled (``JobClient.cancel()``, SIGTERM) before it finished: its execution
     result, and ``env.execute()``, raise this, as Flink's do."""
+
+
+class UpdateRefused(ValueError):
+    """A live code update was refused before anything changed: the message says which check
+    failed (the new code's kind, its open(), a state's kind or type, the output type); the job
+    keeps running the old code."""

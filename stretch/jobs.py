@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from stretch.datastream.job_client import JobClient
+from stretch.errors import UpdateRefused
 from stretch.runtime.control_socket import request, running_jobs
 from stretch.state.arena import Arena
 from stretch.state.keyed_table import KeyedTable
@@ -128,6 +129,20 @@ class Job:
             {"op": "scale", "operator": operator, "parallelism": parallelism}, on_progress=on_progress
         )
 
+    def update(
+        self,
+        operator: str,
+        function: str,
+        dry_run: bool = False,
+        drop_orphaned: bool = False,
+        on_progress: Callable | None = None,
+    ) -> dict:
+        """A live code update (see ``JobClient.update``); ``function`` is ``module:Name`` or
+        ``file.py:Name``, resolved in the job's process."""
+        msg = {"op": "update", "operator": operator, "function": function}
+        msg.update(dry_run=dry_run, drop_orphaned=drop_orphaned)
+        return self._ok(msg, on_progress=on_progress)
+
     def checkpoint(self, on_progress: Callable | None = None) -> dict:
         """Take a checkpoint now; its report once it is complete."""
         return self._ok({"op": "checkpoint"}, on_progress=on_progress)
@@ -211,6 +226,7 @@ class QueryableState:
 
 
 _REFUSALS = {
+    "UpdateRefused": UpdateRefused,
     "LookupError": LookupError,
     "ValueError": ValueError,
     "TypeError": TypeError,

@@ -229,3 +229,40 @@ def test_help_has_examples_and_exit_codes_follow_the_conventions():
         assert "example:" in stretch("cluster", command, "--help").stdout, command
     assert stretch("status", "no such job", check=False).returncode == 1  # refused
     assert stretch("scale", "some job", check=False).returncode == 2  # wrong usage
+
+
+NEW_CODE = """
+from tests.runtime.test_code_update import Counting
+
+
+class Doubled(Counting):
+    tag = "v2"
+
+    def step(self, count, total, value):
+        return count + 1, total + 2 * value
+"""
+
+
+def test_update_from_a_second_process_and_its_refusals(tmp_path):
+    from tests.runtime.test_code_update import counting_job, oracle, records_of, settle
+
+    module = tmp_path / "new_code.py"
+    module.write_text(NEW_CODE)
+    records = records_of(600, 21)
+    job = counting_job("cli update job", 2)
+    job_id = job.client.get_job_id()
+    job.writer.write(records[:300])
+    settle(job.client, "count", 300)
+    for args, message in [
+        (("count", f"{module}:Nope"), "has no 'Nope'"),
+        (("count", "no_such_module:X"), "does not import in the job's process"),
+        (("count", "builtins:dict"), "runs a KeyedProcessFunction"),
+    ]:
+        result = stretch("update", job_id, *args, check=False)
+        assert result.returncode == 1 and message in result.stderr, (args, result.stderr)
+    dry = json.loads(stretch("update", job_id, "count", f"{module}:Doubled", "--dry-run", "--json").stdout)
+    assert dry["dry_run"] and dry["version"] == 1
+    out = stretch("update", job_id, "count", f"{module}:Doubled").stdout
+    assert "updated 'count' to version 1" in out
+    job.writer.write(records[300:])
+    assert set(job.finish()) == oracle(records, [(0, "v1"), (300, "v2")])

@@ -73,7 +73,7 @@ def test_every_command_has_a_section_on_the_cli_page():
     page = (ROOT / "docs/guides/cli.md").read_text()
     documented = set(re.findall(r"^#{2,3} stretch (cluster [\w-]+|[\w-]+)", page, re.M))
     wanted = set(commands()) | {f"cluster {c}" for c in commands("cluster")}
-    assert len(wanted) == 11 and wanted <= documented, wanted - documented
+    assert len(wanted) > 10 and wanted <= documented, wanted - documented
 
 
 @pytest.mark.parametrize("code", list(_blocks()))

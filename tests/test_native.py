@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from stretch._native import Region
 
+from stretch._native import Region
 from stretch._shm import Segment
 
 SIZE = 1 << 16

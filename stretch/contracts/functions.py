@@ -327,6 +327,76 @@ class KeyedCoProcessFunction(Function, Generic[KEY, IN1, IN2, OUT]):
         """A timer registered by either input fired."""
 
 
+class BaseBroadcastProcessFunction(Function):
+    """What both broadcast process functions share: their contexts' broadcast state and time."""
+
+    class BaseContext(ABC):
+        @abstractmethod
+        def timestamp(self) -> int | None: ...
+
+        @abstractmethod
+        def current_processing_time(self) -> int: ...
+
+        @abstractmethod
+        def current_watermark(self) -> int: ...
+
+    class ReadOnlyContext(BaseContext):
+        @abstractmethod
+        def get_broadcast_state(self, state_descriptor):
+            """The ReadOnlyBroadcastState of a MapStateDescriptor given to ``broadcast()``."""
+
+    class Context(BaseContext):
+        @abstractmethod
+        def get_broadcast_state(self, state_descriptor):
+            """The (writable) BroadcastState of a MapStateDescriptor given to ``broadcast()``."""
+
+
+class BroadcastProcessFunction(BaseBroadcastProcessFunction, Generic[IN1, IN2, OUT]):
+    """Processes a (non-keyed) stream connected to a BroadcastStream: ``process_element`` reads the
+    broadcast state, ``process_broadcast_element`` may change it. Both yield results."""
+
+    class ReadOnlyContext(BaseBroadcastProcessFunction.ReadOnlyContext, ABC):
+        pass
+
+    class Context(BaseBroadcastProcessFunction.Context, ABC):
+        pass
+
+    @abstractmethod
+    def process_element(self, value, ctx: BroadcastProcessFunction.ReadOnlyContext): ...
+
+    @abstractmethod
+    def process_broadcast_element(self, value, ctx: BroadcastProcessFunction.Context): ...
+
+
+class KeyedBroadcastProcessFunction(BaseBroadcastProcessFunction, Generic[KEY, IN1, IN2, OUT]):
+    """Processes a KeyedStream connected to a BroadcastStream: keyed state and timers for the keyed
+    input (``process_element``, ``on_timer``), and the broadcast state both read and (from the
+    broadcast input, ``process_broadcast_element``) change."""
+
+    class ReadOnlyContext(BaseBroadcastProcessFunction.ReadOnlyContext, ABC):
+        @abstractmethod
+        def timer_service(self) -> TimerService: ...
+
+        @abstractmethod
+        def get_current_key(self): ...
+
+    class Context(BaseBroadcastProcessFunction.Context, ABC):
+        pass
+
+    class OnTimerContext(ReadOnlyContext, ABC):
+        @abstractmethod
+        def time_domain(self) -> TimeDomain: ...
+
+    @abstractmethod
+    def process_element(self, value, ctx: KeyedBroadcastProcessFunction.ReadOnlyContext): ...
+
+    @abstractmethod
+    def process_broadcast_element(self, value, ctx: KeyedBroadcastProcessFunction.Context): ...
+
+    def on_timer(self, timestamp: int, ctx: KeyedBroadcastProcessFunction.OnTimerContext):
+        """A timer the keyed input registered fired."""
+
+
 class AllWindowFunction(Function, Generic[IN, OUT, W]):
     """The window function of a non-keyed (``window_all``) window: every element of it at once."""
 

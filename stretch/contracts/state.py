@@ -120,6 +120,57 @@ class MapState(State):
         return iter(self.keys())
 
 
+class ReadOnlyBroadcastState(State):
+    """A broadcast state as ``process_element`` sees it (PyFlink's ``ReadOnlyBroadcastState``):
+    a map every instance holds a copy of, to read but not to change."""
+
+    @abstractmethod
+    def get(self, key): ...
+
+    @abstractmethod
+    def contains(self, key) -> bool: ...
+
+    @abstractmethod
+    def items(self): ...
+
+    @abstractmethod
+    def keys(self): ...
+
+    @abstractmethod
+    def values(self): ...
+
+    @abstractmethod
+    def is_empty(self) -> bool: ...
+
+    def __getitem__(self, key):
+        return self.get(key)
+
+    def __contains__(self, key):
+        return self.contains(key)
+
+    def __iter__(self):
+        return iter(self.keys())
+
+
+class BroadcastState(ReadOnlyBroadcastState):
+    """A broadcast state as ``process_broadcast_element`` sees it: the same map, writable."""
+
+    @abstractmethod
+    def put(self, key, value) -> None: ...
+
+    @abstractmethod
+    def put_all(self, dict_value) -> None: ...
+
+    @abstractmethod
+    def remove(self, key) -> None: ...
+
+    def __setitem__(self, key, value):
+        self.put(key, value)
+
+    def __delitem__(self, key):
+        self.remove(key)
+
+
 # ---- TTL ---------------------------------------------------------------------------------
 class StateTtlConfig:
     """Time-to-live of keyed state, as PyFlink's builder describes it."""

@@ -15,6 +15,7 @@ from stretch.contracts.execution import (
 from stretch.contracts.functions import (
     AggregateFunction,
     AllWindowFunction,
+    BroadcastProcessFunction,
     CoFlatMapFunction,
     CoGroupFunction,
     CoMapFunction,
@@ -22,6 +23,7 @@ from stretch.contracts.functions import (
     FilterFunction,
     FlatMapFunction,
     JoinFunction,
+    KeyedBroadcastProcessFunction,
     KeyedCoProcessFunction,
     KeyedProcessFunction,
     KeySelector,
@@ -38,6 +40,7 @@ from stretch.contracts.functions import (
 )
 from stretch.contracts.output_tag import OutputTag
 from stretch.datastream.all_windowed_stream import AllWindowedStream
+from stretch.datastream.broadcast_stream import BroadcastConnectedStream, BroadcastStream
 from stretch.datastream.checkpoint_config import (
     CheckpointConfig,
     CheckpointingMode,
@@ -60,6 +63,9 @@ __all__ = [
     "AllWindowFunction",
     "AllWindowedStream",
     "BandJoinedStreams",
+    "BroadcastConnectedStream",
+    "BroadcastProcessFunction",
+    "BroadcastStream",
     "CheckpointConfig",
     "CheckpointingMode",
     "CloseableIterator",
@@ -84,6 +90,7 @@ __all__ = [
     "JoinFunction",
     "JoinedStreams",
     "KeySelector",
+    "KeyedBroadcastProcessFunction",
     "KeyedCoProcessFunction",
     "KeyedProcessFunction",
     "KeyedStream",

@@ -22,7 +22,7 @@ from stretch.contracts.functions import (
     ProcessFunction,
 )
 from stretch.datastream.join import LEFT, _selector_of, _tagged, _UnionKey
-from stretch.datastream.wrapping import Wrapping
+from stretch.datastream.wrapping import Wrapping, replaced
 
 if TYPE_CHECKING:
     from stretch.datastream.data_stream import DataStream
@@ -81,6 +81,8 @@ class ConnectedStreams:
 class _CoMap(Wrapping, CoProcessFunction, KeyedCoProcessFunction):
     """A CoMapFunction as a (keyed) co-process function; a None result is dropped, as in PyFlink."""
 
+    accepts, callables = (CoMapFunction,), False
+
     def process_element1(self, value, ctx):
         result = self.fn.map1(value)
         return () if result is None else (result,)
@@ -91,6 +93,8 @@ class _CoMap(Wrapping, CoProcessFunction, KeyedCoProcessFunction):
 
 
 class _CoFlatMap(Wrapping, CoProcessFunction, KeyedCoProcessFunction):
+    accepts, callables = (CoFlatMapFunction,), False
+
     def process_element1(self, value, ctx):
         return self.fn.flat_map1(value) or ()
 
@@ -102,6 +106,12 @@ class _Dispatch(Wrapping):
     """Hands a tagged element to the co-function's method for its input."""
 
     what = "process_element1"  # named in errors: which input's method raised
+
+    def _with_user_function(self, new):
+        inner = getattr(self.fn, "_with_user_function", None)  # a co-map or co-flat-map adapter
+        if inner is not None:
+            return replaced(self, "fn", inner(new), (object,))
+        return replaced(self, "fn", new, (KeyedCoProcessFunction, CoProcessFunction), callables=False)
 
     def process_element(self, value, ctx):
         side, element = value

@@ -34,6 +34,7 @@ from stretch.datastream import aggregates
 from stretch.datastream import keyed_functions as kf
 from stretch.datastream.aggregates import as_builtins
 from stretch.datastream.all_windowed_stream import AllWindowedStream
+from stretch.datastream.broadcast_stream import BroadcastConnectedStream, BroadcastStream
 from stretch.datastream.connected_streams import ConnectedStreams
 from stretch.datastream.connectors.print_sink import CollectSink, PrintSink
 from stretch.datastream.join import BandJoinedStreams, CoGroupedStreams, IntervalJoin, JoinedStreams
@@ -168,6 +169,14 @@ class DataStream:
         """No-op here: see ``shuffle``."""
         return self
 
+    def broadcast(self, *broadcast_state_descriptors) -> DataStream | BroadcastStream:
+        """With MapStateDescriptors: a BroadcastStream, to ``connect`` to another stream (broadcast
+        state). Without: Flink's partitioning call that sends every record to every instance of the
+        next operator, a no-op here as ``shuffle`` is (see the note above)."""
+        if broadcast_state_descriptors:
+            return BroadcastStream(self._values(), broadcast_state_descriptors)
+        return self
+
     def forward(self) -> DataStream:
         """What stretch does anyway: a stateless step runs in its producer's instance."""
         return self
@@ -203,8 +212,11 @@ class DataStream:
 
         return CoGroupedStreams(self, other_stream)
 
-    def connect(self, data_stream: DataStream) -> ConnectedStreams:
-        """Two streams into one operator, each input with its own method (see ConnectedStreams)."""
+    def connect(self, data_stream):
+        """Two streams into one operator, each input with its own method (see ConnectedStreams);
+        with a BroadcastStream, a BroadcastConnectedStream (see ``process`` there)."""
+        if isinstance(data_stream, BroadcastStream):
+            return BroadcastConnectedStream(self, data_stream)
         return ConnectedStreams(self, data_stream)
 
     def window_all(self, window_assigner) -> AllWindowedStream:
@@ -544,6 +556,12 @@ class KeyedStream(DataStream):
 
     def _no_partitioning(self, *args, **kwargs):
         raise Exception("Cannot override partitioning for KeyedStream.")
+
+    def broadcast(self, *broadcast_state_descriptors):
+        """A BroadcastStream of the records (with MapStateDescriptors); a partitioning call without."""
+        if not broadcast_state_descriptors:
+            self._no_partitioning()
+        return self._original.broadcast(*broadcast_state_descriptors)
 
     shuffle = rebalance = rescale = forward = partition_custom = _no_partitioning  # type: ignore[assignment]
 

@@ -5,6 +5,8 @@ The definitions live in ``stretch.contracts.functions``, below the engine that c
 from stretch.contracts.functions import (
     AggregateFunction,
     AllWindowFunction,
+    BaseBroadcastProcessFunction,
+    BroadcastProcessFunction,
     CoFlatMapFunction,
     CoGroupFunction,
     CoMapFunction,
@@ -13,6 +15,7 @@ from stretch.contracts.functions import (
     FlatMapFunction,
     Function,
     JoinFunction,
+    KeyedBroadcastProcessFunction,
     KeyedCoProcessFunction,
     KeyedProcessFunction,
     KeySelector,
@@ -32,6 +35,8 @@ from stretch.contracts.functions import (
 __all__ = [
     "AggregateFunction",
     "AllWindowFunction",
+    "BaseBroadcastProcessFunction",
+    "BroadcastProcessFunction",
     "CoFlatMapFunction",
     "CoGroupFunction",
     "CoMapFunction",
@@ -41,6 +46,7 @@ __all__ = [
     "Function",
     "JoinFunction",
     "KeySelector",
+    "KeyedBroadcastProcessFunction",
     "KeyedCoProcessFunction",
     "KeyedProcessFunction",
     "MapFunction",

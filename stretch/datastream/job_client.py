@@ -48,6 +48,25 @@ class RescaleReport:
         )
 
 
+@dataclass(frozen=True)
+class UpdateReport:
+    """What a live code update did: it ended when every instance ran the new version."""
+
+    operator: str
+    version: int  # the operator's code version now running (0: the script's)
+    epoch: int | None  # the ownership epoch it ran under (None for a dry run)
+    elapsed_ms: float  # from the request until every instance ran the new code
+    states_added: list  # states the new code declares that the operator did not have
+    states_orphaned: list  # states the old code declared and the new one does not
+    checkpoint: int | None  # the checkpoint that made it durable, in a checkpointed job
+    dry_run: bool = False
+
+    def __str__(self) -> str:
+        if self.dry_run:
+            return f"update of {self.operator!r} to version {self.version} would be accepted"
+        return f"updated {self.operator!r} to version {self.version} in {self.elapsed_ms:.2f} ms"
+
+
 class JobExecutionResult:
     """What ``execute()`` returns once the job finished."""
 
@@ -130,6 +149,42 @@ class JobClient:
         operator are serialized.
         """
         return RescaleReport(**self._coordinator.rescale(operator_name, parallelism, timeout))
+
+    def update(
+        self,
+        operator: str,
+        new_function,
+        *,
+        output_type=None,
+        dry_run: bool = False,
+        drop_orphaned: bool = False,
+        timeout: float | None = None,
+    ) -> UpdateReport:
+        """Swap a keyed operator's function while the job runs, keeping its state.
+
+        ``new_function`` is of the kind the operator runs: a KeyedProcessFunction, a Map/FlatMap/
+        Filter/Reduce/AggregateFunction, a (Process)WindowFunction, a Join/ProcessJoinFunction, a
+        co-function, or (built-in rolling aggregates) ``"sum"``/``"min"``/``"max"``. A spare worker
+        first checks that it unpickles and opens against the operator's state and that every state
+        it keeps keeps its kind and type; a refused update raises ``UpdateRefused`` and changes
+        nothing. Then every instance switches at one record of the operator's input: ``close()`` of
+        the old function, ``open()`` of the new; timers the old code set fire into the new code.
+        States the new code no longer declares are kept (reported as orphaned) unless
+        ``drop_orphaned``. ``dry_run`` only checks.
+        """
+        report = self._coordinator.update(
+            operator,
+            new_function,
+            output_type=output_type,
+            dry_run=dry_run,
+            drop_orphaned=drop_orphaned,
+            timeout=timeout,
+        )
+        return UpdateReport(**report)
+
+    def code_history(self) -> dict:
+        """Each keyed operator's code versions: version, when, where from, a digest of the code."""
+        return self._coordinator.code.describe()
 
     def trigger_checkpoint(self) -> dict:
         """Take a checkpoint now (the job must have checkpointing enabled); returns its report

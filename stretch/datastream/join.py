@@ -30,7 +30,7 @@ from stretch.contracts.window import (
     WindowAssigner,
     to_millis,
 )
-from stretch.datastream.wrapping import Wrapping
+from stretch.datastream.wrapping import Wrapping, replaced
 from stretch.plan.specs import BandJoinSpec
 
 if TYPE_CHECKING:
@@ -102,9 +102,15 @@ def _method(fn, name: str):
 class _PairUp(Wrapping, WindowFunction):
     """The window function of a join (every left with every right) or co-group (both lists)."""
 
+    callables = True
+
     def __init__(self, fn, kind: str):
         super().__init__(fn)
         self.kind = kind
+
+    @property
+    def accepts(self) -> tuple:
+        return (JoinFunction,) if self.kind == "join" else (CoGroupFunction,)
 
     def apply(self, key, window, inputs):
         lefts = [v for side, v in inputs if side == LEFT]
@@ -276,6 +282,9 @@ class IntervalJoinOperator(KeyedProcessFunction):
 
     def __init__(self, fn, lower: int, upper: int, late_tags=(None, None)):
         self.fn, self.lower, self.upper, self.late_tags = fn, lower, upper, late_tags
+
+    def _with_user_function(self, new) -> IntervalJoinOperator:
+        return replaced(self, "fn", new, (ProcessJoinFunction,), callables=False)
 
     def open(self, runtime_context) -> None:
         buffer = Types.PICKLED_BYTE_ARRAY()

@@ -11,9 +11,17 @@ import copy
 
 from stretch.common.row import Row
 from stretch.common.typeinfo import Types
-from stretch.contracts.functions import Function, KeyedProcessFunction, KeySelector, MapFunction
+from stretch.contracts.functions import (
+    FilterFunction,
+    FlatMapFunction,
+    Function,
+    KeyedProcessFunction,
+    KeySelector,
+    MapFunction,
+    ReduceFunction,
+)
 from stretch.contracts.state import ValueStateDescriptor
-from stretch.datastream.wrapping import Wrapping
+from stretch.datastream.wrapping import Wrapping, replaced
 
 END_OF_INPUT = 2**63 - 1  # Flink's Long.MAX_VALUE: the watermark that ends a bounded input
 
@@ -26,6 +34,7 @@ class _Delegating(Wrapping, KeyedProcessFunction):
 
 class KeyedMap(_Delegating):
     what = "map function"
+    accepts = (MapFunction,)
 
     def open(self, runtime_context) -> None:
         super().open(runtime_context)
@@ -37,6 +46,7 @@ class KeyedMap(_Delegating):
 
 class KeyedFlatMap(_Delegating):
     what = "flat_map function"
+    accepts = (FlatMapFunction,)
 
     def open(self, runtime_context) -> None:
         super().open(runtime_context)
@@ -50,6 +60,7 @@ class KeyedFlatMap(_Delegating):
 
 class KeyedFilter(_Delegating):
     what = "filter function"
+    accepts = (FilterFunction,)
 
     def open(self, runtime_context) -> None:
         super().open(runtime_context)
@@ -73,6 +84,9 @@ class RollingReduce(KeyedProcessFunction):
     def __init__(self, reduce_fn, batch: bool = False):
         self.fn = reduce_fn  # a ReduceFunction (opened and closed with the operator) or a callable
         self.batch = batch
+
+    def _with_user_function(self, new) -> RollingReduce:
+        return replaced(self, "fn", new, (ReduceFunction,))
 
     def in_batch_mode(self) -> RollingReduce:
         twin = copy.copy(self)
@@ -139,6 +153,7 @@ class RollingAggregate(RollingReduce):
     """PyFlink's sum/min/max: the fields aggregate, every other field keeps the first record's value."""
 
     def __init__(self, op: str, fields: list):
+        self.fields = fields
         combine = _COMBINE[op]
 
         def reduce_fn(acc, value):
@@ -147,6 +162,12 @@ class RollingAggregate(RollingReduce):
             return acc
 
         super().__init__(reduce_fn)
+
+    def _with_user_function(self, op: str) -> RollingAggregate:
+        """Another built-in over the same fields (the state is one record either way)."""
+        twin = RollingAggregate(op, self.fields)
+        twin.batch = self.batch
+        return twin
 
 
 def by_reducer(kind: str, field):

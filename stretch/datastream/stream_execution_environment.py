@@ -51,6 +51,7 @@ class _CollectionSource(RecordPositionedSource):
 
 
 RESTORE_ENV = "STRETCH_RESTORE"  # set by `stretch run --restore`
+RESTORE_CODE_ENV = "STRETCH_RESTORE_CODE"  # set by `stretch run --restore-code`
 
 
 class StreamExecutionEnvironment:
@@ -316,6 +317,7 @@ class StreamExecutionEnvironment:
         config = dataclasses.replace(  # a snapshot: later changes to the environment leave the job be
             self.engine_config, restore=restore, checkpoint=dataclasses.replace(self.engine_config.checkpoint)
         )
+        config.restore_code = os.environ.get(RESTORE_CODE_ENV, config.restore_code)
         return plan, config
 
     def _submit(

@@ -14,7 +14,15 @@ from __future__ import annotations
 import time
 
 from stretch.common.typeinfo import Types
-from stretch.contracts.functions import Function, KeyedProcessFunction, ProcessWindowFunction, TimeDomain
+from stretch.contracts.functions import (
+    AggregateFunction,
+    Function,
+    KeyedProcessFunction,
+    ProcessWindowFunction,
+    ReduceFunction,
+    TimeDomain,
+    WindowFunction,
+)
 from stretch.contracts.state import MapStateDescriptor, ValueStateDescriptor
 from stretch.contracts.window import (
     CountSlidingWindowAssigner,
@@ -23,6 +31,8 @@ from stretch.contracts.window import (
     TimeWindow,
     WindowAssigner,
 )
+from stretch.datastream.wrapping import replaced
+from stretch.errors import UpdateRefused
 
 _MAX = 2**63 - 1
 
@@ -69,6 +79,21 @@ class WindowOperator(KeyedProcessFunction):
         self.lateness = allowed_lateness
         self.late_tag = late_tag
         self.counting = isinstance(assigner, (CountTumblingWindowAssigner, CountSlidingWindowAssigner))
+
+    def _with_user_function(self, new) -> WindowOperator:
+        """A live update: the windows' reduce or aggregate function, or their window function
+        (a join's or co-group's pairing function, for window joins)."""
+        pairing = getattr(self.window_fn, "_with_user_function", None)
+        if pairing is not None and not isinstance(new, (ReduceFunction, AggregateFunction)):
+            return replaced(self, "window_fn", pairing(new), (object,))
+        if isinstance(new, (WindowFunction, ProcessWindowFunction)) and (
+            self.window_fn or self.mode == "list"
+        ):
+            return replaced(self, "window_fn", new, (WindowFunction, ProcessWindowFunction), callables=False)
+        if type(self.fn).__module__.startswith("stretch."):  # built-in aggregates: no user function
+            raise UpdateRefused("built-in window aggregates have no user function to update")
+        kinds = {"reduce": (ReduceFunction,), "aggregate": (AggregateFunction,)}.get(self.mode, ())
+        return replaced(self, "fn", new, kinds or (WindowFunction, ProcessWindowFunction), callables=False)
 
     # ---- life cycle ----------------------------------------------------------------------
     def open(self, runtime_context) -> None:

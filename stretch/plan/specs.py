@@ -1,5 +1,6 @@
 """What the API decided for the operators that are not a user function: the specs a plan's
-vectorized windows and band joins carry to the runtime operators that run them."""
+vectorized windows, band joins and broadcast process functions carry to the runtime operators
+that run them."""
 
 from __future__ import annotations
 
@@ -36,3 +37,13 @@ class BandJoinSpec:
     bound: int  # join pairs with |t_left - t_right| <= bound
     predicate: Any  # callable(left, right) -> bool, or None
     function: Any  # JoinFunction or callable(left, right)
+
+
+@dataclass
+class BroadcastSpec:
+    """What the broadcast process operator (``stretch.runtime.operators.broadcast``) runs: a
+    (Keyed)BroadcastProcessFunction over ``(0, element)`` / ``(1, broadcast element)`` records."""
+
+    function: Any  # BroadcastProcessFunction or KeyedBroadcastProcessFunction
+    descriptors: list  # the MapStateDescriptors given to broadcast()
+    keyed: bool  # the non-broadcast input is keyed (keyed state and timers)

@@ -15,7 +15,7 @@ from stretch.common.typeinfo import TypeInformation
 from stretch.plan.graph import Transformation, reachable
 
 STATELESS = ("map", "flat_map", "filter", "assign", "stateless_process")
-KEYED = ("process", "aggregate", "vector_window", "band_join")
+KEYED = ("process", "aggregate", "vector_window", "band_join", "broadcast_process")
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Step:
 class OperatorSpec:
     """The keyed operator at the head of a keyed stage."""
 
-    kind: str  # process | aggregate | vector_window | band_join
+    kind: str  # process | aggregate | vector_window | band_join | broadcast_process
     fn: Any = None
     output_type: TypeInformation | None = None
     key: KeySpec | None = None
@@ -67,6 +67,8 @@ class StageSpec:
     input_gate: int = -1
     direct: bool = False  # a channel whose writers append straight into the keyed operator's gate
     batch: bool = False  # BATCH execution mode: processing time stands still, its timers fire at the end
+    code_version: int = 0  # which version of the operator's code this is (live updates add versions)
+    drop_states: tuple = ()  # states this version clears when it takes over (update's drop_orphaned)
 
 
 @dataclass

@@ -9,6 +9,8 @@ Aligned barriers, placed by the coordinator, so a gate never needs alignment buf
    thus holds, before barrier n, exactly the records its producers made before their checkpoint.
 4. A keyed instance reading barrier n writes the key groups it owns (Arrow IPC, states and timers
    alike; see ``stretch.state.snapshot``), says it reached n, and pauses until its stage's release.
+   A broadcast operator's instance that owns its emitting key group also writes the broadcast
+   state (``broadcast_file``), before it says so.
 5. A job-side sink reading barrier n notes where its output stands.
 6. When every instance and sink reached n, the metadata file is written (atomically): checkpoint
    n is complete, and the sinks commit the output before barrier n.
@@ -43,6 +45,12 @@ RETAINED = 2  # completed checkpoints kept on disk
 def snapshot_file(root: Path, checkpoint: int, stage: int, instance: int) -> Path:
     """Where an instance writes its key groups at a checkpoint."""
     return root / f"{checkpoint:010d}" / f"{stage}-{instance}.arrow"
+
+
+def broadcast_file(directory: Path, stage: int) -> Path:
+    """Where a broadcast operator's broadcast state is saved at a checkpoint (by one instance:
+    every instance holds the same copy at the barrier)."""
+    return directory / f"{stage}-broadcast.pickle"
 
 
 def write_snapshot_or_report(batches, path: Path) -> None:
@@ -336,6 +344,7 @@ class Checkpointer:
             },
             "outputs": outputs,
             "txns": co.channels.record_txns(n),
+            "code": co.code.versions(plan.stages),
         }
         self.store.complete(n, metadata)
         co.checkpoint_completed(metadata)

@@ -27,6 +27,8 @@ I_ACTIVE_AT_NS = 13  # CLOCK_MONOTONIC time it became active under that epoch
 I_WATERMARK = 14  # the instance's input watermark (event time, ms); 0 before the first
 I_CHECKPOINT = 15  # the latest checkpoint barrier the instance passed (its key groups copied)
 I_BARRIER_AT_NS = 16  # CLOCK_MONOTONIC time it read that barrier (it stands still from then)
+I_CODE = 17  # the code version the instance runs (it passed that version's UPDATE record)
+I_CODE_AT_NS = 18  # CLOCK_MONOTONIC time it switched to that version
 I_WORDS = 24
 # Instance states.
 FREE, RUNNING, DONE = 0, 1, 2
@@ -126,8 +128,9 @@ class ControlBlock:
         """Publish an instance's progress (I_EPOCH: passed the marker with everything before it
         done and flushed; I_ACTIVE: processing under the epoch) and wake whoever waits on it."""
         r = self.segment.region
-        if word == I_ACTIVE:
-            r.store64(self.instance_word(op, instance, I_ACTIVE_AT_NS), time.monotonic_ns())
+        if word in (I_ACTIVE, I_CODE):
+            at = I_ACTIVE_AT_NS if word == I_ACTIVE else I_CODE_AT_NS
+            r.store64(self.instance_word(op, instance, at), time.monotonic_ns())
         r.store64(self.instance_word(op, instance, word), epoch)
         futex = self._base(op) + O_SWITCH_FUTEX * 8
         r.fetch_add32(futex, 1)

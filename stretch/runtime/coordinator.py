@@ -9,6 +9,7 @@ workers read and write the gates directly.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -24,11 +25,13 @@ import cloudpickle
 
 from stretch import _shm as shm
 from stretch.common.job_status import JobStatus
-from stretch.errors import JobExecutionError, UserFunctionError
+from stretch.errors import JobExecutionError, UpdateRefused, UserFunctionError
 from stretch.plan.stages import JobPlan
 from stretch.runtime import control_block as cbk
+from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.channels import JobChannels
-from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore
+from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore, broadcast_file
+from stretch.runtime.code_update import CodeHistory, swapped_stage
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.control_socket import ControlServer, running_jobs, runtime_dir
 from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
@@ -59,6 +62,7 @@ class EngineConfig:
     checkpointing: bool = False  # barriers, snapshots and transactional sinks (enable_checkpointing)
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     restore: bool = False  # start from the job's latest complete checkpoint, if it has one
+    restore_code: str = "refuse"  # code updated live since the script: "checkpoint" | "script" | "refuse"
     elasticity: ElasticityConfig | None = None
     shutdown_timeout: float = 10.0
     preload: tuple[str, ...] = ()  # modules every worker imports ahead of time (see runtime.zygote)
@@ -109,7 +113,8 @@ class Coordinator:
         self._started = threading.Event()
         self._token = secrets.token_hex(32)
         self._workers: dict[int, _Worker] = {}
-        self._pending: list[tuple[int, int, int]] = []  # (stage id, instance index, start epoch)
+        # (stage id, instance index, start epoch, code version): tasks waiting for a worker
+        self._pending: list[tuple[int, int, int, int]] = []
         self._stages = {s.id: _StageState() for s in plan.stages}
         self._parallelism: dict[int, int] = {}  # stage id -> current parallelism
         self._rescale_lock = threading.Lock()
@@ -137,6 +142,11 @@ class Coordinator:
         self.info_path = runtime_dir() / f"{self.job_id}.json"
         self.channels = JobChannels(self, runtime_dir() / "staging" / self.job_id)
         self.requests = ControlRequests(self)
+        self.code: CodeHistory | None = None  # each keyed operator's code versions (live updates)
+        self.updates: list[dict] = []  # every completed live update's report, in order
+        self._checks: dict[int, queue.Queue] = {}  # live-update checks waiting for a spare worker
+        self._check_ids = itertools.count(1)
+        self._waiting_checks: list[tuple] = []  # checks that wait for a worker to start
 
     # ---- public, thread-safe ------------------------------------------------------------
     def wait_started(self, timeout: float | None = None) -> bool:
@@ -191,6 +201,12 @@ class Coordinator:
             store = CheckpointStore(self.job_dir.path / "checkpoints")
             if cfg.restore:
                 restore = self._restorable(store)
+        code_dir = (
+            self.job_dir.path / "code" if self.job_dir is not None else runtime_dir() / "code" / self.job_id
+        )
+        self.code = CodeHistory(code_dir, plan.stages, restore=restore is not None)
+        if restore is not None:
+            self._run_code_of(restore, cfg.restore_code)
         self.channels.open_outputs(restore)
         self.channels.open_inputs()
         if restore is not None:
@@ -265,6 +281,7 @@ class Coordinator:
         self._dataplane.append(self.control)
         res = JobResources(prefix, self.control.segment.name, len(keyed), plan.max_parallelism)
         res.dead_letter_sink = plan.dead_letter_sink
+        res.code = str(self.code.dir)
         if self.checkpointer is not None:
             res.checkpoints = str(self.checkpointer.store.dir)
         self.gates, self.sink_gates, self.arenas = {}, {}, {}
@@ -305,12 +322,20 @@ class Coordinator:
                             f"checkpoint {restore['id']} lacks {directory / f}: it is damaged"
                         )
                     restore_key_groups(arena, directory / f)
+            if stage.operator.kind == "broadcast_process":
+                board = BroadcastBoard.create(prefix)
+                self._dataplane.append(board.segment)
+                res.boards[stage.id] = board.name
+                if saved is not None:
+                    saved_state = broadcast_file(self.checkpointer.store.path(restore["id"]), stage.id)
+                    if saved_state.exists():  # absent: no instance owned its key groups at the barrier
+                        board.put_start(saved_state.read_bytes())
             p = self._parallelism.get(stage.id, stage.parallelism)
             self.control.publish(op_index, 0, range_assignment(p, stage.max_parallelism))
             gate = self.gates[stage.input_gate]
             for i in range(p):
                 gate.open_reader(i, 0)
-            self._pending.extend((stage.id, i, 0) for i in range(p))
+            self._pending.extend((stage.id, i, 0, stage.code_version) for i in range(p))
             self._parallelism[stage.id] = p
         res.channel_logs = dict(self.channels.log_locations)
         res.aborted_txns = set(self.channels.aborted_txns)
@@ -321,7 +346,7 @@ class Coordinator:
             if stage.kind == "source":
                 self._parallelism[stage.id] = 1
                 if not stage.direct:
-                    self._pending.append((stage.id, 0, 0))
+                    self._pending.append((stage.id, 0, 0, 0))
         for gate_id, stage_ids in plan.gate_producers.items():
             res.producers[gate_id] = [
                 producer_id(s, i) for s in stage_ids for i in range(self._parallelism.get(s, 1))
@@ -383,6 +408,10 @@ class Coordinator:
                 except BaseException as e:
                     event[3].put(e)
                     raise
+            elif kind == "check_update":
+                self._dispatch_check(*event[1:])
+            elif kind == "code":
+                self._send_code(*event[1:])
             elif kind == "end_channel":
                 self.channels.end(event[1])
                 event[2].set()
@@ -417,6 +446,15 @@ class Coordinator:
                 {"op": "prepare", "resources": self.resources, "stages": self._stage_blobs}, fmt=ord("P")
             )
             self._assign(w)
+            if w.task is None and self._waiting_checks:
+                self._dispatch_check(*self._waiting_checks.pop(0))
+        elif op == "update_checked":
+            w = self._workers.get(conn.worker)
+            if w is not None:
+                w.task = None
+                self._checks.pop(msg["id"], queue.Queue()).put(msg)
+                if self.status is JobStatus.RUNNING:
+                    self._assign(w)
         elif op in ("done", "stopped", "failed"):
             w = self._workers.get(conn.worker)
             if w is None:  # a worker of an attempt that a recovery ended
@@ -434,7 +472,7 @@ class Coordinator:
     def _assign(self, w: _Worker) -> None:
         if not self._pending or w.conn is None:
             return
-        stage_id, index, epoch = self._pending.pop(0)
+        stage_id, index, epoch, code = self._pending.pop(0)
         if not self._pending and self.recoveries and "running_at" not in self.recoveries[-1]:
             self.recoveries[-1]["running_at"] = time.time()  # every task of the new attempt is handed out
         w.task = (stage_id, index)
@@ -445,6 +483,7 @@ class Coordinator:
                 "stage": stage_id,
                 "index": index,
                 "epoch": epoch,
+                "code": code,  # the version in force where it starts reading
                 "position": self._positions.get(stage_id, 0),
             }
         )
@@ -481,7 +520,10 @@ class Coordinator:
         if w is None:
             return
         w.exited = True
-        if w.task is not None and self.status is JobStatus.RUNNING:
+        if w.task is not None and w.task[0] == "check":  # a live update's check killed its worker
+            answer = {"ok": False, "error": f"the worker checking the new code (pid {w.pid}) died"}
+            self._checks.pop(w.task[1], queue.Queue()).put(answer)
+        elif w.task is not None and self.status is JobStatus.RUNNING:
             stage = self.plan.stages[w.task[0]]
             message = f"worker {w.pid} running operator {stage.name!r} exited unexpectedly"
             limit = self.config.checkpoint.max_recoveries_in_a_row
@@ -524,6 +566,7 @@ class Coordinator:
                 time.sleep(0.001)
             old = self._dataplane
             latest = self.checkpointer.store.latest()  # at least the run's start
+            self._run_code_of(latest, "checkpoint")  # an update after it is undone with the rest
             try:
                 self._build_dataplane(latest)
                 for runner in self._sink_runners:
@@ -546,6 +589,14 @@ class Coordinator:
             )
         finally:
             self.exclusive.release()
+
+    def _run_code_of(self, checkpoint: dict, mode: str) -> None:
+        """Run each keyed operator's code version recorded in ``checkpoint`` (see CodeHistory)."""
+        versions = checkpoint.get("code", {})
+        for i, stage in enumerate(self.plan.stages):
+            if stage.kind == "keyed":
+                self.plan.stages[i] = self.code.at_checkpoint(stage, versions.get(stage.name, 0), mode)
+        self._stage_blobs = {s.id: cloudpickle.dumps(s) for s in self.plan.stages}
 
     def _refuse_rescales(self) -> None:
         """While recovering: answer rescale requests (their callers hold the turn we wait for)."""
@@ -664,14 +715,7 @@ class Coordinator:
             raise ValueError(
                 f"parallelism must be an int in 1..{stage.max_parallelism} (max parallelism), got {parallelism!r}"
             )
-        while True:
-            with self._rescale_lock:
-                busy = self._rescaling.get(stage.id)
-                if busy is None:
-                    done = self._rescaling[stage.id] = threading.Event()
-                    break
-            busy.wait()
-        try:
+        with self._reconfiguring(stage):
             current = self._parallelism[stage.id]
             if parallelism == current and not barrier:
                 op = self.resources.keyed_index[stage.id]
@@ -685,6 +729,19 @@ class Coordinator:
                 }
             with self.exclusive:
                 return self._rescale(stage, operator, parallelism, timeout, t0, record=not barrier)
+
+    @contextlib.contextmanager
+    def _reconfiguring(self, stage):
+        """One reconfiguration (rescale, barrier, code update) of an operator at a time."""
+        while True:
+            with self._rescale_lock:
+                busy = self._rescaling.get(stage.id)
+                if busy is None:
+                    done = self._rescaling[stage.id] = threading.Event()
+                    break
+            busy.wait()
+        try:
+            yield
         finally:
             with self._rescale_lock:
                 del self._rescaling[stage.id]
@@ -747,7 +804,7 @@ class Coordinator:
         gate = self.gates[stage.input_gate]
         gate.append_control(Kind.EPOCH, epoch, open_readers=tuple(range(old, parallelism)))
         self._parallelism[stage_id] = parallelism
-        added = [(stage_id, i, epoch - 1) for i in range(old, parallelism)]
+        added = [(stage_id, i, epoch - 1, stage.code_version) for i in range(old, parallelism)]
         self._pending[:0] = added
         idle = self._idle_workers()
         for w in idle[: len(added)]:
@@ -755,6 +812,116 @@ class Coordinator:
         for _ in range(len(added) - len(idle)):
             self._spawn_worker()
         return op, epoch, old, list(range(max(old, parallelism)))
+
+    # ---- live code update (see runtime.code_update) -------------------------------------------
+    def update(
+        self,
+        operator: str,
+        function,
+        *,
+        output_type=None,
+        dry_run: bool = False,
+        drop_orphaned: bool = False,
+        source: str = "",
+        timeout: float | None = None,
+    ) -> dict:
+        """Swap a keyed operator's function live: checked in a spare worker, then switched at an
+        UPDATE record in its gate, so every record before it runs the old code and every record
+        after it the new. Returns once every instance runs the new code (and, in a checkpointed
+        job, a checkpoint has recorded it). Updates, rescales and checkpoints take turns."""
+        t0 = time.monotonic_ns()
+        stage = self.plan.stage(operator)
+        swapped_stage(stage, function, output_type)  # refuse a wrong kind before waiting for a turn
+        with self._reconfiguring(stage), self.exclusive:
+            if self.status is not JobStatus.RUNNING:
+                raise RuntimeError(f"the job is {self.status.name}; only a running job is updated")
+            stage = self.plan.stages[stage.id]  # the latest version
+            new = swapped_stage(stage, function, output_type)
+            try:
+                blob = cloudpickle.dumps(new)
+            except Exception as e:
+                raise UpdateRefused(
+                    f"the new code of {operator!r} does not pickle: {type(e).__name__}: {e}"
+                ) from e
+            checked = self._check_in_spare(stage, blob)
+            report = {
+                "operator": operator,
+                "version": stage.code_version + 1,
+                "states_added": checked["added"],
+                "states_orphaned": checked["orphaned"],
+            }
+            if dry_run:
+                return {**report, "epoch": None, "elapsed_ms": 0.0, "checkpoint": None, "dry_run": True}
+            if stage.input_gate in self._finished_gates:
+                raise RuntimeError(f"operator {operator!r} has consumed all its input; nothing to update")
+            if drop_orphaned:
+                new = dataclasses.replace(new, drop_states=tuple(checked["orphaned"]))
+            new = self.code.add(new, source or _source_of(function))
+            blob = cloudpickle.dumps(new)
+            op = self.resources.keyed_index[stage.id]
+            self.plan.stages[stage.id] = new
+            self._stage_blobs[stage.id] = blob
+            self._events.put(("code", stage.id, blob))
+            generation = self.generation
+            self.gates[stage.input_gate].append_control(Kind.UPDATE, new.code_version)
+            instances = list(range(self._parallelism[stage.id]))
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not self.control.wait_epochs(op, instances, new.code_version, 0.05, word=cbk.I_CODE):
+                if self._stopping or self.generation != generation:
+                    raise RuntimeError(
+                        f"update of {operator!r} did not complete: the job is {self.status.name}"
+                    ) from self.error
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"update of {operator!r} is in effect (version {new.code_version}) but its "
+                        f"instances have not all reached it within {timeout} s: they are working off a backlog"
+                    )
+            done_at = max(int(self.control.instances(op)[i, cbk.I_CODE_AT_NS]) for i in instances)
+            report.update(epoch=int(self.control.epoch(op)), elapsed_ms=(done_at - t0) / 1e6)
+            report["checkpoint"] = self.checkpointer.trigger()["id"] if self.checkpointer else None
+            report["dry_run"] = False
+            self.updates.append({**report, "at": time.time()})
+            return report
+
+    def _check_in_spare(self, stage, blob: bytes) -> dict:
+        """Run ``code_update.check`` of the new code in a spare worker; refused updates raise."""
+        cid = next(self._check_ids)
+        ticket = self._checks[cid] = queue.Queue()
+        self._events.put(("check_update", cid, self._stage_blobs[stage.id], blob))
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                answer = ticket.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if self._stopping or time.monotonic() > deadline:
+                    self._checks.pop(cid, None)
+                    raise RuntimeError(
+                        f"the update of {stage.name!r} was not checked: no worker answered"
+                    ) from None
+        if not answer["ok"]:
+            raise UpdateRefused(
+                answer["error"] if answer.get("refused") else f"the check failed: {answer['error']}"
+            )
+        return answer
+
+    def _dispatch_check(self, cid: int, old: bytes, new: bytes) -> None:
+        """In the job thread: hand a check to an idle worker, or to the next one that starts."""
+        idle = self._idle_workers()
+        if not idle:
+            self._waiting_checks.append((cid, old, new))
+            self._spawn_worker()
+            return
+        w = idle[0]
+        w.task = ("check", cid)
+        w.conn.send({"op": "check_update", "id": cid, "old": old, "new": new}, fmt=ord("P"))
+
+    def _send_code(self, stage_id: int, blob: bytes) -> None:
+        """In the job thread: idle workers re-park the operator's task with its new code."""
+        for w in self._workers.values():
+            if w.conn is not None and not w.exited:
+                with contextlib.suppress(OSError):
+                    w.conn.send({"op": "code", "stage": stage_id, "blob": blob}, fmt=ord("P"))
 
     def _replenish(self) -> None:
         """Keep the warm pool at its size (spares are forked from the zygote, ready in milliseconds)."""
@@ -853,6 +1020,8 @@ class Coordinator:
             shm.unlink_prefix(self.resources.prefix)
         with contextlib.suppress(FileNotFoundError):
             self.info_path.unlink()
+        if self.job_dir is None and self.code is not None:  # versions outlive only checkpointed runs
+            shutil.rmtree(self.code.dir, ignore_errors=True)
 
     def _await_workers(self) -> None:
         deadline = time.monotonic() + self.config.shutdown_timeout
@@ -905,3 +1074,11 @@ def _job_error(report: dict, operator: str) -> BaseException:
     if cause is not None:
         err.__cause__ = cause
     return err
+
+
+def _source_of(function) -> str:
+    """How a version's history names where its code came from."""
+    if isinstance(function, str):
+        return function
+    kind = function if isinstance(function, type) else type(function)
+    return f"{kind.__module__}:{kind.__qualname__}"

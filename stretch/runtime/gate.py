@@ -32,6 +32,7 @@ class Kind(IntEnum):
     MARK = 6  # a position marker; with arg1 > 0: the end of input transaction arg1 (arg0 marks expected)
     IDLE = 7  # a producer (arg0) has no records for now: it does not hold the watermark back
     LEAVE = 8  # a producer (arg0) was scaled away: it never holds the watermark back again
+    UPDATE = 9  # the operator's code changes to version arg0 here (runtime.code_update)
 
 
 class GateClosed(Exception):

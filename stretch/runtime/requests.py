@@ -10,9 +10,14 @@ client knows the job is still at it.
 
 from __future__ import annotations
 
+import importlib
+import os
+import runpy
 import threading
 import time
+from pathlib import Path
 
+from stretch.errors import UpdateRefused
 from stretch.runtime.control_socket import Connection
 from stretch.runtime.metrics import render
 
@@ -76,6 +81,19 @@ class ControlRequests:
             raise ValueError(f"operator must be a string, got {operator!r}")
         return {"ok": True, **_with_progress(conn, lambda: self.job.barrier(operator))}
 
+    def _update(self, conn, msg) -> dict:
+        """A live code update from the CLI: the function is named ``module:Name`` (importable in
+        the job's process) or ``path/to/file.py:Name``; a class is instantiated without arguments."""
+        operator, target = msg.get("operator"), msg.get("function")
+        if not isinstance(operator, str) or not isinstance(target, str):
+            raise ValueError("an update needs an operator name and a function as module:Name")
+        function = resolve_function(target)
+        options = {k: bool(msg.get(k)) for k in ("dry_run", "drop_orphaned")}
+        return {
+            "ok": True,
+            **_with_progress(conn, lambda: self.job.update(operator, function, source=target, **options)),
+        }
+
     def _checkpoint(self, conn, msg) -> dict:
         return {"ok": True, **_with_progress(conn, self.job.trigger_checkpoint)}
 
@@ -94,6 +112,27 @@ class ControlRequests:
         ):
             raise ValueError("a publish needs a channel name, a query name and an int batch id")
         return _with_progress(conn, lambda: self.job.channels.publish(msg["op"], msg))
+
+
+def resolve_function(target: str):
+    """``module:Name`` or ``file.py:Name`` -> the object (an instance, if Name is a class)."""
+    where, _, name = target.rpartition(":")
+    if not where or not name:
+        raise ValueError(f"name the new function as module:Name or path/to/file.py:Name, got {target!r}")
+    if where.endswith(".py"):
+        path = Path(where).expanduser()
+        if not path.is_file():
+            raise LookupError(f"no file {where!r} (a path is read in the job's directory {os.getcwd()})")
+        namespace = runpy.run_path(str(path), run_name=f"stretch_update_{path.stem}")
+    else:
+        try:
+            namespace = vars(importlib.import_module(where))
+        except ImportError as e:
+            raise LookupError(f"module {where!r} does not import in the job's process: {e}") from None
+    if name not in namespace:
+        raise LookupError(f"{where!r} has no {name!r}")
+    found = namespace[name]
+    return found() if isinstance(found, type) else found
 
 
 def _checked_txn(msg: dict) -> None:
@@ -122,6 +161,7 @@ _HANDLERS = {
     "scale": ControlRequests._scale,
     "barrier": ControlRequests._barrier,
     "checkpoint": ControlRequests._checkpoint,
+    "update": ControlRequests._update,
     "channel_publish": ControlRequests._publish,
     "channel_discard": ControlRequests._publish,
     "stage_txn": ControlRequests._stage,
@@ -155,6 +195,8 @@ def _with_progress(conn: Connection | None, operation):
 
 def _kind(e: BaseException) -> str:
     """The exception a client raises for this refusal."""
+    if isinstance(e, UpdateRefused):
+        return "UpdateRefused"
     for kind in (TimeoutError, LookupError, TypeError, ValueError):
         if isinstance(e, kind):
             return kind.__name__

@@ -12,15 +12,19 @@ import numpy as np
 from stretch.plan.stages import StageSpec
 from stretch.runtime import control_block as cbk
 from stretch.runtime.batch import KG_COLUMN, Records
+from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.chain import Chain
 from stretch.runtime.channel_source import read_channel
-from stretch.runtime.checkpointing import Barrier, snapshot_file, write_snapshot_or_report
+from stretch.runtime.checkpointing import Barrier, broadcast_file, snapshot_file, write_snapshot_or_report
+from stretch.runtime.code_update import load_version
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker, producer_id
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
+from stretch.runtime.operators.broadcast import EMITTER_GROUP
 from stretch.runtime.outputs import Outputs
 from stretch.runtime.resources import JobResources
+from stretch.runtime.state_dir import write_private
 from stretch.runtime.transactions import MarkCounter, round_of, txn_of
 from stretch.state.arena import Arena
 from stretch.state.keyed_table import KeyedTable, writable
@@ -37,6 +41,7 @@ class Assignment:
     index: int = 0
     epoch: int = 0
     position: int = 0  # where a source restarts: the position its checkpoint recorded (Source.advance)
+    code: int = 0  # a keyed operator's code version where the instance starts reading (live updates)
 
 
 class Stopped(Exception):
@@ -52,6 +57,7 @@ class _Attached:
         self.control = ControlBlock.attach(resources.control, resources.n_keyed, resources.max_parallelism)
         self._arenas: dict[str, Arena] = {}
         self._tables: dict[str, KeyedTable] = {}
+        self._boards: dict[str, BroadcastBoard] = {}
 
     def attach_all(self) -> None:
         """Map every segment of the job now (spare workers do it before they are needed)."""
@@ -75,6 +81,12 @@ class _Attached:
         if g is None:
             g = self._gates[name] = Gate.attach(name)
         return g
+
+    def board(self, name: str) -> BroadcastBoard:
+        b = self._boards.get(name)
+        if b is None:
+            b = self._boards[name] = BroadcastBoard.attach(name)
+        return b
 
     def arena(self, name: str) -> Arena:
         a = self._arenas.get(name)
@@ -175,6 +187,7 @@ class KeyedInstanceTask(Task):
 
     retired = False  # set when a rescale removed this instance (it ended at the epoch marker)
     _parts = None
+    board: BroadcastBoard | None = None  # a broadcast operator's: where its state is handed over
 
     def build(self) -> KeyedInstanceTask:
         """Construct everything that does not depend on the instance index.
@@ -187,6 +200,8 @@ class KeyedInstanceTask(Task):
         outputs = self.outputs(producer=0)
         operator = make_operator(stage.operator, stage.name, table)
         operator.outputs = outputs  # for records its functions reject (the dead-letter policy)
+        if stage.id in self.res.boards:
+            self.board = self.attached.board(self.res.boards[stage.id])
         self._parts = (
             self.attached.gate(self.res.gates[stage.input_gate]),
             operator,
@@ -196,14 +211,16 @@ class KeyedInstanceTask(Task):
         return self
 
     def run(self) -> None:
+        cb = self.attached.control
+        op = self.op_index
+        if self.a.code != self.stage.code_version:  # built before or after a live update
+            self.stage, self._parts = load_version(self.res.code, self.stage.id, self.a.code), None
         stage, index = self.stage, self.a.index
         if self._parts is None:
             self.build()
         gate, operator, outputs, chain = self._parts
         outputs.producer = index + 1
         outputs.producer_id = producer_id(stage.id, index)
-        cb = self.attached.control
-        op = self.op_index
         epoch = self.a.epoch
         owners = cb.table(op, epoch).copy()
         operator.owned = np.flatnonzero(owners == index)
@@ -215,15 +232,11 @@ class KeyedInstanceTask(Task):
         # an instance added by a rescale learns the watermarks at its first marker instead
         self.tracker = WatermarkTracker(self.res.producers.get(stage.input_gate, ()))
         self.fresh = operator.owned.size == 0  # added by a rescale: it owns nothing before its marker
-        ctx = InstanceRuntimeContext(
-            stage.name,
-            index,
-            lambda: int(cb.header(op)[cbk.O_PARALLELISM]),
-            stage.max_parallelism,
-            operator.backend,
-        )
-        operator.open(ctx)
-        chain.open(ctx)
+        cb.announce(op, index, cbk.I_CODE, stage.code_version)
+        if self.board is not None:  # the run's starting broadcast state (a restored checkpoint's)
+            operator.load_broadcast(self.board.start())
+        operator.open(self._context(operator))
+        chain.open(self._context(operator))
         fused = hasattr(operator, "process_owned")
         marks = MarkCounter()
         seq = gate.cursor(index)
@@ -249,7 +262,10 @@ class KeyedInstanceTask(Task):
                 kgs = writable(batch.column(KG_COLUMN).to_numpy())
                 if fused:
                     out = operator.process_owned(batch, kgs, owners, index)
-                    if out is not None:
+                    if isinstance(out, list):  # results in order, of runs of the batch
+                        for part in out:
+                            chain.push(part)
+                    elif out is not None:
                         chain.push(out)
                     n = operator.rows_in
                 else:
@@ -279,6 +295,9 @@ class KeyedInstanceTask(Task):
                     break
             elif entry.kind is Kind.CHECKPOINT:
                 self._checkpoint(entry.arg0, operator)
+            elif entry.kind is Kind.UPDATE:
+                operator = self._update(entry.arg0, operator)
+                fused = hasattr(operator, "process_owned")
             elif entry.kind is Kind.MARK and entry.arg1 and marks.ended(entry.arg1, entry.arg0):
                 chain.end_txn(entry.arg1, int(owners.max()) + 1)  # the parallelism of this epoch
             elif entry.kind is Kind.END_OF_STREAM:
@@ -297,12 +316,41 @@ class KeyedInstanceTask(Task):
         stats[cbk.I_RECORDS_OUT] = self._records_out
         stats[cbk.I_STATE] = cbk.DONE
 
+    def _context(self, operator) -> InstanceRuntimeContext:
+        cb, op = self.attached.control, self.op_index
+        return InstanceRuntimeContext(
+            self.stage.name,
+            self.a.index,
+            lambda: int(cb.header(op)[cbk.O_PARALLELISM]),
+            self.stage.max_parallelism,
+            operator.backend,
+        )
+
+    def _update(self, version: int, old):
+        """At an UPDATE record: close the old code, open the new version's on the same shared state
+        (its timers, kept with the state, fire into the new code), and say so."""
+        if version <= self.stage.code_version:
+            return old  # started with this version already
+        self.stage = load_version(self.res.code, self.stage.id, version)
+        old.close()
+        new = make_operator(self.stage.operator, self.stage.name, old.table)
+        new.outputs, new.owned, new.watermark = old.outputs, old.owned, old.watermark
+        if hasattr(old, "broadcast_bytes"):  # a broadcast operator keeps its copy of the broadcast state
+            new.load_broadcast(old.broadcast_bytes())
+        for name in self.stage.drop_states:
+            new.drop_state(name)
+        new.open(self._context(new))
+        self.attached.control.announce(self.op_index, self.a.index, cbk.I_CODE, version)
+        return new
+
     def _checkpoint(self, checkpoint: int, operator) -> None:
         """At a barrier: copy the key groups this instance owns, then wait for the release; the
         copy is written to the checkpoint's directory meanwhile and after (asynchronously)."""
         self.stats[cbk.I_BARRIER_AT_NS] = time.monotonic_ns()
         path = snapshot_file(Path(self.res.checkpoints), checkpoint, self.stage.id, self.a.index)
         batches = copy_key_groups(operator.table, operator.owned)
+        if self.board is not None and EMITTER_GROUP in operator.owned:  # before the barrier is passed
+            write_private(broadcast_file(path.parent, self.stage.id), operator.broadcast_bytes())
         threading.Thread(target=write_snapshot_or_report, args=(batches, path), daemon=True).start()
         cb = self.attached.control
         cb.signal(cb.instance_word(self.op_index, self.a.index, cbk.I_CHECKPOINT), checkpoint)
@@ -338,19 +386,25 @@ class KeyedInstanceTask(Task):
         same. An instance that gains nothing never waits. An instance scaled away gives up its
         reader slot first, so the slot is free for reuse once the rescale is announced complete.
         Instances record the watermarks they track at the marker; an added instance starts from
-        those.
+        those, and (a broadcast operator's) from the broadcast state that the previous owner of
+        its emitting key group left at the marker.
         """
         new = cb.table(op, epoch).copy()
         if not self.fresh:
             cb.save_watermarks(op, epoch, self.tracker.state())
+        handing = self.board is not None and bool(np.setdiff1d(new, owners).size)  # instances added
+        if handing and not self.fresh and owners[EMITTER_GROUP] == index:
+            self.board.put_epoch(epoch, operator.broadcast_bytes())
         if not (new == index).any():
             gate.close_reader(index)
             self.retired = True
         cb.announce(op, index, cbk.I_EPOCH, epoch)
         gained = (new == index) & (owners != index)
         t0 = time.perf_counter_ns()
-        if gained.any():
-            previous = sorted({int(p) for p in owners[gained]})
+        previous = sorted({int(p) for p in owners[gained]})
+        if handing and self.fresh:
+            previous = sorted({*previous, int(owners[EMITTER_GROUP])})
+        if previous:
             while not cb.wait_epochs(op, previous, epoch, timeout=0.1):
                 if self.should_stop():
                     raise Stopped()
@@ -361,6 +415,11 @@ class KeyedInstanceTask(Task):
                 self.tracker = WatermarkTracker.from_state(state)
                 if self.tracker.current > MIN_WATERMARK:
                     self._advance(operator, chain, self.tracker.current)
+            if handing:
+                data = self.board.at_epoch(epoch)
+                if data is None:
+                    raise RuntimeError(f"operator {self.stage.name!r}: no broadcast state at epoch {epoch}")
+                operator.load_broadcast(data)
             self.fresh = False
         stats = cb.instances(op)[index]
         stats[cbk.I_STALL_NS] += stall

@@ -15,11 +15,14 @@ import pyarrow.compute
 import pyarrow.parquet
 
 from stretch.common.records import from_batch, to_batch
+from stretch.errors import UpdateRefused
 from stretch.runtime import control_socket as cs
+from stretch.runtime.code_update import check
 from stretch.runtime.gate import GateClosed
 from stretch.runtime.outputs import StepError, exception_text
 from stretch.runtime.tasks import Assignment, Stopped, _Attached, make_task
 from stretch.state.key_groups import warm_up as warm_key_groups
+from stretch.state.keyed_table import KeyedTable
 from stretch.state.warm import warm_fused_kernels, warm_table_kernels, warm_timer_kernels
 
 
@@ -67,6 +70,20 @@ def _park(attached, stages: dict, stage_id: int, should_stop):
     return make_task(Assignment(attached.resources, stage), attached, should_stop).build()
 
 
+def _check_update(attached, msg) -> dict:
+    """A spare worker's check of a live update (``runtime.code_update.check``)."""
+    answer = {"op": "update_checked", "id": msg["id"]}
+    try:
+        try:
+            new = cloudpickle.loads(msg["new"])
+        except Exception as e:
+            raise UpdateRefused(f"the new code does not unpickle in a worker: {type(e).__name__}: {e}") from e
+        table = KeyedTable(attached.arena(attached.resources.arenas[new.id]))
+        return {**answer, "ok": True, **check(cloudpickle.loads(msg["old"]), new, table)}
+    except Exception as e:
+        return {**answer, "ok": False, "error": exception_text(e), "refused": isinstance(e, UpdateRefused)}
+
+
 def main(sock_path: str, token: str, worker_id: int) -> int:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(sock_path)
@@ -112,6 +129,13 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
                 sid: _park(attached, stages, sid, stop.is_set) for sid in attached.resources.keyed_index
             }
             continue
+        if op == "code":  # a live update: later tasks of this operator run the new version
+            stages[msg["stage"]] = msg["blob"]
+            parked[msg["stage"]] = _park(attached, stages, msg["stage"], stop.is_set)
+            continue
+        if op == "check_update":
+            reply(_check_update(attached, msg), cs.PICKLE)
+            continue
         if op != "run":
             continue
         stop.clear()
@@ -123,6 +147,7 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
                 task = make_task(Assignment(attached.resources, stage), attached, stop.is_set)
             task.a.index, task.a.epoch = msg["index"], msg["epoch"]
             task.a.position = msg.get("position", 0)
+            task.a.code = msg.get("code", 0)
             task.run()
             reply({"op": "done", "retired": getattr(task, "retired", False), **tag})
             if msg["stage"] in attached.resources.keyed_index:  # park a fresh one for the next rescale

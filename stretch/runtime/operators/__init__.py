@@ -1,8 +1,9 @@
 """Keyed operators as one instance runs them: over the rows of a batch that it owns.
 
 Every operator first maps the batch's keys to rows of the shared key-group tables (``base``), then
-runs the user's function per record (``process``), folds whole columns with a numba kernel
-(``aggregate``, ``vector_window``), or probes a band of both inputs (``band_join``).
+runs the user's function per record (``process``; with a broadcast input, ``broadcast``), folds
+whole columns with a numba kernel (``aggregate``, ``vector_window``), or probes a band of both
+inputs (``band_join``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from stretch.plan.stages import OperatorSpec
 from stretch.runtime.operators.aggregate import AggregateOperator
 from stretch.runtime.operators.band_join import BandJoinOperator
 from stretch.runtime.operators.base import KeyedOperator
+from stretch.runtime.operators.broadcast import BroadcastProcessOperator
 from stretch.runtime.operators.context import InstanceRuntimeContext
 from stretch.runtime.operators.process import ProcessOperator
 from stretch.runtime.operators.vector_window import VectorWindowOperator
@@ -21,6 +23,7 @@ _KINDS = {
     "aggregate": AggregateOperator,
     "vector_window": VectorWindowOperator,
     "band_join": BandJoinOperator,
+    "broadcast_process": BroadcastProcessOperator,
 }
 
 

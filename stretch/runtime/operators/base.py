@@ -43,6 +43,29 @@ class KeyedOperator:
     def close(self) -> None:
         pass
 
+    def drop_state(self, name: str) -> None:
+        """Clear a state that the operator's code no longer declares (a live update with
+        ``drop_orphaned``), in the key groups this instance owns: its memory is reused."""
+        registry = self.table.arena.registry()
+        sid = next((i for i, e in enumerate(registry) if e["name"] == name), None)
+        if sid is None:
+            return
+        storage = registry[sid]["storage"]
+        for kg in self.owned.tolist():
+            n = self.table.n_keys(kg)
+            if not n:
+                continue
+            kgs, rows = np.full(n, kg, dtype=np.uint16), np.arange(n, dtype=np.int64)
+            self.table.begin_write(np.array([kg], dtype=np.uint16))
+            try:
+                if storage == "var":
+                    self.table.write_var(sid, kgs, rows, [None] * n)
+                else:
+                    dtype = np.dtype(storage)
+                    self.table.scatter(sid, dtype, kgs, rows, np.zeros(n, dtype), np.zeros(n, np.uint8))
+            finally:
+                self.table.end_write(np.array([kg], dtype=np.uint16))
+
     def key_column(self, batch: pa.RecordBatch) -> tuple[pa.Array, KeyMode]:
         """The batch's keys in the operator's key mode. A batch sent in another mode (its keys
         mixed, or of one other type) fails the job, naming the first record whose key the

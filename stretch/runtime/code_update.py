@@ -1,0 +1,270 @@
+"""Live update of an operator's code (``JobClient.update``).
+
+An update is a reconfiguration as cheap as a rescale: every instance reads the same gate, so all of
+them switch code at one UPDATE record, in order with the data. Before that, a spare worker checks
+the new code against the operator's state, with nothing changed if it is refused. Each operator's
+versions are kept as pickled stages beside the checkpoints, and a checkpoint records the version
+each operator ran, so a recovery or a restore runs the code that was active at the checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+import types
+from pathlib import Path
+
+import cloudpickle
+
+from stretch.contracts.functions import JoinFunction, KeyedProcessFunction
+from stretch.errors import UpdateRefused
+from stretch.plan.stages import StageSpec
+from stretch.runtime.operators import InstanceRuntimeContext, make_operator
+from stretch.runtime.state_dir import make_private_dir, write_private
+from stretch.state.codecs import storage_entry
+from stretch.state.keyed_table import KeyedTable
+from stretch.state.ttl import stamps_descriptor
+
+ROLLING = ("sum", "min", "max")  # built-in rolling aggregates: one state layout, so swappable
+
+
+def swapped_stage(stage: StageSpec, function, output_type=None) -> StageSpec:
+    """The stage with its user function replaced by ``function`` (an operator's adapter says which
+    of its functions that is); refused if ``function`` is not of a kind the operator runs."""
+    spec = stage.operator
+    if stage.kind != "keyed" or spec is None:
+        raise UpdateRefused(f"operator {stage.name!r} is not a keyed operator; only those are updated live")
+    if output_type is not None and spec.output_type is not None and output_type != spec.output_type:
+        raise UpdateRefused(
+            f"operator {stage.name!r} feeds {spec.output_type} downstream; the new code declares "
+            f"{output_type}: the operators after it would receive records of another type"
+        )
+    changes: dict = {"output_type": spec.output_type or output_type}
+    adapter = getattr(spec.fn, "_with_user_function", None)
+    if spec.kind == "aggregate":
+        if function not in ROLLING:
+            raise UpdateRefused(
+                f"operator {stage.name!r} is the built-in rolling {spec.op}; it is swapped only for "
+                f"another built-in over the same fields: one of {', '.join(map(repr, ROLLING))}"
+            )
+        changes.update(op=function, fn=spec.fn._with_user_function(function))
+    elif adapter is not None:
+        changes["fn"] = adapter(function)
+    elif spec.kind == "process":
+        if not isinstance(function, KeyedProcessFunction):
+            raise UpdateRefused(
+                f"operator {stage.name!r} runs a KeyedProcessFunction ({type(spec.fn).__name__}); "
+                f"the new code is a {type(function).__name__}"
+            )
+        changes["fn"] = function
+    elif spec.kind == "band_join":
+        if not (isinstance(function, JoinFunction) or callable(function)):
+            raise UpdateRefused(f"band join {stage.name!r} takes a JoinFunction or a callable")
+        changes["fn"] = dataclasses.replace(spec.fn, function=function)
+    else:
+        raise UpdateRefused(
+            f"operator {stage.name!r} is a vectorized {spec.kind}: it has no user function to update"
+        )
+    return dataclasses.replace(stage, operator=dataclasses.replace(spec, **changes))
+
+
+def fingerprint(stage: StageSpec) -> str:
+    """A digest of the code an operator runs: its functions' bytecode, constants and names, not
+    where they were defined (line numbers, files) nor how cloudpickle happened to name them."""
+    h = hashlib.sha256()
+    seen: set[int] = set()
+
+    def code(c: types.CodeType) -> None:
+        h.update(c.co_name.encode())
+        h.update(c.co_code)
+        h.update(repr(c.co_names).encode())
+        for const in c.co_consts:
+            code(const) if isinstance(const, types.CodeType) else h.update(repr(const).encode())
+
+    def walk(obj, depth: int) -> None:
+        if depth > 6 or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, types.FunctionType):
+            code(obj.__code__)
+        elif isinstance(obj, (list, tuple)):
+            for o in obj:
+                walk(o, depth + 1)
+        elif isinstance(obj, dict):
+            for k in sorted(obj, key=repr):
+                h.update(repr(k).encode())
+                walk(obj[k], depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, (type, types.ModuleType)):
+            cls = type(obj)
+            h.update(cls.__qualname__.encode())
+            for klass in cls.__mro__:
+                if klass.__module__.startswith(("stretch.", "builtins")):
+                    continue
+                for name in sorted(vars(klass)):
+                    attr = vars(klass)[name]
+                    if isinstance(attr, (types.FunctionType, staticmethod, classmethod)):
+                        code(getattr(attr, "__func__", attr).__code__)
+            walk(vars(obj), depth + 1)
+        else:
+            h.update(repr(obj).encode())
+
+    walk(stage.operator, 0)
+    return h.hexdigest()[:16]
+
+
+def load_version(directory: str, stage_id: int, version: int) -> StageSpec:
+    """A version of a keyed operator's stage, as ``CodeHistory`` saved it."""
+    return cloudpickle.loads((Path(directory) / f"{stage_id}-{version}.pkl").read_bytes())
+
+
+class CodeHistory:
+    """Each keyed operator's code versions: pickled stages in ``directory`` and their history.
+
+    Version 0 is the code the job was started with. Instances load version files when they read an
+    UPDATE record (or start after one); recoveries and restores load the checkpoint's versions.
+    """
+
+    def __init__(self, directory: Path, stages: list[StageSpec], restore: bool):
+        self.dir = directory
+        if not restore:
+            shutil.rmtree(directory, ignore_errors=True)
+        make_private_dir(directory)
+        index = directory / "history.json"
+        self.entries: dict[str, list[dict]] = json.loads(index.read_text()) if index.exists() else {}
+        self.current: dict[int, int] = {}
+        self.script: dict[int, StageSpec] = {}  # what this run's script built (version 0 at a first run)
+        for stage in stages:
+            if stage.kind != "keyed":
+                continue
+            self.script[stage.id] = stage
+            if stage.name not in self.entries:
+                self._save(stage, 0, "the job's script")
+            self.current[stage.id] = 0
+
+    def _save(self, stage: StageSpec, version: int, source: str) -> None:
+        write_private(self.dir / f"{stage.id}-{version}.pkl", cloudpickle.dumps(stage))
+        entry = {"version": version, "at": time.time(), "source": source, "fingerprint": fingerprint(stage)}
+        self.entries.setdefault(stage.name, []).append(entry)
+        write_private(self.dir / "history.json", json.dumps(self.entries))
+
+    def add(self, stage: StageSpec, source: str) -> StageSpec:
+        """Record ``stage`` as its operator's next code version; returns it numbered."""
+        stage = dataclasses.replace(stage, code_version=self.entries[stage.name][-1]["version"] + 1)
+        self._save(stage, stage.code_version, source)
+        self.current[stage.id] = stage.code_version
+        return stage
+
+    def versions(self, stages: list[StageSpec]) -> dict[str, int]:
+        """Operator name -> the version it runs (what a checkpoint records)."""
+        return {s.name: self.current[s.id] for s in stages if s.id in self.current}
+
+    def at_checkpoint(self, stage: StageSpec, version: int, mode: str) -> StageSpec:
+        """The code a restore runs for an operator that ran ``version`` at the checkpoint.
+
+        The script's code, unless the checkpoint ran a live update and the script holds code older
+        than it (an earlier version's): then, by ``mode``, ``"checkpoint"`` runs the recorded
+        version, ``"script"`` the script's code, and ``"refuse"`` fails with why. A script with
+        code of its own (no recorded version's) runs, as a restart with new code does in Flink.
+        """
+        script = self.script[stage.id]
+        mine = fingerprint(script)
+        history = {e["version"]: e for e in self.entries.get(stage.name, ())}
+        recorded = history.get(version)
+        older = any(e["fingerprint"] == mine for v, e in history.items() if v < version)
+        chosen = script
+        if recorded is not None and version > 0 and recorded["fingerprint"] != mine and mode != "script":
+            if mode == "checkpoint":
+                chosen = load_version(str(self.dir), stage.id, version)
+            elif older:
+                at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(recorded["at"]))
+                raise UpdateRefused(
+                    f"operator {stage.name!r} ran code version {version} at the checkpoint (updated live "
+                    f"from {recorded['source']} at {at}), but this script's code for it is older: bring "
+                    "the script up to date, or restore with restore_code='checkpoint' (CLI: "
+                    "--restore-code checkpoint) to run the live-updated code, or restore_code='script' "
+                    "to run the script's code anyway"
+                )
+        self.current[stage.id] = version
+        return dataclasses.replace(chosen, code_version=version)
+
+    def describe(self) -> dict[str, list[dict]]:
+        return self.entries
+
+
+class _Recorder:
+    """A state backend that only notes which states a function declares in ``open()``."""
+
+    def __init__(self):
+        self.declared: dict[str, dict] = {}
+
+    def state(self, descriptor):
+        self.declared[descriptor.name] = storage_entry(descriptor)
+        ttl = descriptor._ttl_config
+        if ttl is not None and ttl.is_enabled():
+            self.state(stamps_descriptor(descriptor))
+        return _Unbound(descriptor.name)
+
+
+class _Unbound:
+    """A state handle during the check: there is no current key to read or write."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr):
+        raise RuntimeError(f"state {self._name!r} was used in open(): keyed state has no current key there")
+
+
+def declared_states(stage: StageSpec, table: KeyedTable, max_parallelism: int) -> dict[str, dict]:
+    """The states ``stage``'s code declares when opened (name -> registry entry)."""
+    recorder = _Recorder()
+    operator = make_operator(stage.operator, stage.name, table)
+    operator.open(InstanceRuntimeContext(stage.name, 0, lambda: 1, max_parallelism, recorder))
+    operator.close()
+    return recorder.declared
+
+
+def check(old: StageSpec, new: StageSpec, table: KeyedTable) -> dict:
+    """What a spare worker checks before an update: the new code opens against the operator's
+    state, and every state name it keeps keeps its kind and type. Returns the states it adds and
+    the operator's states it no longer declares (orphaned: kept, unless the update drops them).
+
+    The operator's states are those in its table and those its current code declares (its
+    instances may not have opened yet)."""
+    registry = {e["name"]: e for e in table.arena.registry()}
+    try:
+        current = declared_states(old, table, old.max_parallelism)
+    except Exception:  # its instances opened it, or will fail on their own
+        current = {}
+    registry = {**current, **registry}
+    try:
+        after = declared_states(new, table, new.max_parallelism)
+    except Exception as e:
+        raise UpdateRefused(
+            f"the new code of operator {new.name!r} failed in open(): {type(e).__name__}: {e}"
+        ) from e
+    for name, entry in after.items():
+        kept = registry.get(name)
+        if kept is not None and kept != entry:
+            raise UpdateRefused(
+                f"operator {new.name!r}: state {name!r} keeps its name but changes from "
+                f"{_kind(kept)} to {_kind(entry)}; one name must keep one kind and type "
+                "(give the new state another name)"
+            )
+    return {
+        "added": sorted(n for n in after if n not in registry),
+        "orphaned": sorted(n for n in registry if n not in after and entry_is_declared(registry[n])),
+    }
+
+
+def entry_is_declared(entry: dict) -> bool:
+    """A state the operator's code declares, not one the engine keeps for it (its timers)."""
+    return entry["kind"] != "timer_heap"
+
+
+def _kind(entry: dict) -> str:
+    t = entry.get("type")
+    return f"a {entry['kind']} state of {json.dumps(t) if t is not None else 'any type'}"

@@ -1,0 +1,450 @@
+"""Live code update: every record before the UPDATE record runs the old code, every record after
+it the new, at any parallelism and under rescales; refused updates change nothing.
+
+Records carry their position in the input (one writer: the gate's order), so the switch shows
+in the output as a cut: the oracle runs the old code on the records before it and the new code
+on the rest, over one state per key, and must give exactly the job's output.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+
+from stretch import channels
+from stretch.common import Types
+from stretch.datastream import (
+    KeyedProcessFunction,
+    MapFunction,
+    ReduceFunction,
+    StreamExecutionEnvironment,
+)
+from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from stretch.datastream.state import ListStateDescriptor, ValueStateDescriptor
+from stretch.errors import UpdateRefused
+from tests.runtime.test_rescale import Job
+
+RECORD = Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()])  # key, value, position
+OUT = Types.TUPLE([Types.STRING(), Types.LONG(), Types.STRING(), Types.LONG(), Types.LONG()])
+
+
+class Counting(KeyedProcessFunction):
+    """Version 1: counts a key's records and sums its values."""
+
+    tag = "v1"
+
+    def open(self, ctx):
+        self.count = ctx.get_state(ValueStateDescriptor("count", Types.LONG()))
+        self.total = ctx.get_state(ValueStateDescriptor("total", Types.LONG()))
+
+    def step(self, count, total, value):
+        return count + 1, total + value
+
+    def process_element(self, value, ctx):
+        count, total = self.step(self.count.value() or 0, self.total.value() or 0, value[1])
+        self.count.update(count)
+        self.total.update(total)
+        yield value[0], value[2], self.tag, count, total
+
+
+class Doubling(Counting):
+    """Version 2: the same states, another rule, and a new state."""
+
+    tag = "v2"
+
+    def open(self, ctx):
+        super().open(ctx)
+        self.seen = ctx.get_list_state(ListStateDescriptor("seen", Types.LONG()))
+
+    def step(self, count, total, value):
+        return count + 1, total + 2 * value
+
+
+class Tripling(Counting):
+    tag = "v3"
+
+    def step(self, count, total, value):
+        return count + 3, total + 3 * value
+
+
+VERSIONS = {"v1": Counting, "v2": Doubling, "v3": Tripling}
+
+
+def oracle(records: list, switches: list) -> set:
+    """Each record by the version in force at its position (switches: (first position, tag))."""
+    state: dict = {}
+    out = set()
+    for key, value, pos in records:
+        tag = [t for first, t in switches if first <= pos][-1]
+        count, total = VERSIONS[tag]().step(*state.get(key, (0, 0)), value)
+        state[key] = (count, total)
+        out.add((key, pos, tag, count, total))
+    return out
+
+
+def cuts(output: list, tags: list) -> list:
+    """Where the output says each version took over; fails unless each is one clean cut."""
+    first = {t: min(o[1] for o in output if o[2] == t) for t in tags}
+    last = {t: max(o[1] for o in output if o[2] == t) for t in tags}
+    for a, b in itertools.pairwise(tags):
+        assert last[a] < first[b], f"{a} ran after {b} had started: no single switching record"
+    return [(first[t] if i else 0, t) for i, t in enumerate(tags)]
+
+
+def records_of(n: int, seed: int) -> list:
+    rng = random.Random(seed)
+    return [(f"k{rng.randrange(50)}", rng.randrange(100), i) for i in range(n)]
+
+
+def counting_job(name: str, parallelism: int) -> Job:
+    return Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", RECORD), None, "in")
+            .key_by(lambda r: r[0])
+            .process(Counting(), OUT)
+            .name("count")
+        ),
+        name,
+        parallelism=parallelism,
+    )
+
+
+def settle(client, operator: str, n: int) -> None:
+    """Until ``operator`` has taken ``n`` records: what was written before is through the channel
+    source's task and in the operator's gate, so an update now comes after it."""
+    deadline = time.monotonic() + 30
+    while next(o for o in client.describe()["operators"] if o["name"] == operator)["records_in"] < n:
+        assert time.monotonic() < deadline, "the records never reached the operator"
+        time.sleep(0.005)
+
+
+def feed_slowly(job: Job, records: list, chunk: int = 20) -> threading.Thread:
+    """Write from a thread, and return once the job's first results are out."""
+
+    def run():
+        for i in range(0, len(records), chunk):
+            job.writer.write(records[i : i + chunk])
+            time.sleep(0.005)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    while not job.out:
+        time.sleep(0.01)
+    return t
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4])
+def test_every_instance_switches_at_one_record(parallelism):
+    records = records_of(4000, parallelism)
+    job = counting_job(f"update p{parallelism}", parallelism)
+    writer = feed_slowly(job, records)
+    report = job.client.update("count", Doubling())
+    writer.join()
+    out = job.finish()
+    assert report.version == 1 and not report.dry_run
+    assert report.states_added == ["seen"] and report.states_orphaned == []
+    assert report.elapsed_ms > 0 and report.checkpoint is None
+    switches = cuts(out, ["v1", "v2"])
+    assert 0 < switches[1][0] < len(records)  # it switched mid-stream
+    assert set(out) == oracle(records, switches) and len(out) == len(records)
+
+
+def test_updates_interleaved_with_random_rescales():
+    rng = random.Random(5)
+    records = records_of(6000, 5)
+    job = counting_job("updates and rescales", 2)
+    writer = feed_slowly(job, records)
+    tags = ["v1"]
+    for tag in ["v2", "v3", "v2"]:
+        for _ in range(3):
+            job.client.rescale("count", rng.randint(1, 6))
+            time.sleep(rng.random() * 0.03)
+        report = job.client.update("count", VERSIONS[tag]())
+        tags.append(tag)
+        assert report.version == len(tags) - 1
+    writer.join()
+    out = job.finish()
+    # a tag may come back: cut the output by version number instead
+    versions = {}
+    for o in out:
+        versions.setdefault(o[2], []).append(o[1])
+    first_seen = sorted({t: min(p) for t, p in versions.items()}.items(), key=lambda kv: kv[1])
+    assert [t for t, _ in first_seen] == ["v1", "v2", "v3"]
+    # with v2 twice, check the cuts by replaying: the one assignment of cuts that the oracle matches
+    v2 = sorted(versions["v2"])
+    v3 = sorted(versions["v3"])
+    assert max(versions["v1"]) < v2[0] and v3[0] > v2[0]
+    second_v2 = [p for p in v2 if p > v3[-1]]
+    assert second_v2 and all(p < v3[0] or p > v3[-1] for p in v2)
+    switches = [(0, "v1"), (v2[0], "v2"), (v3[0], "v3"), (second_v2[0], "v2")]
+    assert set(out) == oracle(records, switches) and len(out) == len(records)
+
+
+class NotAProcessFunction(MapFunction):
+    def map(self, value):
+        return value
+
+
+class CountAsText(Counting):
+    def open(self, ctx):
+        self.count = ctx.get_state(ValueStateDescriptor("count", Types.STRING()))
+
+
+class FailsToOpen(Counting):
+    def open(self, ctx):
+        raise RuntimeError("no database here")
+
+
+class Unpicklable(Counting):
+    def __init__(self):
+        self.lock = threading.Lock()
+
+
+class Orphaning(KeyedProcessFunction):
+    def open(self, ctx):
+        self.count = ctx.get_state(ValueStateDescriptor("count", Types.LONG()))
+
+    def process_element(self, value, ctx):
+        c = (self.count.value() or 0) + 1
+        self.count.update(c)
+        yield value[0], value[2], "v2", c, -1
+
+
+def test_refused_updates_change_nothing_and_a_dry_run_only_checks():
+    records = records_of(1500, 9)
+    job = counting_job("refused updates", 2)
+    job.writer.write(records[:500])
+    refusals = {
+        NotAProcessFunction(): "KeyedProcessFunction",
+        CountAsText(): "state 'count' keeps its name but changes",
+        FailsToOpen(): "failed in open(): RuntimeError: no database here",
+        Unpicklable(): "does not pickle",
+    }
+    for function, why in refusals.items():
+        with pytest.raises(UpdateRefused, match=why.replace("(", r"\(").replace(")", r"\)")):
+            job.client.update("count", function)
+    with pytest.raises(UpdateRefused, match="feeds"):
+        job.client.update("count", Doubling(), output_type=Types.STRING())
+    with pytest.raises(KeyError, match="no operator named 'nope'"):
+        job.client.update("nope", Doubling())
+    dry = job.client.update("count", Orphaning(), dry_run=True)
+    assert dry.dry_run and dry.states_orphaned == ["total"] and dry.states_added == []
+    job.writer.write(records[500:])
+    out = job.finish()
+    assert {o[2] for o in out} == {"v1"}
+    assert set(out) == oracle(records, [(0, "v1")])
+    assert job.client.code_history()["count"][-1]["version"] == 0
+
+
+def test_orphaned_state_is_kept_unless_dropped():
+    records = records_of(800, 3)
+    job = counting_job("orphaned states", 2)
+    job.writer.write(records[:400])
+    settle(job.client, "count", 400)
+    kept = job.client.update("count", Orphaning())
+    assert kept.states_orphaned == ["total"]
+    totals = job.client.query_state("count").column("total").to_pylist()
+    assert all(t is not None for t in totals) and len(totals) == 50
+    dropped = job.client.update("count", Orphaning(), drop_orphaned=True)
+    assert dropped.version == 2
+    assert job.client.query_state("count").column("total").to_pylist() == [None] * 50
+    job.writer.write(records[400:])
+    out = job.finish()
+    assert sorted(o[1] for o in out if o[2] == "v2") == list(range(400, 800))
+
+
+class Summing(ReduceFunction):
+    def reduce(self, a, b):
+        return a[0], a[1] + b[1], b[2]
+
+
+class Keeping(ReduceFunction):
+    def reduce(self, a, b):
+        return a[0], max(a[1], b[1]), b[2]
+
+
+def test_keyed_map_and_rolling_reduce_switch_at_the_record():
+    records = records_of(1200, 4)
+    env_jobs = {
+        "map": (lambda ds: ds.map(lambda r: (r[0], r[2], "old")), lambda r: (r[0], r[2], "new")),
+        "reduce": (lambda ds: ds.reduce(Summing()), Keeping()),
+    }
+    for kind, (build, new) in env_jobs.items():
+        job = Job(
+            lambda env, build=build: build(
+                env.from_source(ChannelSource("in", RECORD), None, "in").key_by(lambda r: r[0])
+            ).name("op"),
+            f"update {kind}",
+        )
+        job.writer.write(records[:600])
+        settle(job.client, "op", 600)
+        job.client.update("op", new)
+        job.writer.write(records[600:])
+        out = job.finish()
+        if kind == "map":
+            assert sorted(out, key=lambda o: o[1]) == [
+                (k, p, "old" if p < 600 else "new") for k, _, p in records
+            ]
+        else:
+            acc: dict = {}
+            want = []
+            for k, v, p in records:
+                a = acc.get(k)
+                f = Summing() if p < 600 else Keeping()
+                acc[k] = (k, v, p) if a is None else f.reduce(a, (k, v, p))
+                want.append(acc[k])
+            assert sorted(out, key=lambda o: o[2]) == want
+
+
+def test_a_stream_without_a_keyed_operator_is_refused():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.from_collection([1, 2, 3]).map(lambda x: x).name("plain").print()
+    client = env.execute_async("no keyed operator")
+    try:
+        with pytest.raises((UpdateRefused, KeyError)):
+            client.update("plain", lambda x: x)
+    finally:
+        client.wait()
+
+
+class Reminding(KeyedProcessFunction):
+    """Version 1 sets a processing-time timer per key; its on_timer is never reached."""
+
+    tag = "v1"
+
+    def process_element(self, value, ctx):
+        ctx.timer_service().register_processing_time_timer(
+            ctx.timer_service().current_processing_time() + 400
+        )
+        return ()
+
+    def on_timer(self, timestamp, ctx):
+        yield ctx.get_current_key(), -1, self.tag, 0, 0
+
+
+class RemindingV2(Reminding):
+    tag = "v2"
+
+
+def test_timers_set_by_the_old_code_fire_into_the_new_code():
+    records = records_of(300, 6)
+    job = Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", RECORD), None, "in")
+            .key_by(lambda r: r[0])
+            .process(Reminding(), OUT)
+            .name("remind")
+        ),
+        "timers across an update",
+    )
+    job.writer.write(records)
+    settle(job.client, "remind", len(records))
+    report = job.client.update("remind", RemindingV2())
+    assert report.elapsed_ms < 400
+    time.sleep(1.0)
+    out = job.finish()
+    assert sorted(o[0] for o in out) == sorted({r[0] for r in records})
+    assert {o[2] for o in out} == {"v2"}
+
+
+def test_a_count_window_reduce_switches_at_the_record():
+    records = records_of(900, 8)
+    job = Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", RECORD), None, "in")
+            .key_by(lambda r: r[0])
+            .count_window(3)
+            .reduce(Summing())
+            .name("windows")
+        ),
+        "window reduce update",
+    )
+    job.writer.write(records[:450])
+    settle(job.client, "windows", 450)
+    job.client.update("windows", Keeping())
+    job.writer.write(records[450:])
+    out = job.finish()
+    acc: dict = {}
+    want = []
+    for k, v, p in records:
+        a, n = acc.get(k, (None, 0))
+        f = Summing() if p < 450 else Keeping()
+        a = (k, v, p) if a is None else f.reduce(a, (k, v, p))
+        if n + 1 == 3:
+            want.append(a)
+            acc[k] = (None, 0)
+        else:
+            acc[k] = (a, n + 1)
+    assert sorted(out, key=lambda o: o[2]) == sorted(want, key=lambda o: o[2])
+
+
+@pytest.mark.parametrize("kill_after", [0.5])
+def test_a_kill_9_during_or_after_an_update_loses_and_duplicates_nothing(kill_after):
+    """A worker dies while the update is under way (the recovery undoes it, and it is asked again)
+    or after it (the recovery runs the version its checkpoint recorded): either way the output is
+    the old code up to one record and the new code after it, each result once."""
+    records = records_of(1500, 17)
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.enable_checkpointing(200)
+    source = ChannelSource("in", RECORD, durable=True)
+    ds = env.from_source(source, None, "in").key_by(lambda r: r[0]).process(Counting(), OUT).name("count")
+    ds.sink_to(ChannelSink("out"))
+    client = env.execute_async(f"update-kill-{random.randrange(1 << 40):x}")
+    co = client._coordinator
+    writer = channels.open_writer(client, "in")
+    writer.write(records[:500])
+    settle(client, "count", 500)
+    stage = co.plan.stage("count").id
+
+    def kill() -> None:
+        time.sleep(kill_after)
+        victims = [w for w in list(co._workers.values()) if w.task and w.task[0] == stage and w.pid]
+        os.kill(victims[0].pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    try:
+        report = client.update("count", Doubling())
+        assert report.checkpoint is not None
+    except RuntimeError:  # the recovery ended it: nothing of it stays
+        deadline = time.monotonic() + 30
+        while co.status.name != "RUNNING" or not co.recoveries:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        client.update("count", Doubling())
+    killer.join()
+    writer.write(records[500:])
+    writer.end()
+    assert client.wait(60).name == "FINISHED"
+    assert len(co.recoveries) == 1
+    out = [tuple(r) for r in channels.open_reader(client, "out")]
+    assert set(out) == oracle(records, cuts(out, ["v1", "v2"])) and len(out) == len(records)
+
+
+def test_a_restore_with_the_scripts_older_code_refuses_unless_told(tmp_path):
+    from stretch.plan.stages import OperatorSpec, StageSpec
+    from stretch.runtime.code_update import CodeHistory
+
+    def stage(fn):
+        return StageSpec(1, "count", "keyed", 2, 128, [], operator=OperatorSpec("process", fn))
+
+    first = CodeHistory(tmp_path, [stage(Counting())], restore=False)
+    first.add(stage(Doubling()), "tests:Doubling")
+    again = CodeHistory(tmp_path, [stage(Counting())], restore=True)  # the old script, restored
+    with pytest.raises(UpdateRefused, match=r"ran code version 1 at the checkpoint .* tests:Doubling"):
+        again.at_checkpoint(stage(Counting()), 1, "refuse")
+    ran = again.at_checkpoint(stage(Counting()), 1, "checkpoint")
+    assert type(ran.operator.fn) is Doubling and ran.code_version == 1
+    assert type(again.at_checkpoint(stage(Counting()), 1, "script").operator.fn) is Counting
+    assert again.at_checkpoint(stage(Counting()), 0, "refuse").code_version == 0
+    updated = CodeHistory(tmp_path, [stage(Doubling())], restore=True)  # the script brought up to date
+    assert type(updated.at_checkpoint(stage(Doubling()), 1, "refuse").operator.fn) is Doubling
+    edited = CodeHistory(tmp_path, [stage(Tripling())], restore=True)  # new code of the script's own
+    assert type(edited.at_checkpoint(stage(Tripling()), 1, "refuse").operator.fn) is Tripling
