@@ -168,6 +168,7 @@ class ChannelReader:
                 raise TimeoutError(f"nothing arrived on channel {self.name!r} within {timeout} s")
 
     def close(self) -> None:
+        """Let go of the log and its live tail (iterating to the end closes the reader too)."""
         self.log.close()
         if self._tail is not None:
             self._tail.close()
@@ -182,8 +183,13 @@ class ChannelReader:
 
 
 def open_writer(job, name: str) -> ChannelWriter:
+    """A writer into input channel ``name`` of ``job`` (a JobClient, a job id or unique prefix, or a
+    running job's name); as a context manager it ends the channel's stream when the block ends
+    without an error."""
     return ChannelWriter(job, name)
 
 
 def open_reader(job, name: str, from_offset: int | None = None) -> ChannelReader:
+    """A reader of output channel ``name`` of ``job``: iterate it for the records, in order, until
+    the stream ends; it starts at the current run's first result, or at ``from_offset``."""
     return ChannelReader(job, name, from_offset)

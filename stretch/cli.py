@@ -1,4 +1,5 @@
-"""The ``stretch`` command: run the demo, list jobs on this machine, describe one."""
+"""The ``stretch`` command: run the demo or a job script, list, describe, rescale, update and
+checkpoint the jobs on this machine, and look at or change a stretch cluster."""
 
 from __future__ import annotations
 
@@ -266,6 +267,9 @@ _EXAMPLES = """examples:
   stretch scale clicks totals 4           rescale operator 'totals' live
   stretch checkpoint clicks               a checkpoint now
   stretch update clicks totals fns:V2     swap the function of operator 'totals', live
+  stretch metrics clicks                  its metrics, in Prometheus' text format
+  stretch run --restore my_job.py         a job script, from its job's latest checkpoint
+  stretch cluster status DIR              the nodes of a stretch cluster (its address: a directory)
 
 exit status: 0 done; 1 refused or failed (the reason on standard error); 2 wrong usage"""
 
@@ -273,8 +277,8 @@ exit status: 0 done; 1 refused or failed (the reason on standard error); 2 wrong
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="stretch",
-        description="Elastic stateful stream processing: run the demo, and list, describe, rescale and "
-        "checkpoint the stretch jobs running on this machine.",
+        description="Elastic stateful stream processing: run the demo or a job script; list, describe, "
+        "rescale, update and checkpoint the stretch jobs running on this machine; look at and change a cluster.",
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -363,23 +367,45 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_metrics)
     p = command(
         "cluster",
-        "a stretch cluster",
+        "look at a stretch cluster's nodes, or add and remove nodes through its driver",
         "stretch cluster status /path/to/cluster\n  stretch cluster add-node /path/to/cluster\n"
         "  stretch cluster remove-node /path/to/cluster node-0",
     )
     csub = p.add_subparsers(dest="cluster_command", required=True)
-    c = csub.add_parser("status", help="each node's routing version, key groups and jobs")
-    c.add_argument("address", help="the cluster's address (its directory)")
-    c.add_argument("--json", action="store_true")
+
+    def cluster_command(name: str, summary: str, example: str, json_help: str):
+        c = csub.add_parser(
+            name,
+            help=summary,
+            description=summary,
+            epilog=f"example:\n  {example}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        c.add_argument("address", help="the cluster's address (its directory)")
+        c.add_argument("--json", action="store_true", help=json_help)
+        return c
+
+    c = cluster_command(
+        "status",
+        "each node's routing version, key groups and jobs",
+        "stretch cluster status /tmp/stretch-cluster-4k8v6ur2",
+        "machine-readable: the routing version and each node's status as JSON",
+    )
     c.set_defaults(func=cmd_cluster_status)
-    c = csub.add_parser("add-node", help="start a node and move its share of key groups to it, live")
-    c.add_argument("address", help="the cluster's address (its directory)")
-    c.add_argument("--json", action="store_true")
+    c = cluster_command(
+        "add-node",
+        "start a node and move its share of key groups to it, live",
+        "stretch cluster add-node /tmp/stretch-cluster-4k8v6ur2 --json",
+        "machine-readable: the HandoffReport as JSON",
+    )
     c.set_defaults(func=cmd_cluster_change)
-    c = csub.add_parser("remove-node", help="move a node's key groups to the others, live, then stop it")
-    c.add_argument("address", help="the cluster's address (its directory)")
+    c = cluster_command(
+        "remove-node",
+        "move a node's key groups to the others, live, then stop it",
+        "stretch cluster remove-node /tmp/stretch-cluster-4k8v6ur2 node-0",
+        "machine-readable: the HandoffReport as JSON",
+    )
     c.add_argument("node", help="the node's id, as `stretch cluster status` shows it")
-    c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_cluster_change)
     args = parser.parse_args(argv)
     return args.func(args)

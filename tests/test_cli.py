@@ -225,6 +225,8 @@ def test_help_has_examples_and_exit_codes_follow_the_conventions():
     assert "examples:" in top and "exit status" in top
     for command in ("demo", "scale", "checkpoint", "run", "jobs", "status", "metrics", "cluster"):
         assert "example:" in stretch(command, "--help").stdout, command
+    for command in ("status", "add-node", "remove-node"):
+        assert "example:" in stretch("cluster", command, "--help").stdout, command
     assert stretch("status", "no such job", check=False).returncode == 1  # refused
     assert stretch("scale", "some job", check=False).returncode == 2  # wrong usage
 

@@ -13,6 +13,8 @@ streaming query stops it (``availableNow`` triggers end by themselves). Spark re
 paths in the directory its JVM started in, not the block's, so Spark blocks give it absolute ones.
 """
 
+import contextlib
+import io
 import re
 import subprocess
 import sys
@@ -56,6 +58,22 @@ def test_no_python_left_unrun():
     files = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     unrun = [f"{p.relative_to(ROOT)}" for p in files if re.search(r"^```py\s*$", p.read_text(), re.M)]
     assert unrun == []
+
+
+def test_every_command_has_a_section_on_the_cli_page():
+    """docs/guides/cli.md has a section for each subcommand that `stretch --help` lists."""
+    from stretch.cli import main
+
+    def commands(*path):
+        with pytest.raises(SystemExit), contextlib.redirect_stdout(io.StringIO()) as out:
+            main([*path, "--help"])
+        choices = re.search(r"^usage: .*?\{([\w,-]+)\}", out.getvalue(), re.M | re.S)
+        return choices.group(1).split(",") if choices else []
+
+    page = (ROOT / "docs/guides/cli.md").read_text()
+    documented = set(re.findall(r"^#{2,3} stretch (cluster [\w-]+|[\w-]+)", page, re.M))
+    wanted = set(commands()) | {f"cluster {c}" for c in commands("cluster")}
+    assert len(wanted) > 10 and wanted <= documented, wanted - documented
 
 
 @pytest.mark.parametrize("code", list(_blocks()))

@@ -188,6 +188,7 @@ class ClusterWriter:
         self.connection.locations()
 
     def close(self) -> None:
+        """Close the connections to the nodes (a ``with`` block does it at its end)."""
         self.connection.close()
 
     def __enter__(self) -> ClusterWriter:

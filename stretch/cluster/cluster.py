@@ -65,6 +65,10 @@ class _Node:
 
 
 class StretchCluster:
+    """A cluster of stretch nodes on this host, driven from this process: jobs run on it
+    (``env.execute_async(name, cluster=...)``), nodes are added and removed live (their key groups
+    move with their state), and ``enable_elasticity`` lets it size itself by load."""
+
     def __init__(
         self, directory: Path, max_parallelism: int, step: int, owns_directory: bool, launcher=None, tls=None
     ):
@@ -213,6 +217,7 @@ class StretchCluster:
 
     @property
     def nodes(self) -> list[str]:
+        """The ids of the cluster's nodes now, in the order they joined."""
         return list(self._nodes)
 
     def status(self) -> dict:
@@ -254,6 +259,8 @@ class StretchCluster:
         return ClusterJobClient(self, name)
 
     def writer(self, job: str, channel: str, key=None) -> ClusterWriter:
+        """A writer into input channel ``channel`` of job ``job`` on every node: each row goes to the
+        node owning its key group (``key``: the field, by default the one the job keys by)."""
         return ClusterWriter(self.address, job, channel, key)
 
     # ---- node changes ---------------------------------------------------------------------------
@@ -388,9 +395,11 @@ class ClusterJobClient:
         self.cluster, self.name = cluster, name
 
     def get_job_id(self) -> str:
+        """The job's name: on a cluster it names the job on every node (there as ``<name>@<node>``)."""
         return self.name
 
     def writer(self, channel: str, key=None) -> ClusterWriter:
+        """A writer into the job's input channel ``channel``, each row to the node owning its key group."""
         return self.cluster.writer(self.name, channel, key)
 
     def end(self, channel: str) -> None:
@@ -408,6 +417,7 @@ class ClusterJobClient:
         }
 
     def cancel(self) -> None:
+        """Cancel the job on every node."""
         for node in self.cluster.nodes:
             self.cluster.connection.action(node, "cancel", {"job": self.name})
 

@@ -8,6 +8,8 @@ from typing import Any
 
 
 class Configuration:
+    """PyFlink's key-value configuration (string keys; typed getters and setters)."""
+
     def __init__(self, other: Configuration | None = None):
         self._data: dict[str, str] = dict(other._data) if other is not None else {}
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 
 class ExecutionConfig:
+    """PyFlink's per-job execution settings (``env.get_config()``): parallelism, watermark interval,
+    job parameters."""
+
     def __init__(self, env=None):
         self._env = env
         self._auto_watermark_interval = 200

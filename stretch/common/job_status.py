@@ -6,6 +6,8 @@ from enum import Enum
 
 
 class JobStatus(Enum):
+    """The state of a job (``JobClient.get_job_status``, ``wait``), as Flink names them."""
+
     CREATED = 0
     RUNNING = 1
     FAILING = 2

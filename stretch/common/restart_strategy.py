@@ -24,6 +24,9 @@ def _ms(delay) -> int:
 
 
 class RestartStrategies:
+    """PyFlink's restart strategies: recorded, not acted on (a checkpointed job recovers its dead
+    workers by itself)."""
+
     RestartStrategyConfiguration = RestartStrategyConfiguration
 
     @staticmethod

@@ -27,6 +27,8 @@ __all__ = ["Row", "RowKind"]
 
 
 class RowKind(Enum):
+    """What a row means in a changelog: an insert, an update (before and after) or a delete."""
+
     INSERT = 0
     UPDATE_BEFORE = 1
     UPDATE_AFTER = 2

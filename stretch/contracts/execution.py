@@ -14,12 +14,17 @@ from enum import Enum
 
 
 class RuntimeExecutionMode(Enum):
+    """STREAMING (the default), BATCH or AUTOMATIC, with Flink's meanings (``env.set_runtime_mode``)."""
+
     STREAMING = 0
     BATCH = 1
     AUTOMATIC = 2
 
 
 class TimeCharacteristic(Enum):
+    """PyFlink's time characteristic (deprecated there), accepted for ported programs: records with
+    timestamps are on event time, processing-time windows and timers on the wall clock."""
+
     ProcessingTime = 0
     IngestionTime = 1
     EventTime = 2
@@ -101,10 +106,15 @@ class StateBackend:
 
 
 class HashMapStateBackend(StateBackend):
+    """PyFlink's heap state backend; like every backend, it selects stretch's shared-memory keyed state."""
+
     pass
 
 
 class EmbeddedRocksDBStateBackend(StateBackend):
+    """PyFlink's RocksDB state backend; like every backend, it selects stretch's shared-memory keyed
+    state."""
+
     pass
 
 

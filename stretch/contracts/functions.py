@@ -18,6 +18,8 @@ W2 = TypeVar("W2")
 
 
 class TimeDomain(Enum):
+    """Whether a timer fired on event time (the watermark) or on processing time (the wall clock)."""
+
     EVENT_TIME = 0
     PROCESSING_TIME = 1
 
@@ -76,26 +78,37 @@ class Function(ABC):  # noqa: B024 - PyFlink's base class has no abstract method
 
 
 class MapFunction(Function, Generic[IN, OUT]):
+    """One record in, one record out (``DataStream.map``)."""
+
     @abstractmethod
     def map(self, value): ...
 
 
 class FlatMapFunction(Function, Generic[IN, OUT]):
+    """One record in, any number out: ``flat_map`` yields or returns an iterable."""
+
     @abstractmethod
     def flat_map(self, value): ...
 
 
 class FilterFunction(Function, Generic[IN]):
+    """Keeps the records for which ``filter`` returns true."""
+
     @abstractmethod
     def filter(self, value) -> bool: ...
 
 
 class ReduceFunction(Function, Generic[IN]):
+    """Combines two values of one key (or window) into one of the same type."""
+
     @abstractmethod
     def reduce(self, value1, value2): ...
 
 
 class AggregateFunction(Function, Generic[IN, ACC, OUT]):
+    """An aggregation through an accumulator: create one, add each value, merge two, read the
+    result."""
+
     @abstractmethod
     def create_accumulator(self): ...
 
@@ -110,6 +123,8 @@ class AggregateFunction(Function, Generic[IN, ACC, OUT]):
 
 
 class KeySelector(Function, Generic[IN, KEY]):
+    """Extracts the key a record is partitioned and its state kept by (``key_by``)."""
+
     @abstractmethod
     def get_key(self, value): ...
 
@@ -122,6 +137,8 @@ class Partitioner(Function, Generic[KEY]):
 
 
 class TimerService(ABC):
+    """The current times of a keyed function, and its timers (kept per key in keyed state)."""
+
     @abstractmethod
     def current_processing_time(self) -> int: ...
 
@@ -142,6 +159,8 @@ class TimerService(ABC):
 
 
 class ProcessFunction(Function, Generic[IN, OUT]):
+    """A function of each record with access to its timestamp, timers and side outputs."""
+
     class Context(ABC):
         @abstractmethod
         def timer_service(self) -> TimerService: ...

@@ -24,6 +24,8 @@ class State(ABC):
 
 
 class ValueState(State):
+    """One value per key: ``value()`` (None until set), ``update(v)``, ``clear()``."""
+
     @abstractmethod
     def value(self): ...
 
@@ -32,6 +34,8 @@ class ValueState(State):
 
 
 class AppendingState(State):
+    """State that values are added to (``add``) and read as a whole (``get``)."""
+
     @abstractmethod
     def get(self): ...
 
@@ -40,10 +44,14 @@ class AppendingState(State):
 
 
 class MergingState(AppendingState, ABC):
+    """Appending state whose contents of several windows can be merged (session windows)."""
+
     pass
 
 
 class ListState(MergingState):
+    """A list per key: ``add``, ``add_all``, ``update`` (replace), ``get`` or iterate."""
+
     @abstractmethod
     def update(self, values: list) -> None: ...
 
@@ -55,14 +63,20 @@ class ListState(MergingState):
 
 
 class ReducingState(MergingState):
+    """One value per key that each ``add`` folds in with the descriptor's reduce function."""
+
     pass
 
 
 class AggregatingState(MergingState):
+    """One accumulator per key that each ``add`` feeds through the descriptor's AggregateFunction."""
+
     pass
 
 
 class MapState(State):
+    """A dict per key: ``get``, ``put``, ``remove``, ``contains``, ``items``, ``keys``, ``values``."""
+
     @abstractmethod
     def get(self, key): ...
 
@@ -300,6 +314,8 @@ class StateDescriptor:
 
 
 class ValueStateDescriptor(StateDescriptor):
+    """Declares a ValueState: its name (unique in the function) and the type of its value."""
+
     kind = "value"
 
     def __init__(self, name: str, value_type_info: TypeInformation):
@@ -307,6 +323,8 @@ class ValueStateDescriptor(StateDescriptor):
 
 
 class ListStateDescriptor(StateDescriptor):
+    """Declares a ListState: its name and the type of its elements."""
+
     kind = "list"
 
     def __init__(self, name: str, elem_type_info: TypeInformation):
@@ -315,6 +333,8 @@ class ListStateDescriptor(StateDescriptor):
 
 
 class MapStateDescriptor(StateDescriptor):
+    """Declares a MapState: its name and the types of its keys and values."""
+
     kind = "map"
 
     def __init__(self, name: str, key_type_info: TypeInformation, value_type_info: TypeInformation):
@@ -324,6 +344,8 @@ class MapStateDescriptor(StateDescriptor):
 
 
 class ReducingStateDescriptor(StateDescriptor):
+    """Declares a ReducingState: its name, reduce function and value type."""
+
     kind = "reducing"
 
     def __init__(self, name: str, reduce_function: Any, type_info: TypeInformation):
@@ -337,6 +359,8 @@ class ReducingStateDescriptor(StateDescriptor):
 
 
 class AggregatingStateDescriptor(StateDescriptor):
+    """Declares an AggregatingState: its name, AggregateFunction and accumulator type."""
+
     kind = "aggregating"
 
     def __init__(self, name: str, agg_function: Any, state_type_info: TypeInformation):

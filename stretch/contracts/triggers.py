@@ -22,6 +22,8 @@ W = TypeVar("W")
 
 
 class TriggerResult(Enum):
+    """What a trigger decides: continue, fire, purge, or fire and purge the window."""
+
     CONTINUE = (False, False)
     FIRE_AND_PURGE = (True, True)
     FIRE = (True, False)
@@ -35,6 +37,8 @@ class TriggerResult(Enum):
 
 
 class Trigger(ABC, Generic[T, W]):
+    """Decides when a window fires (and whether it is purged), on elements, timers and merges."""
+
     class TriggerContext(ABC):
         @abstractmethod
         def get_current_processing_time(self) -> int: ...

@@ -27,6 +27,8 @@ def window_start(timestamp: int, offset: int, size: int) -> int:
 
 
 class Window:
+    """A window: the group of records a window function sees at once."""
+
     def max_timestamp(self) -> int:
         raise NotImplementedError
 
@@ -74,6 +76,8 @@ class WindowAssigner:
 
 
 class TumblingEventTimeWindows(WindowAssigner):
+    """Fixed-size, non-overlapping event-time windows (``of(size, offset)``)."""
+
     def __init__(self, size: int, offset: int = 0):
         if size <= 0 or abs(offset) >= size:
             raise ValueError("TumblingWindows need size > 0 and |offset| < size")
@@ -92,6 +96,8 @@ class TumblingEventTimeWindows(WindowAssigner):
 
 
 class SlidingEventTimeWindows(WindowAssigner):
+    """Fixed-size event-time windows that start every ``slide`` (``of(size, slide, offset)``)."""
+
     def __init__(self, size: int, slide: int, offset: int = 0):
         if size <= 0 or slide <= 0 or abs(offset) >= slide:
             raise ValueError("SlidingWindows need size > 0, slide > 0 and |offset| < slide")
@@ -151,6 +157,8 @@ class EventTimeSessionWindows(WindowAssigner):
 
 
 class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
+    """Fixed-size, non-overlapping windows of the wall clock."""
+
     event_time = False
 
     @staticmethod
@@ -161,6 +169,8 @@ class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
 
 
 class SlidingProcessingTimeWindows(SlidingEventTimeWindows):
+    """Fixed-size windows of the wall clock that start every ``slide``."""
+
     event_time = False
 
     @staticmethod
@@ -171,6 +181,8 @@ class SlidingProcessingTimeWindows(SlidingEventTimeWindows):
 
 
 class ProcessingTimeSessionWindows(EventTimeSessionWindows):
+    """Windows of the wall clock that close after a gap without records of their key."""
+
     event_time = False
 
     @staticmethod

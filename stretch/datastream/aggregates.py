@@ -35,22 +35,27 @@ class BuiltinAggregate:
 
 
 def count(name: str | None = None) -> BuiltinAggregate:
+    """The number of records (of a key and window)."""
     return BuiltinAggregate("count", None, name)
 
 
 def sum(field: str | int, name: str | None = None) -> BuiltinAggregate:
+    """The sum of ``field``."""
     return BuiltinAggregate("sum", field, name)
 
 
 def min(field: str | int, name: str | None = None) -> BuiltinAggregate:
+    """The smallest value of ``field``."""
     return BuiltinAggregate("min", field, name)
 
 
 def max(field: str | int, name: str | None = None) -> BuiltinAggregate:
+    """The largest value of ``field``."""
     return BuiltinAggregate("max", field, name)
 
 
 def mean(field: str | int, name: str | None = None) -> BuiltinAggregate:
+    """The mean of ``field``."""
     return BuiltinAggregate("mean", field, name)
 
 

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 
 class AllWindowedStream:
+    """All records of a stream in windows, without a key (``window_all``): the windows of one key,
+    so one instance does the work."""
+
     def __init__(self, stream: DataStream, window_assigner):
         self._windowed = stream.key_by(_Everything()).window(window_assigner)
 

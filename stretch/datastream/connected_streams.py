@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 
 class ConnectedStreams:
+    """Two streams connected for one co-function (``connect``): ``map``, ``flat_map`` or ``process``
+    over both; keyed on both sides, the function keeps keyed state and timers for both."""
+
     def __init__(self, stream1: DataStream, stream2: DataStream):
         self.stream1, self.stream2 = stream1, stream2
 

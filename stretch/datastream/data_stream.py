@@ -54,9 +54,9 @@ def _check_function(func, cls, what: str):
 
 
 class DataStream:
-    _is_keyed = False  # a KeyedStream's is True: connected, two keyed streams make a keyed operator
-
     """A stream of records; transformations return new streams, nothing runs until execute()."""
+
+    _is_keyed = False  # a KeyedStream's is True: connected, two keyed streams make a keyed operator
 
     def __init__(self, env: StreamExecutionEnvironment, transformation: Transformation):
         self._env = env

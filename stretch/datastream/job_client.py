@@ -109,6 +109,7 @@ class JobClient:
 
     def get_job_id(self) -> str:
         return self._coordinator.job_id
+        """The job's id (a hex string; ``stretch jobs`` lists it)."""
 
     @property
     def name(self) -> str:
@@ -121,6 +122,7 @@ class JobClient:
         return self._coordinator.requests.handle(request)
 
     def get_job_status(self) -> CompletableFuture:
+        """The job's current ``JobStatus``, as a completed future (as PyFlink returns it)."""
         return CompletableFuture.completed(self._coordinator.status)
 
     def cancel(self) -> CompletableFuture:
@@ -211,6 +213,7 @@ class JobClient:
         return read_state(table, key_groups)
 
     def get_job_execution_result(self) -> CompletableFuture:
+        """A future of the ``JobExecutionResult``, completed when the job finishes."""
         f = CompletableFuture()
 
         def complete() -> None:

@@ -208,6 +208,9 @@ class IntervalJoin:
 
 
 class IntervalJoined:
+    """An interval join with its bounds set: choose exclusive bounds and late-data outputs, then
+    ``process``."""
+
     def __init__(self, left: KeyedStream, right: KeyedStream, lower: int, upper: int):
         self._left, self._right = left, right
         self._lower, self._upper = lower, upper
