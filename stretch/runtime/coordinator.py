@@ -561,6 +561,10 @@ class Coordinator:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(w.pid, signal.SIGKILL)
             self._workers.clear()
+            for ticket in self._checks.values():  # their workers are gone with the rest
+                ticket.put({"ok": False, "error": "the job is recovering from a failure; retry the update"})
+            self._checks.clear()
+            self._waiting_checks.clear()
             deadline = time.monotonic() + self.config.shutdown_timeout
             while any(_alive(w.pid) for w in workers) and time.monotonic() < deadline:
                 time.sleep(0.001)
@@ -833,6 +837,7 @@ class Coordinator:
         stage = self.plan.stage(operator)
         swapped_stage(stage, function, output_type)  # refuse a wrong kind before waiting for a turn
         with self._reconfiguring(stage), self.exclusive:
+            generation = self.generation  # a recovery from now on bumps it: this update is undone
             if self.status is not JobStatus.RUNNING:
                 raise RuntimeError(f"the job is {self.status.name}; only a running job is updated")
             stage = self.plan.stages[stage.id]  # the latest version
@@ -862,12 +867,11 @@ class Coordinator:
             self.plan.stages[stage.id] = new
             self._stage_blobs[stage.id] = blob
             self._events.put(("code", stage.id, blob))
-            generation = self.generation
             self.gates[stage.input_gate].append_control(Kind.UPDATE, new.code_version)
             instances = list(range(self._parallelism[stage.id]))
             deadline = None if timeout is None else time.monotonic() + timeout
             while not self.control.wait_epochs(op, instances, new.code_version, 0.05, word=cbk.I_CODE):
-                if self._stopping or self.generation != generation:
+                if self._stopping or self.generation != generation or self.status is not JobStatus.RUNNING:
                     raise RuntimeError(
                         f"update of {operator!r} did not complete: the job is {self.status.name}"
                     ) from self.error
@@ -894,7 +898,7 @@ class Coordinator:
                 answer = ticket.get(timeout=0.1)
                 break
             except queue.Empty:
-                if self._stopping or time.monotonic() > deadline:
+                if self._stopping or self.status is not JobStatus.RUNNING or time.monotonic() > deadline:
                     self._checks.pop(cid, None)
                     raise RuntimeError(
                         f"the update of {stage.name!r} was not checked: no worker answered"
