@@ -464,6 +464,7 @@ class Coordinator:
                 self._fail(_job_error(msg["error"], self.plan.stages[msg["stage"]].name))
             elif op == "done" and msg.get("retired"):
                 self._stages[msg["stage"]].running.discard(msg["index"])  # its worker rejoins the pool
+                self._check_finished(msg["stage"])  # the other instances may have ended before it
             elif op == "done":
                 self.instance_done(msg["stage"], msg["index"])
             if self.status is JobStatus.RUNNING:
@@ -495,6 +496,12 @@ class Coordinator:
         st = self._stages[stage_id]
         st.running.discard(index)
         st.done.add(index)
+        self._check_finished(stage_id)
+
+    def _check_finished(self, stage_id: int) -> None:
+        """A stage ends when as many instances as its parallelism ended and none still runs (an
+        instance a rescale removed may report after the others ended)."""
+        st = self._stages[stage_id]
         if len(st.done) >= self._parallelism[stage_id] and not st.running and not st.finished:
             st.finished = True
             self._producer_finished(stage_id)

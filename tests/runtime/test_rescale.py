@@ -321,3 +321,23 @@ def test_a_rescale_to_the_current_parallelism_publishes_nothing_and_a_barrier_wa
     assert sorted(max(v for k2, v in out if k2 == k) for k in range(13)) == sorted(
         sum(1 for i in range(n) if i % 13 == k) for k in range(13)
     )
+
+
+@pytest.mark.parametrize("trial", range(8))
+def test_a_job_finishes_when_its_scaled_away_instances_report_after_the_rest_ended(trial):
+    """Up then down while records arrive, then the input ends: the instances removed by the second
+    rescale may say they ended after the remaining one ended; the job still finishes, and exactly."""
+    records = [(f"user-{i % 100}", 1) for i in range(20_000)]
+    t = Types.TUPLE([Types.STRING(), Types.LONG()])
+    job = Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", t), None, "in").key_by(lambda r: r[0]).sum(1).name("sum")
+        ),
+        f"up and down {trial}",
+    )
+    job.writer.write(records[:10_000])
+    job.client.rescale("sum", 4)
+    job.writer.write(records[10_000:])
+    job.client.rescale("sum", 1)
+    got = job.finish()
+    assert by_key(got) == {f"user-{u}": [(f"user-{u}", n) for n in range(1, 201)] for u in range(100)}
