@@ -24,6 +24,7 @@ from stretch.state import _table_kernels as K
 
 _MAGIC = 0x53545245_4152454E  # "STREAREN"
 _A_MAGIC, _A_RESERVE, _A_BUMP, _A_KEY_MODE, _A_MAXP, _A_REGISTRY_LEN = 0, 8, 16, 24, 32, 40
+_A_REGISTRY_VERSION = 48  # bumped by every change of the registry (a rename keeps its length)
 _A_LOCK = 64
 _REGISTRY_OFF, _REGISTRY_SIZE = 4096, 61440
 DIR_OFF = 65536
@@ -63,7 +64,7 @@ class Arena:
             self.max_parallelism, K.KG_WORDS
         )
         self._registry_cache: list[dict] = []
-        self._registry_len = -1
+        self._registry_version = -1
 
     @property
     def name(self) -> str:
@@ -141,7 +142,7 @@ class Arena:
     # ---- state registry ----------------------------------------------------------------
     def registry(self) -> list[dict]:
         """Declared states in id order: dicts with name, kind, storage and type description."""
-        if self.region.load64(_A_REGISTRY_LEN) != self._registry_len:
+        if self.region.load64(_A_REGISTRY_VERSION) != self._registry_version:
             self.region.lock(_A_LOCK)  # a declaration rewrites the bytes in place: read it whole
             try:
                 self._load_registry()
@@ -150,13 +151,37 @@ class Arena:
         return self._registry_cache
 
     def _load_registry(self) -> list[dict]:
-        n = self.region.load64(_A_REGISTRY_LEN)
-        if n != self._registry_len:
+        version = self.region.load64(_A_REGISTRY_VERSION)
+        if version != self._registry_version:
+            n = self.region.load64(_A_REGISTRY_LEN)
             self._registry_cache = json.loads(
                 bytes(self.a8[_REGISTRY_OFF : _REGISTRY_OFF + n]) if n else b"[]"
             )
-            self._registry_len = n
+            self._registry_version = version
         return self._registry_cache
+
+    def _store_registry(self, states: list[dict]) -> None:
+        raw = json.dumps(states).encode()
+        if len(raw) > _REGISTRY_SIZE:
+            raise ValueError("too many or too large state declarations for one operator")
+        self.a8[_REGISTRY_OFF : _REGISTRY_OFF + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        self.region.store64(_A_REGISTRY_LEN, len(raw))
+        self.region.store64(_A_REGISTRY_VERSION, self.region.load64(_A_REGISTRY_VERSION) + 1)
+
+    def rename_state(self, old: str, new: str) -> bool:
+        """Give state ``old`` the name ``new``, its data untouched (a built-in whose state another
+        built-in takes over); False if there is no ``old`` or already a ``new``."""
+        self.region.lock(_A_LOCK)
+        try:
+            states = self._load_registry()
+            names = [e["name"] for e in states]
+            if old not in names or new in names:
+                return False
+            renamed = [{**e, "name": new} if e["name"] == old else e for e in states]
+            self._store_registry(renamed)
+            return True
+        finally:
+            self.region.unlock(_A_LOCK)
 
     def register_state(self, entry: dict) -> int:
         """Id of the state named entry['name'], declaring it if new; a conflicting redeclaration fails."""
@@ -173,11 +198,7 @@ class Arena:
                     return sid
             if len(states) >= K.MAX_STATES:
                 raise ValueError(f"an operator can declare at most {K.MAX_STATES} states")
-            raw = json.dumps([*states, entry]).encode()
-            if len(raw) > _REGISTRY_SIZE:
-                raise ValueError("too many or too large state declarations for one operator")
-            self.a8[_REGISTRY_OFF : _REGISTRY_OFF + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-            self.region.store64(_A_REGISTRY_LEN, len(raw))
+            self._store_registry([*states, entry])
             return len(states)
         finally:
             self.region.unlock(_A_LOCK)

@@ -20,6 +20,8 @@ import pytest
 from stretch import channels
 from stretch.common import Types
 from stretch.datastream import (
+    AggregateFunction,
+    CoMapFunction,
     KeyedProcessFunction,
     MapFunction,
     ReduceFunction,
@@ -451,3 +453,119 @@ def test_a_restore_with_the_scripts_older_code_refuses_unless_told(tmp_path):
     assert type(updated.at_checkpoint(stage(Doubling()), 1, "refuse").operator.fn) is Doubling
     edited = CodeHistory(tmp_path, [stage(Tripling())], restore=True)  # new code of the script's own
     assert type(edited.at_checkpoint(stage(Tripling()), 1, "refuse").operator.fn) is Tripling
+
+
+def test_a_built_in_rolling_sum_becomes_a_rolling_max():
+    t = Types.TUPLE([Types.LONG(), Types.LONG()])
+    rng = random.Random(31)
+    records = [(rng.randrange(40), rng.randrange(-50, 50)) for _ in range(2000)]
+    job = Job(
+        lambda env: env.from_source(ChannelSource("in", t), None, "in").key_by(0).sum(1).name("agg"),
+        "rolling sum to max",
+    )
+    job.writer.write(records[:1000])
+    settle(job.client, "agg", 1000)
+    with pytest.raises(UpdateRefused, match="'sum', 'min', 'max'"):
+        job.client.update("agg", Keeping())
+    job.client.update("agg", "max")
+    job.writer.write(records[1000:])
+    out = job.finish()
+    acc: dict = {}
+    want: dict = {}
+    for i, (k, v) in enumerate(records):
+        acc[k] = v if k not in acc else (acc[k] + v if i < 1000 else max(acc[k], v))
+        want.setdefault(k, []).append((k, acc[k]))
+    have: dict = {}
+    for k, v in out:
+        have.setdefault(k, []).append((k, v))
+    assert have == want
+
+
+class Averaging(AggregateFunction):
+    def create_accumulator(self):
+        return (0, 0)
+
+    def add(self, value, accumulator):
+        return accumulator[0] + value[1], accumulator[1] + 1
+
+    def get_result(self, accumulator):
+        return accumulator[0] / accumulator[1]
+
+
+class Totalling(Averaging):
+    def get_result(self, accumulator):
+        return float(accumulator[0])
+
+
+def test_a_window_aggregate_function_switches_at_the_record():
+    records = records_of(900, 12)
+    job = Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", RECORD), None, "in")
+            .key_by(lambda r: r[0])
+            .count_window(3)
+            .aggregate(Averaging())
+            .name("windows")
+        ),
+        "window aggregate update",
+    )
+    job.writer.write(records[:450])
+    settle(job.client, "windows", 450)
+    job.client.update("windows", Totalling())
+    job.writer.write(records[450:])
+    out = job.finish()
+    want, pending = [], {}
+    for k, v, p in records:
+        acc = pending.get(k, [])
+        acc.append((v, p))
+        if len(acc) == 3:  # a window fires on its third element: the code in force then decides
+            total = sum(x for x, _ in acc)
+            want.append(total / 3 if acc[-1][1] < 450 else float(total))
+            acc = []
+        pending[k] = acc
+    assert sorted(out) == sorted(want)
+
+
+class Tagging(CoMapFunction):
+    tag = "old"
+
+    def map1(self, value):
+        return value[0], value[2], self.tag
+
+    def map2(self, value):
+        return value[0], -value[2], self.tag
+
+
+class TaggingAnew(Tagging):
+    tag = "new"
+
+
+def test_a_connected_co_map_switches_at_the_record():
+    records = records_of(600, 13)
+    left, right = records[::2], records[1::2]
+
+    def build(env):
+        a = env.from_source(ChannelSource("left", RECORD), None, "left")
+        b = env.from_source(ChannelSource("right", RECORD), None, "right")
+        return a.connect(b).key_by(lambda r: r[0], lambda r: r[0]).map(Tagging()).name("co")
+
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    build(env).sink_to(ChannelSink("out"))
+    client = env.execute_async("co-map update")
+    writers = channels.open_writer(client, "left"), channels.open_writer(client, "right")
+    writers[0].write(left[:150])
+    writers[1].write(right[:150])
+    settle(client, "co", 300)
+    with pytest.raises(UpdateRefused, match="CoMapFunction"):
+        client.update("co", Doubling())
+    client.update("co", TaggingAnew())
+    writers[0].write(left[150:])
+    writers[1].write(right[150:])
+    for w in writers:
+        w.end()
+    out = sorted(tuple(r) for r in channels.open_reader(client, "out"))
+    client.wait()
+    want = [(k, p, "old" if i < 150 else "new") for i, (k, _, p) in enumerate(left)]
+    want += [(k, -p, "old" if i < 150 else "new") for i, (k, _, p) in enumerate(right)]
+    assert out == sorted(want)

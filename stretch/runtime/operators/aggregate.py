@@ -192,6 +192,9 @@ class _Layout:
             {"name": schema.field(i).name, "float": bool(f), "acc": bool(a)}
             for i, f, a in zip(self.numeric, self.is_float, self.is_acc)
         ]
+        for other in _OPS:  # a live update from another built-in: its state is this one's
+            if other != op.spec.op:
+                op.table.arena.rename_state(f"rolling {other}", f"rolling {op.spec.op}")
         entry = {
             "name": f"rolling {op.spec.op}",
             "kind": "record",
