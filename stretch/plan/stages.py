@@ -69,6 +69,7 @@ class StageSpec:
     batch: bool = False  # BATCH execution mode: processing time stands still, its timers fire at the end
     code_version: int = 0  # which version of the operator's code this is (live updates add versions)
     drop_states: tuple = ()  # states this version clears when it takes over (update's drop_orphaned)
+    updated_step: str = ""  # the chained step whose function this version changed ("": the operator)
 
 
 @dataclass

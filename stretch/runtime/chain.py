@@ -7,6 +7,7 @@ where a key_by happens: it computes each record's key and key group once, here i
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -41,6 +42,18 @@ class Chain:
             f.close()
         for n in self.nodes:
             n.close()
+
+    def update_step(self, step: Step, runtime_context) -> None:
+        """A live update of one chained step (``step`` has the new function): close the old
+        function, open the new one; the records after this call run through the new one."""
+        for n in self.nodes:
+            if n.step.name == step.name and n.step.kind == step.kind:
+                if isinstance(n.step.fn, Function):
+                    n.step.fn.close()
+                n.step = dataclasses.replace(n.step, fn=step.fn)
+                if isinstance(step.fn, Function):
+                    step.fn.open(runtime_context)
+        self.functions = [f for r in self.roots for f in r.functions()]
 
     def push(self, records: Records) -> None:
         if records is None:

@@ -19,9 +19,16 @@ from pathlib import Path
 
 import cloudpickle
 
-from stretch.contracts.functions import JoinFunction, KeyedProcessFunction
+from stretch.contracts.functions import (
+    FilterFunction,
+    FlatMapFunction,
+    JoinFunction,
+    KeyedProcessFunction,
+    MapFunction,
+    ProcessFunction,
+)
 from stretch.errors import UpdateRefused
-from stretch.plan.stages import StageSpec
+from stretch.plan.stages import JobPlan, StageSpec, Step
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
 from stretch.runtime.state_dir import make_private_dir, write_private
 from stretch.state.codecs import storage_entry
@@ -29,14 +36,53 @@ from stretch.state.keyed_table import KeyedTable
 from stretch.state.ttl import stamps_descriptor
 
 ROLLING = ("sum", "min", "max")  # built-in rolling aggregates: one state layout, so swappable
+# chained steps that run a user function: what may replace it (and whether a plain callable may)
+STEPS = {
+    "map": ((MapFunction,), True),
+    "flat_map": ((FlatMapFunction,), True),
+    "filter": ((FilterFunction,), True),
+    "stateless_process": ((ProcessFunction,), False),
+}
 
 
-def swapped_stage(stage: StageSpec, function, output_type=None) -> StageSpec:
+def target(plan: JobPlan, name: str) -> tuple[StageSpec, str]:
+    """What ``name`` names: a keyed operator (its stage, "") or a chained step (its stage, name)."""
+    for stage in plan.stages:
+        if stage.kind == "keyed" and stage.name == name:
+            return stage, ""
+    found = [s for s in plan.stages if any(step.name == name for step in _walk(s.chain))]
+    if len(found) > 1 or sum(step.name == name for s in found for step in _walk(s.chain)) > 1:
+        raise UpdateRefused(f"several steps are named {name!r}: name them apart with .name(...)")
+    if not found:
+        keyed = [s.name for s in plan.stages if s.kind == "keyed"]
+        steps = sorted({step.name for s in plan.stages for step in _walk(s.chain) if step.kind in STEPS})
+        raise KeyError(
+            f"no operator named {name!r} in this job (keyed operators: {', '.join(keyed) or 'none'}; "
+            f"chained steps: {', '.join(steps) or 'none'})"
+        )
+    return found[0], name
+
+
+def updated_step(stage: StageSpec) -> Step:
+    """The chained step a version changed (with its new function)."""
+    return next(s for s in _walk(stage.chain) if s.name == stage.updated_step)
+
+
+def _walk(steps: list[Step]):
+    for step in steps:
+        yield step
+        yield from _walk(step.children)
+
+
+def swapped_stage(stage: StageSpec, function, output_type=None, step: str = "") -> StageSpec:
     """The stage with its user function replaced by ``function`` (an operator's adapter says which
-    of its functions that is); refused if ``function`` is not of a kind the operator runs."""
+    of its functions that is), or, with ``step``, that chained step's function; refused if
+    ``function`` is not of a kind the operator or step runs."""
+    if step:
+        return dataclasses.replace(
+            stage, chain=_swapped_steps(stage.chain, step, function, output_type), updated_step=step
+        )
     spec = stage.operator
-    if stage.kind != "keyed" or spec is None:
-        raise UpdateRefused(f"operator {stage.name!r} is not a keyed operator; only those are updated live")
     if output_type is not None and spec.output_type is not None and output_type != spec.output_type:
         raise UpdateRefused(
             f"operator {stage.name!r} feeds {spec.output_type} downstream; the new code declares "
@@ -68,7 +114,32 @@ def swapped_stage(stage: StageSpec, function, output_type=None) -> StageSpec:
         raise UpdateRefused(
             f"operator {stage.name!r} is a vectorized {spec.kind}: it has no user function to update"
         )
-    return dataclasses.replace(stage, operator=dataclasses.replace(spec, **changes))
+    return dataclasses.replace(stage, operator=dataclasses.replace(spec, **changes), updated_step="")
+
+
+def _swapped_steps(steps: list[Step], name: str, function, output_type) -> list[Step]:
+    out = []
+    for step in steps:
+        fn = _checked_step_function(step, function, output_type) if step.name == name else step.fn
+        children = _swapped_steps(step.children, name, function, output_type)
+        out.append(dataclasses.replace(step, fn=fn, children=children))
+    return out
+
+
+def _checked_step_function(step: Step, function, output_type):
+    if step.kind not in STEPS:
+        raise UpdateRefused(f"step {step.name!r} ({step.kind}) runs no user function to update")
+    kinds, callables = STEPS[step.kind]
+    if not (
+        isinstance(function, kinds) or (callables and callable(function) and not isinstance(function, type))
+    ):
+        names = " or ".join(k.__name__ for k in kinds) + (" or a callable" if callables else "")
+        raise UpdateRefused(f"step {step.name!r} runs a {names}; the new code is a {type(function).__name__}")
+    if output_type is not None and step.output_type is not None and output_type != step.output_type:
+        raise UpdateRefused(
+            f"step {step.name!r} feeds {step.output_type} downstream; the new code declares {output_type}"
+        )
+    return function
 
 
 def fingerprint(stage: StageSpec) -> str:
@@ -121,7 +192,7 @@ def load_version(directory: str, stage_id: int, version: int) -> StageSpec:
 
 
 class CodeHistory:
-    """Each keyed operator's code versions: pickled stages in ``directory`` and their history.
+    """Each stage's code versions: pickled stages in ``directory`` and their history.
 
     Version 0 is the code the job was started with. Instances load version files when they read an
     UPDATE record (or start after one); recoveries and restores load the checkpoint's versions.
@@ -137,8 +208,6 @@ class CodeHistory:
         self.current: dict[int, int] = {}
         self.script: dict[int, StageSpec] = {}  # what this run's script built (version 0 at a first run)
         for stage in stages:
-            if stage.kind != "keyed":
-                continue
             self.script[stage.id] = stage
             if stage.name not in self.entries:
                 self._save(stage, 0, "the job's script")
@@ -230,13 +299,25 @@ def declared_states(stage: StageSpec, table: KeyedTable, max_parallelism: int) -
     return recorder.declared
 
 
-def check(old: StageSpec, new: StageSpec, table: KeyedTable) -> dict:
+def check(old: StageSpec, new: StageSpec, table: KeyedTable | None) -> dict:
     """What a spare worker checks before an update: the new code opens against the operator's
     state, and every state name it keeps keeps its kind and type. Returns the states it adds and
     the operator's states it no longer declares (orphaned: kept, unless the update drops them).
 
     The operator's states are those in its table and those its current code declares (its
-    instances may not have opened yet)."""
+    instances may not have opened yet). A chained step's function has no keyed state: it only has
+    to open."""
+    if new.updated_step:
+        function = updated_step(new).fn
+        try:
+            if hasattr(function, "open"):
+                function.open(InstanceRuntimeContext(new.name, 0, lambda: 1, new.max_parallelism))
+                function.close()
+        except Exception as e:
+            raise UpdateRefused(
+                f"the new code of step {new.updated_step!r} failed in open(): {type(e).__name__}: {e}"
+            ) from e
+        return {"added": [], "orphaned": []}
     registry = {e["name"]: e for e in table.arena.registry()}
     try:
         current = declared_states(old, table, old.max_parallelism)

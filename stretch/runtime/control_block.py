@@ -39,8 +39,9 @@ O_EPOCH, O_PARALLELISM, O_SWITCH_FUTEX = 0, 1, 2
 # Job-wide words after the operators' areas: checkpoint barriers (see runtime.checkpointing).
 _JOB_WORDS = 1024
 J_REQUEST, J_FUTEX, _J_STAGES = 0, 1, 16
-S_REACHED, S_RELEASED, S_POSITION = 0, 1, 2  # per stage, 4 words each
-MAX_STAGES = (_JOB_WORDS - _J_STAGES) // 4
+S_REACHED, S_RELEASED, S_POSITION = 0, 1, 2  # per stage, 8 words each (checkpoint barriers)
+S_CODE, S_CODE_DONE = 3, 4  # a source stage's chained steps: the code version asked for, and reached
+MAX_STAGES = (_JOB_WORDS - _J_STAGES) // 8
 
 
 class ControlBlock:
@@ -170,7 +171,7 @@ class ControlBlock:
         """Byte offset of a stage's checkpoint word (S_REACHED, S_RELEASED, S_POSITION)."""
         if stage >= MAX_STAGES:
             raise ValueError(f"a checkpointed job has at most {MAX_STAGES} stages")
-        return self._job_word(_J_STAGES + stage * 4 + word)
+        return self._job_word(_J_STAGES + stage * 8 + word)
 
     def load(self, offset: int) -> int:
         return self.segment.region.load64(offset)

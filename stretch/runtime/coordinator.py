@@ -31,7 +31,7 @@ from stretch.runtime import control_block as cbk
 from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.channels import JobChannels
 from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore, broadcast_file
-from stretch.runtime.code_update import CodeHistory, swapped_stage
+from stretch.runtime.code_update import CodeHistory, swapped_stage, target
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.control_socket import ControlServer, running_jobs, runtime_dir
 from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
@@ -346,7 +346,7 @@ class Coordinator:
             if stage.kind == "source":
                 self._parallelism[stage.id] = 1
                 if not stage.direct:
-                    self._pending.append((stage.id, 0, 0, 0))
+                    self._pending.append((stage.id, 0, 0, stage.code_version))
         for gate_id, stage_ids in plan.gate_producers.items():
             res.producers[gate_id] = [
                 producer_id(s, i) for s in stage_ids for i in range(self._parallelism.get(s, 1))
@@ -605,8 +605,7 @@ class Coordinator:
         """Run each keyed operator's code version recorded in ``checkpoint`` (see CodeHistory)."""
         versions = checkpoint.get("code", {})
         for i, stage in enumerate(self.plan.stages):
-            if stage.kind == "keyed":
-                self.plan.stages[i] = self.code.at_checkpoint(stage, versions.get(stage.name, 0), mode)
+            self.plan.stages[i] = self.code.at_checkpoint(stage, versions.get(stage.name, 0), mode)
         self._stage_blobs = {s.id: cloudpickle.dumps(s) for s in self.plan.stages}
 
     def _refuse_rescales(self) -> None:
@@ -836,19 +835,19 @@ class Coordinator:
         source: str = "",
         timeout: float | None = None,
     ) -> dict:
-        """Swap a keyed operator's function live: checked in a spare worker, then switched at an
-        UPDATE record in its gate, so every record before it runs the old code and every record
-        after it the new. Returns once every instance runs the new code (and, in a checkpointed
-        job, a checkpoint has recorded it). Updates, rescales and checkpoints take turns."""
+        """Swap a keyed operator's function (or a chained step's) live: checked in a spare worker,
+        then switched at one record, so every record before it runs the old code and every record
+        after it the new. Returns once the new code runs everywhere (and, in a checkpointed job, a
+        checkpoint has recorded it). Updates, rescales and checkpoints take turns."""
         t0 = time.monotonic_ns()
-        stage = self.plan.stage(operator)
-        swapped_stage(stage, function, output_type)  # refuse a wrong kind before waiting for a turn
+        stage, step = target(self.plan, operator)
+        swapped_stage(stage, function, output_type, step)  # refuse a wrong kind before waiting a turn
         with self._reconfiguring(stage), self.exclusive:
             generation = self.generation  # a recovery from now on bumps it: this update is undone
             if self.status is not JobStatus.RUNNING:
                 raise RuntimeError(f"the job is {self.status.name}; only a running job is updated")
             stage = self.plan.stages[stage.id]  # the latest version
-            new = swapped_stage(stage, function, output_type)
+            new = swapped_stage(stage, function, output_type, step)
             try:
                 blob = cloudpickle.dumps(new)
             except Exception as e:
@@ -864,35 +863,66 @@ class Coordinator:
             }
             if dry_run:
                 return {**report, "epoch": None, "elapsed_ms": 0.0, "checkpoint": None, "dry_run": True}
-            if stage.input_gate in self._finished_gates:
+            if self.stage_finished(stage.id) or stage.input_gate in self._finished_gates:
                 raise RuntimeError(f"operator {operator!r} has consumed all its input; nothing to update")
             if drop_orphaned:
                 new = dataclasses.replace(new, drop_states=tuple(checked["orphaned"]))
             new = self.code.add(new, source or _source_of(function))
             blob = cloudpickle.dumps(new)
-            op = self.resources.keyed_index[stage.id]
             self.plan.stages[stage.id] = new
             self._stage_blobs[stage.id] = blob
             self._events.put(("code", stage.id, blob))
-            self.gates[stage.input_gate].append_control(Kind.UPDATE, new.code_version)
-            instances = list(range(self._parallelism[stage.id]))
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while not self.control.wait_epochs(op, instances, new.code_version, 0.05, word=cbk.I_CODE):
-                if self._stopping or self.generation != generation or self.status is not JobStatus.RUNNING:
-                    raise RuntimeError(
-                        f"update of {operator!r} did not complete: the job is {self.status.name}"
-                    ) from self.error
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"update of {operator!r} is in effect (version {new.code_version}) but its "
-                        f"instances have not all reached it within {timeout} s: they are working off a backlog"
-                    )
-            done_at = max(int(self.control.instances(op)[i, cbk.I_CODE_AT_NS]) for i in instances)
-            report.update(epoch=int(self.control.epoch(op)), elapsed_ms=(done_at - t0) / 1e6)
+            switch = self._switch_keyed if stage.kind == "keyed" else self._switch_source
+            epoch, done_at = switch(new, generation, timeout)
+            report.update(epoch=epoch, elapsed_ms=(done_at - t0) / 1e6)
             report["checkpoint"] = self.checkpointer.trigger()["id"] if self.checkpointer else None
             report["dry_run"] = False
             self.updates.append({**report, "at": time.time()})
             return report
+
+    def _switch_keyed(self, stage, generation: int, timeout) -> tuple[int, int]:
+        """An UPDATE record in the operator's gate; until every instance has read it."""
+        op = self.resources.keyed_index[stage.id]
+        self.gates[stage.input_gate].append_control(Kind.UPDATE, stage.code_version)
+        instances = list(range(self._parallelism[stage.id]))
+        self._await_switch(
+            stage,
+            lambda: self.control.wait_epochs(op, instances, stage.code_version, 0.05, word=cbk.I_CODE),
+            generation,
+            timeout,
+        )
+        done_at = max(int(self.control.instances(op)[i, cbk.I_CODE_AT_NS]) for i in instances)
+        return int(self.control.epoch(op)), done_at
+
+    def _switch_source(self, stage, generation: int, timeout) -> tuple[None, int]:
+        """A source's chained step: the source task switches between two items when it sees the
+        version asked for; until it says it did."""
+        cb = self.control
+        cb.signal(cb.stage_word(stage.id, cbk.S_CODE), stage.code_version)
+        done = cb.stage_word(stage.id, cbk.S_CODE_DONE)
+
+        def switched() -> bool:
+            seen = cb.signals()
+            if cb.load(done) >= stage.code_version:
+                return True
+            cb.wait_signal(seen, 0.05)
+            return False
+
+        self._await_switch(stage, switched, generation, timeout)
+        return None, time.monotonic_ns()
+
+    def _await_switch(self, stage, switched, generation: int, timeout) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not switched():
+            if self._stopping or self.generation != generation or self.status is not JobStatus.RUNNING:
+                raise RuntimeError(
+                    f"update of {stage.name!r} did not complete: the job is {self.status.name}"
+                ) from self.error
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"update of {stage.name!r} is in effect (version {stage.code_version}) but has not "
+                    f"been reached everywhere within {timeout} s: it is working off a backlog"
+                )
 
     def _check_in_spare(self, stage, blob: bytes) -> dict:
         """Run ``code_update.check`` of the new code in a spare worker; refused updates raise."""

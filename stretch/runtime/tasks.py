@@ -16,7 +16,7 @@ from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.chain import Chain
 from stretch.runtime.channel_source import read_channel
 from stretch.runtime.checkpointing import Barrier, broadcast_file, snapshot_file, write_snapshot_or_report
-from stretch.runtime.code_update import load_version
+from stretch.runtime.code_update import load_version, updated_step
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker, producer_id
 from stretch.runtime.gate import Gate, Kind
@@ -135,6 +135,8 @@ class SourceTask(Task):
     """
 
     def run(self) -> None:
+        if self.a.code != self.stage.code_version:  # restarted after a live update of a step
+            self.stage = load_version(self.res.code, self.stage.id, self.a.code)
         outputs = self.outputs(producer=1)
         outputs.producer_id = producer_id(self.stage.id, 0)
         chain = Chain(self.stage.chain, self.stage.name, outputs)
@@ -146,10 +148,14 @@ class SourceTask(Task):
         barrier = Barrier(self.attached.control, self.stage.id) if self.res.checkpoints else None
         reader = source.create_reader(self)
         open_txn = 0  # no checkpoint barrier inside a stage transaction (runtime.transactions)
+        cb = self.attached.control
+        code_word = cb.stage_word(self.stage.id, cbk.S_CODE)
         try:
             for item in reader:
                 if self.should_stop():
                     raise Stopped()
+                if cb.load(code_word) > self.stage.code_version:  # a live update of a chained step
+                    self._update(cb.load(code_word), chain)
                 if item is None:  # the source waits for input: time passes all the same
                     chain.tick()
                 elif skip:
@@ -180,6 +186,16 @@ class SourceTask(Task):
             barrier.record_position(position)
         chain.finish()  # a bounded input ended: its watermark goes to the maximum
         chain.close()
+
+    def _update(self, version: int, chain: Chain) -> None:
+        """Between two items: the chained step of the new code version takes over."""
+        self.stage = load_version(self.res.code, self.stage.id, version)
+        chain.update_step(
+            updated_step(self.stage),
+            InstanceRuntimeContext(self.stage.name, 0, lambda: 1, self.stage.max_parallelism),
+        )
+        cb = self.attached.control
+        cb.signal(cb.stage_word(self.stage.id, cbk.S_CODE_DONE), version)
 
 
 class KeyedInstanceTask(Task):
@@ -296,7 +312,7 @@ class KeyedInstanceTask(Task):
             elif entry.kind is Kind.CHECKPOINT:
                 self._checkpoint(entry.arg0, operator)
             elif entry.kind is Kind.UPDATE:
-                operator = self._update(entry.arg0, operator)
+                operator = self._update(entry.arg0, operator, chain)
                 fused = hasattr(operator, "process_owned")
             elif entry.kind is Kind.MARK and entry.arg1 and marks.ended(entry.arg1, entry.arg0):
                 chain.end_txn(entry.arg1, int(owners.max()) + 1)  # the parallelism of this epoch
@@ -326,12 +342,17 @@ class KeyedInstanceTask(Task):
             operator.backend,
         )
 
-    def _update(self, version: int, old):
+    def _update(self, version: int, old, chain: Chain):
         """At an UPDATE record: close the old code, open the new version's on the same shared state
-        (its timers, kept with the state, fire into the new code), and say so."""
+        (its timers, kept with the state, fire into the new code), and say so. A version that
+        changed a chained step swaps only that step's function."""
         if version <= self.stage.code_version:
             return old  # started with this version already
         self.stage = load_version(self.res.code, self.stage.id, version)
+        if self.stage.updated_step:
+            chain.update_step(updated_step(self.stage), self._context(old))
+            self.attached.control.announce(self.op_index, self.a.index, cbk.I_CODE, version)
+            return old
         old.close()
         new = make_operator(self.stage.operator, self.stage.name, old.table)
         new.outputs, new.owned, new.watermark = old.outputs, old.owned, old.watermark

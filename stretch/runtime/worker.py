@@ -78,7 +78,8 @@ def _check_update(attached, msg) -> dict:
             new = cloudpickle.loads(msg["new"])
         except Exception as e:
             raise UpdateRefused(f"the new code does not unpickle in a worker: {type(e).__name__}: {e}") from e
-        table = KeyedTable(attached.arena(attached.resources.arenas[new.id]))
+        arena = attached.resources.arenas.get(new.id)  # a source stage's steps have no keyed state
+        table = KeyedTable(attached.arena(arena)) if arena is not None else None
         return {**answer, "ok": True, **check(cloudpickle.loads(msg["old"]), new, table)}
     except Exception as e:
         return {**answer, "ok": False, "error": exception_text(e), "refused": isinstance(e, UpdateRefused)}

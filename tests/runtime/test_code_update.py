@@ -24,6 +24,7 @@ from stretch.datastream import (
     CoMapFunction,
     KeyedProcessFunction,
     MapFunction,
+    ProcessFunction,
     ReduceFunction,
     StreamExecutionEnvironment,
 )
@@ -304,26 +305,78 @@ def test_keyed_map_and_rolling_reduce_switch_at_the_record():
             assert sorted(out, key=lambda o: o[2]) == want
 
 
-def test_a_stream_without_a_keyed_operator_is_refused():
-    env = StreamExecutionEnvironment.get_execution_environment()
-    env.from_collection([1, 2, 3]).map(lambda x: x).name("plain").print()
-    client = env.execute_async("no keyed operator")
-    try:
-        with pytest.raises((UpdateRefused, KeyError)):
-            client.update("plain", lambda x: x)
-    finally:
-        client.wait()
+class Stamping(ProcessFunction):
+    tag = "old"
+
+    def process_element(self, value, ctx):
+        yield value[0], value[2], self.tag
+
+
+class StampingAnew(Stamping):
+    tag = "new"
+
+
+def wait_out(job: Job, n: int) -> None:
+    deadline = time.monotonic() + 30
+    while len(job.out) < n:
+        assert time.monotonic() < deadline, "the results never came"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize(
+    "where", ["map after the source", "process after the source", "map after a keyed operator"]
+)
+def test_a_chained_step_switches_at_the_record(where):
+    records = records_of(800, 14)
+
+    def build(env):
+        ds = env.from_source(ChannelSource("in", RECORD), None, "in")
+        if where == "map after the source":
+            return ds.map(lambda r: (r[0], r[2], "old")).name("step")
+        if where == "process after the source":
+            return ds.process(Stamping()).name("step")
+        keyed = ds.key_by(lambda r: r[0]).process(Counting(), OUT).name("count")
+        return keyed.map(lambda o: (o[0], o[1], "old")).name("step")
+
+    job = Job(build, f"chained step update: {where}")
+    job.writer.write(records[:400])
+    wait_out(job, 400)
+    new = (
+        StampingAnew()
+        if where.startswith("process")
+        else (lambda r: (r[0], r[1 if "keyed" in where else 2], "new"))
+    )
+    with pytest.raises(UpdateRefused, match="runs a"):
+        job.client.update("step", Doubling())
+    report = job.client.update("step", new)
+    assert report.version == 1
+    job.writer.write(records[400:])
+    out = job.finish()
+    assert sorted(out, key=lambda o: o[1]) == [(k, p, "old" if p < 400 else "new") for k, _, p in records]
+
+
+def test_an_unknown_name_lists_the_operators_and_steps():
+    job = counting_job("unknown update target", 1)
+    job.writer.write(records_of(10, 1))
+    with pytest.raises(KeyError, match="keyed operators: count; chained steps: none"):
+        job.client.update("nope", Doubling())
+    job.finish()
 
 
 class Reminding(KeyedProcessFunction):
-    """Version 1 sets a processing-time timer per key; its on_timer is never reached."""
+    """Version 1 sets one processing-time timer per key; its on_timer is never reached."""
 
     tag = "v1"
 
+    def open(self, ctx):
+        self.set = ctx.get_state(ValueStateDescriptor("set", Types.BOOLEAN()))
+
     def process_element(self, value, ctx):
-        ctx.timer_service().register_processing_time_timer(
-            ctx.timer_service().current_processing_time() + 400
-        )
+        if not self.set.value():
+            self.set.update(True)
+            ctx.timer_service().register_processing_time_timer(
+                ctx.timer_service().current_processing_time() + 400
+            )
         return ()
 
     def on_timer(self, timestamp, ctx):
