@@ -160,11 +160,12 @@ class JobClient:
         drop_orphaned: bool = False,
         timeout: float | None = None,
     ) -> UpdateReport:
-        """Swap a keyed operator's function while the job runs, keeping its state.
+        """Swap an operator's function (or a chained step's) while the job runs, keeping its state.
 
         ``new_function`` is of the kind the operator runs: a KeyedProcessFunction, a Map/FlatMap/
         Filter/Reduce/AggregateFunction, a (Process)WindowFunction, a Join/ProcessJoinFunction, a
-        co-function, or (built-in rolling aggregates) ``"sum"``/``"min"``/``"max"``. A spare worker
+        co-function, or (built-in rolling aggregates) ``"sum"``/``"min"``/``"max"``; a chained
+        map/flat_map/filter/process step is named by its own ``.name(...)``. A spare worker
         first checks that it unpickles and opens against the operator's state and that every state
         it keeps keeps its kind and type; a refused update raises ``UpdateRefused`` and changes
         nothing. Then every instance switches at one record of the operator's input: ``close()`` of
