@@ -376,3 +376,59 @@ def test_band_join_needs_a_band():
         ds.band_join(ds).on(near).apply(lambda a, b: (a, b))
     with pytest.raises(TypeError):
         ds.band_join(ds).on(3)
+
+
+class PairAnew(ProcessJoinFunction):
+    def process_element(self, left, right, ctx):
+        yield (*pair(left, right), "new")
+
+
+class PairOld(ProcessJoinFunction):
+    def process_element(self, left, right, ctx):
+        yield pair(left, right)
+
+
+@pytest.mark.parametrize("kind", ["window join", "interval join"])
+def test_a_live_update_of_the_join_function_takes_over_from_one_record(kind):
+    """The pairs are the model's; those made before the update come from the old function and
+    the rest from the new one. A window join's key fires its windows in order, so per key every
+    old window comes before every new one."""
+    batches = batches_of(seed=7)
+    if kind == "window join":
+        assigner = TumblingEventTimeWindows.of(Time.milliseconds(25))
+        job = Job(
+            lambda a, b: (
+                a.join(b).where(lambda r: r[1]).equal_to(lambda r: r[1]).window(assigner).apply(Pair())
+            )
+        )
+        new = lambda a, b: (*pair(a, b), "new")  # noqa: E731
+        want = [o for *_, outs in model.window_join(batches, pair, DELAY, assign=tumbling(25)) for o in outs]
+    else:
+        job = Job(
+            lambda a, b: (
+                a.key_by(lambda r: r[1])
+                .interval_join(b.key_by(lambda r: r[1]))
+                .between(-5, 5)
+                .process(PairOld())
+            )
+        )
+        new = PairAnew()
+        want = [pair(a, b) for a, b, _ in model.interval_join(batches, -5, 5, DELAY)[0]]
+    for b in batches[:15]:
+        job.writer.write(b)
+    deadline = time.monotonic() + 30
+    while len(job.out) < 20:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    job.client.update("join", new)
+    for b in batches[15:]:
+        job.writer.write(b)
+    job.finish()
+    old = [tuple(o) for o in job.out if len(o) == 5]
+    fresh = [tuple(o[:5]) for o in job.out if len(o) == 6]
+    assert old and fresh
+    assert sorted(old + fresh) == sorted(want)
+    if kind == "window join":
+        for key in {o[0] for o in fresh}:
+            last_old = max((o[3] // 25 for o in old if o[0] == key), default=-1)
+            assert last_old < min(o[3] // 25 for o in fresh if o[0] == key)
