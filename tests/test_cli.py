@@ -266,3 +266,59 @@ def test_update_from_a_second_process_and_its_refusals(tmp_path):
     assert "updated 'count' to version 1" in out
     job.writer.write(records[300:])
     assert set(job.finish()) == oracle(records, [(0, "v1"), (300, "v2")])
+
+
+UPDATE_SCRIPT = """
+import sys
+import time
+
+from stretch import channels
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from tests.runtime.test_code_update import OUT, RECORD, Counting, Doubling, records_of, settle
+
+name, phase = sys.argv[1], sys.argv[2]
+records = records_of(600, 5)
+env = StreamExecutionEnvironment.get_execution_environment()
+env.set_parallelism(2)
+env.enable_checkpointing(None)
+source = ChannelSource("in", RECORD, durable=True)
+counts = env.from_source(source, None, "in").key_by(lambda r: r[0]).process(Counting(), OUT)
+counts.name("count").sink_to(ChannelSink("out"))
+client = env.execute_async(name)
+writer = channels.open_writer(client, "in")
+if phase == "first":
+    writer.write(records[:300])
+    settle(client, "count", 300)
+    print("updated to version", client.update("count", Doubling()).version, flush=True)
+    time.sleep(600)
+writer.write(records[300:])
+writer.end()
+print("finished", client.wait().name, flush=True)
+"""
+
+
+def test_a_restore_after_a_live_update_runs_the_updated_code_only_when_told(tmp_path):
+    from stretch import channels
+    from tests.runtime.test_code_update import oracle, records_of
+
+    script = tmp_path / "job.py"
+    script.write_text(UPDATE_SCRIPT)
+    name = f"cli-update-restore-{tmp_path.name}"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "stretch.cli", "run", str(script), name, "first"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout.readline().strip() == "updated to version 1"
+    finally:
+        first.kill()  # SIGKILL: the job's process dies with the update in its latest checkpoint
+        first.wait()
+    refused = stretch("run", "--restore", str(script), name, "rest", check=False)
+    assert refused.returncode != 0
+    assert "ran code version 1 at the checkpoint" in refused.stderr and "older" in refused.stderr
+    done = stretch("run", "--restore", "--restore-code", "checkpoint", str(script), name, "rest")
+    assert "finished FINISHED" in done.stdout
+    results = [tuple(r) for r in channels.open_reader(name, "out", from_offset=0)]
+    assert set(results) == oracle(records_of(600, 5), [(0, "v1"), (300, "v2")]) and len(results) == 600
