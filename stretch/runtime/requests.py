@@ -132,7 +132,15 @@ def resolve_function(target: str):
     if name not in namespace:
         raise LookupError(f"{where!r} has no {name!r}")
     found = namespace[name]
-    return found() if isinstance(found, type) else found
+    if not isinstance(found, type):
+        return found
+    try:
+        return found()
+    except TypeError as e:
+        raise TypeError(
+            f"{target} is a class whose constructor needs arguments ({e}): name an instance of it, "
+            "or a subclass that passes them"
+        ) from None
 
 
 def _checked_txn(msg: dict) -> None:
