@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import cloudpickle
 import pyarrow as pa
 
 from stretch.cluster.client import ClusterConnection, ClusterWriter
@@ -41,6 +40,7 @@ from stretch.cluster.launchers import LocalNodes, SparkNodes
 from stretch.cluster.node import cluster_inputs
 from stretch.cluster.routing import RoutingStore, RoutingTable, plan_add_node, plan_remove_node, steps
 from stretch.cluster.tls import ClusterTLS
+from stretch.common import user_code
 from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
 
 
@@ -240,7 +240,7 @@ class StretchCluster:
                 f"{self.max_parallelism} key groups: set env.set_max_parallelism({self.max_parallelism})"
             )
         inputs = cluster_inputs(plan)
-        blob = cloudpickle.dumps({"name": name, "plan": plan, "config": config})
+        blob = user_code.dumps({"name": name, "plan": plan, "config": config})
         self._jobs[name] = blob
         jobs = json.loads((self.directory / "jobs.json").read_text())
         types = {}

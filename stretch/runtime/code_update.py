@@ -19,6 +19,7 @@ from pathlib import Path
 
 import cloudpickle
 
+from stretch.common import user_code
 from stretch.contracts.functions import (
     FilterFunction,
     FlatMapFunction,
@@ -214,7 +215,7 @@ class CodeHistory:
             self.current[stage.id] = 0
 
     def _save(self, stage: StageSpec, version: int, source: str) -> None:
-        write_private(self.dir / f"{stage.id}-{version}.pkl", cloudpickle.dumps(stage))
+        write_private(self.dir / f"{stage.id}-{version}.pkl", user_code.dumps(stage))
         entry = {"version": version, "at": time.time(), "source": source, "fingerprint": fingerprint(stage)}
         self.entries.setdefault(stage.name, []).append(entry)
         write_private(self.dir / "history.json", json.dumps(self.entries))

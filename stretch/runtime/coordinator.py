@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import cloudpickle
 
 from stretch import _shm as shm
+from stretch.common import user_code
 from stretch.common.job_status import JobStatus
 from stretch.errors import JobExecutionError, UpdateRefused, UserFunctionError
 from stretch.plan.stages import JobPlan
@@ -222,7 +223,7 @@ class Coordinator:
             self.restored_from = restore["id"]
         self.channels.pin_inputs(self._positions)  # what a recovery would read again
         self.channels.log_direct_inputs(self.gates)
-        self._stage_blobs = {s.id: cloudpickle.dumps(s) for s in plan.stages}
+        self._stage_blobs = {s.id: user_code.dumps(s) for s in plan.stages}
         self.channels.publisher.create()
         self._server = ControlServer(
             self.socket_path, self._token, self._on_worker_message, self._on_close, self.requests.answer
@@ -606,7 +607,7 @@ class Coordinator:
         versions = checkpoint.get("code", {})
         for i, stage in enumerate(self.plan.stages):
             self.plan.stages[i] = self.code.at_checkpoint(stage, versions.get(stage.name, 0), mode)
-        self._stage_blobs = {s.id: cloudpickle.dumps(s) for s in self.plan.stages}
+        self._stage_blobs = {s.id: user_code.dumps(s) for s in self.plan.stages}
 
     def _refuse_rescales(self) -> None:
         """While recovering: answer rescale requests (their callers hold the turn we wait for)."""
@@ -849,7 +850,7 @@ class Coordinator:
             stage = self.plan.stages[stage.id]  # the latest version
             new = swapped_stage(stage, function, output_type, step)
             try:
-                blob = cloudpickle.dumps(new)
+                blob = user_code.dumps(new)
             except Exception as e:
                 raise UpdateRefused(
                     f"the new code of {operator!r} does not pickle: {type(e).__name__}: {e}"
@@ -868,7 +869,7 @@ class Coordinator:
             if drop_orphaned:
                 new = dataclasses.replace(new, drop_states=tuple(checked["orphaned"]))
             new = self.code.add(new, source or _source_of(function))
-            blob = cloudpickle.dumps(new)
+            blob = user_code.dumps(new)
             self.plan.stages[stage.id] = new
             self._stage_blobs[stage.id] = blob
             self._events.put(("code", stage.id, blob))
