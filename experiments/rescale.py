@@ -121,6 +121,16 @@ class Sampler(threading.Thread):
             time.sleep(0.001)
 
 
+def stop_run(load: Load, sampler: Sampler, writer, client) -> None:
+    """End the steady load, the sampler and the job."""
+    load.stop.set()
+    load.join()
+    sampler.stop.set()
+    sampler.join()
+    writer.end()
+    client.wait()
+
+
 def latencies(written, samples) -> list[tuple[float, float]]:
     """(write time, ms until every instance had read past that write) for each write."""
     out, j = [], 0
@@ -181,12 +191,7 @@ def live_case(distinct: int, rounds: int, rate: float) -> dict:
             marks.append((t, p))
             time.sleep(0.1)
     time.sleep(0.3)
-    load.stop.set()
-    load.join()
-    sampler.stop.set()
-    sampler.join()
-    writer.end()
-    client.wait()
+    stop_run(load, sampler, writer, client)
     elapsed = sorted(r.elapsed_ms for r in reports)
     return {
         "state_bytes": state,

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 from _common import emit, log
-from rescale import Load, Sampler, latencies, pct, w1_batch
+from rescale import Load, Sampler, latencies, pct, stop_run, w1_batch
 
 from stretch import channels
 from stretch.common import Types
@@ -98,12 +98,7 @@ def live_case(keys: int, payload: int, updates: int, rate: float) -> dict:
         windows.append((t, time.monotonic()))
         time.sleep(random.uniform(0.05, 0.15))
     time.sleep(0.3)
-    load.stop.set()
-    load.join()
-    sampler.stop.set()
-    sampler.join()
-    writer.end()
-    client.wait()
+    stop_run(load, sampler, writer, client)
     waits = latencies(load.written, sampler.samples)
     during = [ms for t, ms in waits if any(a - 0.01 <= t <= b for a, b in windows)]
     return {

@@ -74,11 +74,39 @@ class AggregatingState(MergingState):
     pass
 
 
-class MapState(State):
-    """A dict per key: ``get``, ``put``, ``remove``, ``contains``, ``items``, ``keys``, ``values``."""
+class _MapReads(State):
+    """What every map-like state can be asked: the reads of ``MapState``."""
 
     @abstractmethod
     def get(self, key): ...
+
+    @abstractmethod
+    def contains(self, key) -> bool: ...
+
+    @abstractmethod
+    def items(self): ...
+
+    @abstractmethod
+    def keys(self): ...
+
+    @abstractmethod
+    def values(self): ...
+
+    @abstractmethod
+    def is_empty(self) -> bool: ...
+
+    def __getitem__(self, key):
+        return self.get(key)
+
+    def __contains__(self, key):
+        return self.contains(key)
+
+    def __iter__(self):
+        return iter(self.keys())
+
+
+class MapState(_MapReads):
+    """A dict per key: ``get``, ``put``, ``remove``, ``contains``, ``items``, ``keys``, ``values``."""
 
     @abstractmethod
     def put(self, key, value) -> None: ...
@@ -89,67 +117,16 @@ class MapState(State):
     @abstractmethod
     def remove(self, key) -> None: ...
 
-    @abstractmethod
-    def contains(self, key) -> bool: ...
-
-    @abstractmethod
-    def items(self): ...
-
-    @abstractmethod
-    def keys(self): ...
-
-    @abstractmethod
-    def values(self): ...
-
-    @abstractmethod
-    def is_empty(self) -> bool: ...
-
-    def __getitem__(self, key):
-        return self.get(key)
-
     def __setitem__(self, key, value):
         self.put(key, value)
 
     def __delitem__(self, key):
         self.remove(key)
 
-    def __contains__(self, key):
-        return self.contains(key)
 
-    def __iter__(self):
-        return iter(self.keys())
-
-
-class ReadOnlyBroadcastState(State):
+class ReadOnlyBroadcastState(_MapReads):
     """A broadcast state as ``process_element`` sees it (PyFlink's ``ReadOnlyBroadcastState``):
     a map every instance holds a copy of, to read but not to change."""
-
-    @abstractmethod
-    def get(self, key): ...
-
-    @abstractmethod
-    def contains(self, key) -> bool: ...
-
-    @abstractmethod
-    def items(self): ...
-
-    @abstractmethod
-    def keys(self): ...
-
-    @abstractmethod
-    def values(self): ...
-
-    @abstractmethod
-    def is_empty(self) -> bool: ...
-
-    def __getitem__(self, key):
-        return self.get(key)
-
-    def __contains__(self, key):
-        return self.contains(key)
-
-    def __iter__(self):
-        return iter(self.keys())
 
 
 class BroadcastState(ReadOnlyBroadcastState):

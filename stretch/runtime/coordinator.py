@@ -770,19 +770,13 @@ class Coordinator:
         if isinstance(prepared, BaseException):
             raise prepared
         op, epoch, old, instances = prepared
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self._stopping or self.generation != generation:
-                raise RuntimeError(
-                    f"rescale of {operator!r} did not complete: the job is {self.status.name}"
-                ) from self.error
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"rescale of {operator!r} to {parallelism} is in effect (epoch {epoch}) but its "
-                    f"instances have not all reached it within {timeout} s: they are working off a backlog"
-                )
-            if self.control.wait_epochs(op, instances, epoch, timeout=0.05, word=cbk.I_ACTIVE):
-                break
+        self._await(
+            f"rescale of {operator!r}",
+            f"to {parallelism} is in effect (epoch {epoch})",
+            lambda: self.control.wait_epochs(op, instances, epoch, timeout=0.05, word=cbk.I_ACTIVE),
+            generation,
+            timeout,
+        )
         # completed when the last instance became active (its own clock reading), not when this
         # thread got to run again: the report times the rescale, not the caller's scheduling
         done_at = max(int(self.control.instances(op)[i, cbk.I_ACTIVE_AT_NS]) for i in instances)
@@ -913,16 +907,27 @@ class Coordinator:
         return None, time.monotonic_ns()
 
     def _await_switch(self, stage, switched, generation: int, timeout) -> None:
+        self._await(
+            f"update of {stage.name!r}",
+            f"is in effect (version {stage.code_version})",
+            switched,
+            generation,
+            timeout,
+        )
+
+    def _await(self, subject: str, in_effect: str, done, generation: int, timeout) -> None:
+        """Until ``done()`` (which waits a little itself) for a reconfiguration: it fails if the
+        job stops or recovers meanwhile, and times out after ``timeout`` (in effect all the same)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not switched():
+        while not done():
             if self._stopping or self.generation != generation or self.status is not JobStatus.RUNNING:
                 raise RuntimeError(
-                    f"update of {stage.name!r} did not complete: the job is {self.status.name}"
+                    f"{subject} did not complete: the job is {self.status.name}"
                 ) from self.error
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"update of {stage.name!r} is in effect (version {stage.code_version}) but has not "
-                    f"been reached everywhere within {timeout} s: it is working off a backlog"
+                    f"{subject} {in_effect} but its instances have not all reached it within {timeout} s: "
+                    "they are working off a backlog"
                 )
 
     def _check_in_spare(self, stage, blob: bytes) -> dict:
