@@ -185,7 +185,7 @@ class JobClient:
 
     def code_history(self) -> dict:
         """Each keyed operator's code versions: version, when, where from, a digest of the code."""
-        return self._coordinator.code.describe()
+        return self._coordinator.updater.history.describe()
 
     def trigger_checkpoint(self) -> dict:
         """Take a checkpoint now (the job must have checkpointing enabled); returns its report

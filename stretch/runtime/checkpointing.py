@@ -344,7 +344,7 @@ class Checkpointer:
             },
             "outputs": outputs,
             "txns": co.channels.record_txns(n),
-            "code": co.code.versions(plan.stages),
+            "code": co.updater.history.versions(plan.stages),
         }
         self.store.complete(n, metadata)
         co.checkpoint_completed(metadata)

@@ -9,7 +9,6 @@ workers read and write the gates directly.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import json
 import os
@@ -26,13 +25,12 @@ import cloudpickle
 from stretch import _shm as shm
 from stretch.common import user_code
 from stretch.common.job_status import JobStatus
-from stretch.errors import JobExecutionError, UpdateRefused, UserFunctionError
+from stretch.errors import JobExecutionError, UserFunctionError
 from stretch.plan.stages import JobPlan
 from stretch.runtime import control_block as cbk
 from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.channels import JobChannels
 from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore, broadcast_file
-from stretch.runtime.code_update import CodeHistory, swapped_stage, target
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.control_socket import ControlServer, running_jobs, runtime_dir
 from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
@@ -44,6 +42,7 @@ from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
 from stretch.runtime.state_dir import JobDir
 from stretch.runtime.status import describe_job
+from stretch.runtime.updater import Updater
 from stretch.runtime.zygote import Zygote
 from stretch.state.arena import Arena
 from stretch.state.key_groups import assignment as range_assignment
@@ -143,11 +142,8 @@ class Coordinator:
         self.info_path = runtime_dir() / f"{self.job_id}.json"
         self.channels = JobChannels(self, runtime_dir() / "staging" / self.job_id)
         self.requests = ControlRequests(self)
-        self.code: CodeHistory | None = None  # each keyed operator's code versions (live updates)
-        self.updates: list[dict] = []  # every completed live update's report, in order
-        self._checks: dict[int, queue.Queue] = {}  # live-update checks waiting for a spare worker
-        self._check_ids = itertools.count(1)
-        self._waiting_checks: list[tuple] = []  # checks that wait for a worker to start
+        self.updater = Updater(self)  # live code updates (runtime.updater)
+        self._stage_blobs: dict[int, bytes] = {}  # pickled stages, as workers get them
 
     # ---- public, thread-safe ------------------------------------------------------------
     def wait_started(self, timeout: float | None = None) -> bool:
@@ -205,9 +201,7 @@ class Coordinator:
         code_dir = (
             self.job_dir.path / "code" if self.job_dir is not None else runtime_dir() / "code" / self.job_id
         )
-        self.code = CodeHistory(code_dir, plan.stages, restore=restore is not None)
-        if restore is not None:
-            self._run_code_of(restore, cfg.restore_code)
+        self.updater.start(code_dir, self.job_dir is not None, restore, cfg.restore_code)
         self.channels.open_outputs(restore)
         self.channels.open_inputs()
         if restore is not None:
@@ -233,7 +227,7 @@ class Coordinator:
         self._write_info()
         self._zygote = Zygote(str(self.socket_path), self._token, cfg.preload)
         for _ in range(len(self._pending) + cfg.spare_workers):
-            self._spawn_worker()
+            self.spawn_worker()
         for sink in plan.sinks:
             if sink.runs_in == "job" or (sink.runs_in == "reader" and cfg.checkpointing):
                 writer = self.channels.writer_for(sink)
@@ -282,7 +276,7 @@ class Coordinator:
         self._dataplane.append(self.control)
         res = JobResources(prefix, self.control.segment.name, len(keyed), plan.max_parallelism)
         res.dead_letter_sink = plan.dead_letter_sink
-        res.code = str(self.code.dir)
+        res.code = str(self.updater.history.dir)
         if self.checkpointer is not None:
             res.checkpoints = str(self.checkpointer.store.dir)
         self.gates, self.sink_gates, self.arenas = {}, {}, {}
@@ -354,7 +348,7 @@ class Coordinator:
             ]
         self.resources = res
 
-    def _spawn_worker(self) -> _Worker:
+    def spawn_worker(self) -> _Worker:
         wid = next(self._worker_ids)
         w = self._workers[wid] = _Worker(wid)
         w.pid = self._zygote.fork(wid)
@@ -409,10 +403,8 @@ class Coordinator:
                 except BaseException as e:
                     event[3].put(e)
                     raise
-            elif kind == "check_update":
-                self._dispatch_check(*event[1:])
-            elif kind == "code":
-                self._send_code(*event[1:])
+            elif kind == "call":
+                event[1](*event[2])
             elif kind == "end_channel":
                 self.channels.end(event[1])
                 event[2].set()
@@ -447,13 +439,11 @@ class Coordinator:
                 {"op": "prepare", "resources": self.resources, "stages": self._stage_blobs}, fmt=ord("P")
             )
             self._assign(w)
-            if w.task is None and self._waiting_checks:
-                self._dispatch_check(*self._waiting_checks.pop(0))
+            self.updater.worker_ready(w)
         elif op == "update_checked":
             w = self._workers.get(conn.worker)
             if w is not None:
-                w.task = None
-                self._checks.pop(msg["id"], queue.Queue()).put(msg)
+                self.updater.checked(w, msg)
                 if self.status is JobStatus.RUNNING:
                     self._assign(w)
         elif op in ("done", "stopped", "failed"):
@@ -490,7 +480,7 @@ class Coordinator:
             }
         )
 
-    def _idle_workers(self) -> list[_Worker]:
+    def idle_workers(self) -> list[_Worker]:
         return [w for w in self._workers.values() if w.conn is not None and w.task is None and not w.exited]
 
     def instance_done(self, stage_id: int, index: int) -> None:
@@ -528,9 +518,8 @@ class Coordinator:
         if w is None:
             return
         w.exited = True
-        if w.task is not None and w.task[0] == "check":  # a live update's check killed its worker
-            answer = {"ok": False, "error": f"the worker checking the new code (pid {w.pid}) died"}
-            self._checks.pop(w.task[1], queue.Queue()).put(answer)
+        if self.updater.worker_died(w):
+            pass
         elif w.task is not None and self.status is JobStatus.RUNNING:
             stage = self.plan.stages[w.task[0]]
             message = f"worker {w.pid} running operator {stage.name!r} exited unexpectedly"
@@ -569,16 +558,13 @@ class Coordinator:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(w.pid, signal.SIGKILL)
             self._workers.clear()
-            for ticket in self._checks.values():  # their workers are gone with the rest
-                ticket.put({"ok": False, "error": "the job is recovering from a failure; retry the update"})
-            self._checks.clear()
-            self._waiting_checks.clear()
+            self.updater.workers_gone()
             deadline = time.monotonic() + self.config.shutdown_timeout
             while any(_alive(w.pid) for w in workers) and time.monotonic() < deadline:
                 time.sleep(0.001)
             old = self._dataplane
             latest = self.checkpointer.store.latest()  # at least the run's start
-            self._run_code_of(latest, "checkpoint")  # an update after it is undone with the rest
+            self.updater.run_code_of(latest, "checkpoint")  # an update after it is undone with the rest
             try:
                 self._build_dataplane(latest)
                 for runner in self._sink_runners:
@@ -589,7 +575,7 @@ class Coordinator:
                     with contextlib.suppress(Exception):
                         seg.close()
             for _ in range(len(self._pending) + self.config.spare_workers):
-                self._spawn_worker()
+                self.spawn_worker()
             self.status = JobStatus.RUNNING
             self.recoveries.append(
                 {
@@ -601,13 +587,6 @@ class Coordinator:
             )
         finally:
             self.exclusive.release()
-
-    def _run_code_of(self, checkpoint: dict, mode: str) -> None:
-        """Run each keyed operator's code version recorded in ``checkpoint`` (see CodeHistory)."""
-        versions = checkpoint.get("code", {})
-        for i, stage in enumerate(self.plan.stages):
-            self.plan.stages[i] = self.code.at_checkpoint(stage, versions.get(stage.name, 0), mode)
-        self._stage_blobs = {s.id: user_code.dumps(s) for s in self.plan.stages}
 
     def _refuse_rescales(self) -> None:
         """While recovering: answer rescale requests (their callers hold the turn we wait for)."""
@@ -726,7 +705,7 @@ class Coordinator:
             raise ValueError(
                 f"parallelism must be an int in 1..{stage.max_parallelism} (max parallelism), got {parallelism!r}"
             )
-        with self._reconfiguring(stage):
+        with self.reconfiguring(stage):
             current = self._parallelism[stage.id]
             if parallelism == current and not barrier:
                 op = self.resources.keyed_index[stage.id]
@@ -742,7 +721,7 @@ class Coordinator:
                 return self._rescale(stage, operator, parallelism, timeout, t0, record=not barrier)
 
     @contextlib.contextmanager
-    def _reconfiguring(self, stage):
+    def reconfiguring(self, stage):
         """One reconfiguration (rescale, barrier, code update) of an operator at a time."""
         while True:
             with self._rescale_lock:
@@ -770,7 +749,7 @@ class Coordinator:
         if isinstance(prepared, BaseException):
             raise prepared
         op, epoch, old, instances = prepared
-        self._await(
+        self.await_reconfiguration(
             f"rescale of {operator!r}",
             f"to {parallelism} is in effect (epoch {epoch})",
             lambda: self.control.wait_epochs(op, instances, epoch, timeout=0.05, word=cbk.I_ACTIVE),
@@ -811,112 +790,15 @@ class Coordinator:
         self._parallelism[stage_id] = parallelism
         added = [(stage_id, i, epoch - 1, stage.code_version) for i in range(old, parallelism)]
         self._pending[:0] = added
-        idle = self._idle_workers()
+        idle = self.idle_workers()
         for w in idle[: len(added)]:
             self._assign(w)
         for _ in range(len(added) - len(idle)):
-            self._spawn_worker()
+            self.spawn_worker()
         return op, epoch, old, list(range(max(old, parallelism)))
 
-    # ---- live code update (see runtime.code_update) -------------------------------------------
-    def update(
-        self,
-        operator: str,
-        function,
-        *,
-        output_type=None,
-        dry_run: bool = False,
-        drop_orphaned: bool = False,
-        source: str = "",
-        timeout: float | None = None,
-    ) -> dict:
-        """Swap a keyed operator's function (or a chained step's) live: checked in a spare worker,
-        then switched at one record, so every record before it runs the old code and every record
-        after it the new. Returns once the new code runs everywhere (and, in a checkpointed job, a
-        checkpoint has recorded it). Updates, rescales and checkpoints take turns."""
-        t0 = time.monotonic_ns()
-        stage, step = target(self.plan, operator)
-        swapped_stage(stage, function, output_type, step)  # refuse a wrong kind before waiting a turn
-        with self._reconfiguring(stage), self.exclusive:
-            generation = self.generation  # a recovery from now on bumps it: this update is undone
-            if self.status is not JobStatus.RUNNING:
-                raise RuntimeError(f"the job is {self.status.name}; only a running job is updated")
-            stage = self.plan.stages[stage.id]  # the latest version
-            new = swapped_stage(stage, function, output_type, step)
-            try:
-                blob = user_code.dumps(new)
-            except Exception as e:
-                raise UpdateRefused(
-                    f"the new code of {operator!r} does not pickle: {type(e).__name__}: {e}"
-                ) from e
-            checked = self._check_in_spare(stage, blob)
-            report = {
-                "operator": operator,
-                "version": self.code.next_version(stage),  # an undone update's number is not reused
-                "states_added": checked["added"],
-                "states_orphaned": checked["orphaned"],
-            }
-            if dry_run:
-                return {**report, "epoch": None, "elapsed_ms": 0.0, "checkpoint": None, "dry_run": True}
-            if self.stage_finished(stage.id) or stage.input_gate in self._finished_gates:
-                raise RuntimeError(f"operator {operator!r} has consumed all its input; nothing to update")
-            if drop_orphaned:
-                new = dataclasses.replace(new, drop_states=tuple(checked["orphaned"]))
-            new = self.code.add(new, source or _source_of(function))
-            blob = user_code.dumps(new)
-            self.plan.stages[stage.id] = new
-            self._stage_blobs[stage.id] = blob
-            self._events.put(("code", stage.id, blob))
-            switch = self._switch_keyed if stage.kind == "keyed" else self._switch_source
-            epoch, done_at = switch(new, generation, timeout)
-            report.update(epoch=epoch, elapsed_ms=(done_at - t0) / 1e6)
-            report["checkpoint"] = self.checkpointer.trigger()["id"] if self.checkpointer else None
-            report["dry_run"] = False
-            self.updates.append({**report, "at": time.time()})
-            return report
-
-    def _switch_keyed(self, stage, generation: int, timeout) -> tuple[int, int]:
-        """An UPDATE record in the operator's gate; until every instance has read it."""
-        op = self.resources.keyed_index[stage.id]
-        self.gates[stage.input_gate].append_control(Kind.UPDATE, stage.code_version)
-        instances = list(range(self._parallelism[stage.id]))
-        self._await_switch(
-            stage,
-            lambda: self.control.wait_epochs(op, instances, stage.code_version, 0.05, word=cbk.I_CODE),
-            generation,
-            timeout,
-        )
-        done_at = max(int(self.control.instances(op)[i, cbk.I_CODE_AT_NS]) for i in instances)
-        return int(self.control.epoch(op)), done_at
-
-    def _switch_source(self, stage, generation: int, timeout) -> tuple[None, int]:
-        """A source's chained step: the source task switches between two items when it sees the
-        version asked for; until it says it did."""
-        cb = self.control
-        cb.signal(cb.stage_word(stage.id, cbk.S_CODE), stage.code_version)
-        done = cb.stage_word(stage.id, cbk.S_CODE_DONE)
-
-        def switched() -> bool:
-            seen = cb.signals()
-            if cb.load(done) >= stage.code_version:
-                return True
-            cb.wait_signal(seen, 0.05)
-            return False
-
-        self._await_switch(stage, switched, generation, timeout)
-        return None, time.monotonic_ns()
-
-    def _await_switch(self, stage, switched, generation: int, timeout) -> None:
-        self._await(
-            f"update of {stage.name!r}",
-            f"is in effect (version {stage.code_version})",
-            switched,
-            generation,
-            timeout,
-        )
-
-    def _await(self, subject: str, in_effect: str, done, generation: int, timeout) -> None:
-        """Until ``done()`` (which waits a little itself) for a reconfiguration: it fails if the
+    def await_reconfiguration(self, subject: str, in_effect: str, done, generation: int, timeout) -> None:
+        """Until ``done()`` (which waits a little itself) for a rescale or update: it fails if the
         job stops or recovers meanwhile, and times out after ``timeout`` (in effect all the same)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not done():
@@ -930,52 +812,45 @@ class Coordinator:
                     "they are working off a backlog"
                 )
 
-    def _check_in_spare(self, stage, blob: bytes) -> dict:
-        """Run ``code_update.check`` of the new code in a spare worker; refused updates raise."""
-        cid = next(self._check_ids)
-        ticket = self._checks[cid] = queue.Queue()
-        self._events.put(("check_update", cid, self._stage_blobs[stage.id], blob))
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                answer = ticket.get(timeout=0.1)
-                break
-            except queue.Empty:
-                if self._stopping or self.status is not JobStatus.RUNNING or time.monotonic() > deadline:
-                    self._checks.pop(cid, None)
-                    raise RuntimeError(
-                        f"the update of {stage.name!r} was not checked: no worker answered"
-                    ) from None
-        if not answer["ok"]:
-            raise UpdateRefused(
-                answer["error"] if answer.get("refused") else f"the check failed: {answer['error']}"
-            )
-        return answer
+    # ---- live code update (runtime.updater) ---------------------------------------------------
+    def update(self, operator: str, function, **options) -> dict:
+        """Swap a keyed operator's function (or a chained step's) live: checked in a spare worker,
+        then switched at one record, so every record before it runs the old code and every record
+        after it the new. Returns once the new code runs everywhere (and, in a checkpointed job, a
+        checkpoint has recorded it). Updates, rescales and checkpoints take turns."""
+        return self.updater.update(operator, function, **options)
 
-    def _dispatch_check(self, cid: int, old: bytes, new: bytes) -> None:
-        """In the job thread: hand a check to an idle worker, or to the next one that starts."""
-        idle = self._idle_workers()
-        if not idle:
-            self._waiting_checks.append((cid, old, new))
-            self._spawn_worker()
-            return
-        w = idle[0]
-        w.task = ("check", cid)
-        w.conn.send({"op": "check_update", "id": cid, "old": old, "new": new}, fmt=ord("P"))
+    def stage_blob(self, stage_id: int) -> bytes:
+        return self._stage_blobs[stage_id]
 
-    def _send_code(self, stage_id: int, blob: bytes) -> None:
-        """In the job thread: idle workers re-park the operator's task with its new code."""
-        for w in self._workers.values():
-            if w.conn is not None and not w.exited:
-                with contextlib.suppress(OSError):
-                    w.conn.send({"op": "code", "stage": stage_id, "blob": blob}, fmt=ord("P"))
+    def stage_blobs_changed(self, stage_id: int | None = None) -> None:
+        """The plan's stage (None: every stage) has new code: workers that start tasks get it."""
+        ids = [s.id for s in self.plan.stages] if stage_id is None else [stage_id]
+        for sid in ids:
+            self._stage_blobs[sid] = user_code.dumps(self.plan.stages[sid])
+        if stage_id is not None:
+            self.in_job_thread(self.updater.send_code, stage_id, self._stage_blobs[stage_id])
+
+    def in_job_thread(self, fn, *args) -> None:
+        """Run ``fn(*args)`` in the job's thread, in order with its events."""
+        self._events.put(("call", fn, args))
+
+    def gate_finished(self, gate_id: int) -> bool:
+        return gate_id in self._finished_gates
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def live_workers(self) -> list[_Worker]:
+        return [w for w in self._workers.values() if w.conn is not None and not w.exited]
 
     def _replenish(self) -> None:
         """Keep the warm pool at its size (spares are forked from the zygote, ready in milliseconds)."""
         starting = sum(1 for w in self._workers.values() if w.conn is None and not w.exited)
-        missing = self.config.spare_workers + len(self._pending) - len(self._idle_workers()) - starting
+        missing = self.config.spare_workers + len(self._pending) - len(self.idle_workers()) - starting
         for _ in range(max(missing, 0)):
-            self._spawn_worker()
+            self.spawn_worker()
 
     def state_location(self, operator) -> dict:
         """Where another process reads an operator's keyed state (queryable state)."""
@@ -1067,8 +942,7 @@ class Coordinator:
             shm.unlink_prefix(self.resources.prefix)
         with contextlib.suppress(FileNotFoundError):
             self.info_path.unlink()
-        if self.job_dir is None and self.code is not None:  # versions outlive only checkpointed runs
-            shutil.rmtree(self.code.dir, ignore_errors=True)
+        self.updater.close()
 
     def _await_workers(self) -> None:
         deadline = time.monotonic() + self.config.shutdown_timeout
@@ -1121,11 +995,3 @@ def _job_error(report: dict, operator: str) -> BaseException:
     if cause is not None:
         err.__cause__ = cause
     return err
-
-
-def _source_of(function) -> str:
-    """How a version's history names where its code came from."""
-    if isinstance(function, str):
-        return function
-    kind = function if isinstance(function, type) else type(function)
-    return f"{kind.__module__}:{kind.__qualname__}"

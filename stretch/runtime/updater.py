@@ -1,0 +1,220 @@
+"""The coordinator's side of a live code update (``JobClient.update``; see ``runtime.code_update``).
+
+An update takes its operator's turn (rescales, updates and checkpoints take turns), is checked in a
+spare worker, then switches at one record: an UPDATE record in a keyed operator's gate, or, for a
+step chained after a source, a control word the source task reads between two items. In a
+checkpointed job a checkpoint follows, recording the new version; a recovery runs the versions of
+the checkpoint it restores, so an update it did not cover is undone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import queue
+import shutil
+import time
+from pathlib import Path
+
+from stretch.common import user_code
+from stretch.common.job_status import JobStatus
+from stretch.errors import UpdateRefused
+from stretch.runtime import control_block as cbk
+from stretch.runtime.code_update import CodeHistory, swapped_stage, target
+from stretch.runtime.gate import Kind
+
+
+class Updater:
+    """Live code updates of one job; ``co`` is its Coordinator."""
+
+    def __init__(self, coordinator):
+        self.co = coordinator
+        self.history: CodeHistory | None = None  # every stage's code versions
+        self.reports: list[dict] = []  # every completed update's report, in order
+        self._checks: dict[int, queue.Queue] = {}  # checks under way, by id
+        self._ids = itertools.count(1)
+        self._waiting: list[tuple] = []  # checks that wait for a worker to start
+        self._durable = False
+
+    def start(self, directory: Path, durable: bool, restore: dict | None, mode: str) -> None:
+        """Keep the versions in ``directory`` (kept after the run if ``durable``); a restored run
+        runs the checkpoint's versions as ``mode`` says (``CodeHistory.at_checkpoint``)."""
+        self._durable = durable
+        self.history = CodeHistory(directory, self.co.plan.stages, restore=restore is not None)
+        if restore is not None:
+            self.run_code_of(restore, mode)
+
+    def run_code_of(self, checkpoint: dict, mode: str) -> None:
+        """Run each stage's code version recorded in ``checkpoint``."""
+        versions, stages = checkpoint.get("code", {}), self.co.plan.stages
+        for i, stage in enumerate(stages):
+            stages[i] = self.history.at_checkpoint(stage, versions.get(stage.name, 0), mode)
+        self.co.stage_blobs_changed()
+
+    def close(self) -> None:
+        if not self._durable and self.history is not None:
+            shutil.rmtree(self.history.dir, ignore_errors=True)
+
+    # ---- an update, in the caller's thread ----------------------------------------------------
+    def update(
+        self,
+        operator: str,
+        function,
+        *,
+        output_type=None,
+        dry_run: bool = False,
+        drop_orphaned: bool = False,
+        source: str = "",
+        timeout: float | None = None,
+    ) -> dict:
+        """See ``Coordinator.update``."""
+        co = self.co
+        t0 = time.monotonic_ns()
+        stage, step = target(co.plan, operator)
+        swapped_stage(stage, function, output_type, step)  # refuse a wrong kind before waiting a turn
+        with co.reconfiguring(stage), co.exclusive:
+            generation = co.generation  # a recovery from now on bumps it: this update is undone
+            if co.status is not JobStatus.RUNNING:
+                raise RuntimeError(f"the job is {co.status.name}; only a running job is updated")
+            stage = co.plan.stages[stage.id]  # the latest version
+            new = swapped_stage(stage, function, output_type, step)
+            try:
+                blob = user_code.dumps(new)
+            except Exception as e:
+                raise UpdateRefused(
+                    f"the new code of {operator!r} does not pickle: {type(e).__name__}: {e}"
+                ) from e
+            checked = self._check_in_spare(stage, blob)
+            report = {
+                "operator": operator,
+                "version": self.history.next_version(stage),  # an undone update's number is not reused
+                "states_added": checked["added"],
+                "states_orphaned": checked["orphaned"],
+            }
+            if dry_run:
+                return {**report, "epoch": None, "elapsed_ms": 0.0, "checkpoint": None, "dry_run": True}
+            if co.stage_finished(stage.id) or co.gate_finished(stage.input_gate):
+                raise RuntimeError(f"operator {operator!r} has consumed all its input; nothing to update")
+            if drop_orphaned:
+                new = dataclasses.replace(new, drop_states=tuple(checked["orphaned"]))
+            new = self.history.add(new, source or _source_of(function))
+            co.plan.stages[stage.id] = new
+            co.stage_blobs_changed(new.id)
+            switch = self._switch_keyed if stage.kind == "keyed" else self._switch_source
+            epoch, done_at = switch(new, generation, timeout)
+            report.update(epoch=epoch, elapsed_ms=(done_at - t0) / 1e6)
+            report["checkpoint"] = co.checkpointer.trigger()["id"] if co.checkpointer else None
+            report["dry_run"] = False
+            self.reports.append({**report, "at": time.time()})
+            return report
+
+    def _switch_keyed(self, stage, generation: int, timeout) -> tuple[int, int]:
+        """An UPDATE record in the operator's gate; until every instance has read it."""
+        co, cb = self.co, self.co.control
+        op = co.resources.keyed_index[stage.id]
+        co.gates[stage.input_gate].append_control(Kind.UPDATE, stage.code_version)
+        instances = list(range(co.parallelism_of(stage.id)))
+        self._await(
+            stage,
+            lambda: cb.wait_epochs(op, instances, stage.code_version, 0.05, word=cbk.I_CODE),
+            generation,
+            timeout,
+        )
+        done_at = max(int(cb.instances(op)[i, cbk.I_CODE_AT_NS]) for i in instances)
+        return int(cb.epoch(op)), done_at
+
+    def _switch_source(self, stage, generation: int, timeout) -> tuple[None, int]:
+        """A source's chained step: the source task switches between two items when it sees the
+        version asked for; until it says it did."""
+        cb = self.co.control
+        cb.signal(cb.stage_word(stage.id, cbk.S_CODE), stage.code_version)
+        done = cb.stage_word(stage.id, cbk.S_CODE_DONE)
+
+        def switched() -> bool:
+            seen = cb.signals()
+            if cb.load(done) >= stage.code_version:
+                return True
+            cb.wait_signal(seen, 0.05)
+            return False
+
+        self._await(stage, switched, generation, timeout)
+        return None, time.monotonic_ns()
+
+    def _await(self, stage, switched, generation: int, timeout) -> None:
+        in_effect = f"is in effect (version {stage.code_version})"
+        self.co.await_reconfiguration(f"update of {stage.name!r}", in_effect, switched, generation, timeout)
+
+    def _check_in_spare(self, stage, blob: bytes) -> dict:
+        """Run ``code_update.check`` of the new code in a spare worker; refused updates raise."""
+        co = self.co
+        cid = next(self._ids)
+        ticket = self._checks[cid] = queue.Queue()
+        co.in_job_thread(self.dispatch_check, cid, co.stage_blob(stage.id), blob)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                answer = ticket.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if co.stopping or co.status is not JobStatus.RUNNING or time.monotonic() > deadline:
+                    self._checks.pop(cid, None)
+                    raise RuntimeError(
+                        f"the update of {stage.name!r} was not checked: no worker answered"
+                    ) from None
+        if not answer["ok"]:
+            raise UpdateRefused(
+                answer["error"] if answer.get("refused") else f"the check failed: {answer['error']}"
+            )
+        return answer
+
+    # ---- in the job thread ---------------------------------------------------------------------
+    def dispatch_check(self, cid: int, old: bytes, new: bytes) -> None:
+        """Hand a check to an idle worker, or to the next one that starts."""
+        idle = self.co.idle_workers()
+        if not idle:
+            self._waiting.append((cid, old, new))
+            self.co.spawn_worker()
+            return
+        w = idle[0]
+        w.task = ("check", cid)
+        w.conn.send({"op": "check_update", "id": cid, "old": old, "new": new}, fmt=ord("P"))
+
+    def worker_ready(self, w) -> None:
+        """A worker started and was given nothing to run: a waiting check may have it."""
+        if w.task is None and self._waiting:
+            self.dispatch_check(*self._waiting.pop(0))
+
+    def checked(self, w, answer: dict) -> None:
+        """A worker's answer to a check; it is free again."""
+        w.task = None
+        self._checks.pop(answer["id"], queue.Queue()).put(answer)
+
+    def worker_died(self, w) -> bool:
+        """True if ``w`` was checking new code (its death is a refused update, not a failure)."""
+        if w.task is None or w.task[0] != "check":
+            return False
+        answer = {"ok": False, "error": f"the worker checking the new code (pid {w.pid}) died"}
+        self._checks.pop(w.task[1], queue.Queue()).put(answer)
+        return True
+
+    def workers_gone(self) -> None:
+        """A recovery killed every worker: the checks they had are answered."""
+        for ticket in self._checks.values():
+            ticket.put({"ok": False, "error": "the job is recovering from a failure; retry the update"})
+        self._checks.clear()
+        self._waiting.clear()
+
+    def send_code(self, stage_id: int, blob: bytes) -> None:
+        """Idle workers re-park the stage's task with its new code."""
+        for w in self.co.live_workers():
+            with contextlib.suppress(OSError):
+                w.conn.send({"op": "code", "stage": stage_id, "blob": blob}, fmt=ord("P"))
+
+
+def _source_of(function) -> str:
+    """How a version's history names where its code came from."""
+    if isinstance(function, str):
+        return function
+    kind = function if isinstance(function, type) else type(function)
+    return f"{kind.__module__}:{kind.__qualname__}"
