@@ -66,12 +66,14 @@ class _Collect(SinkWriter):
         self.into = into
 
     def write(self, batch, producer: int) -> None:
-        kind = (batch.schema.metadata or {}).get(RECORD_KIND_KEY)
+        meta = batch.schema.metadata or {}
+        kind = meta.get(RECORD_KIND_KEY)
+        untyped = kind == b"pickled" or meta.get(b"stretch.inferred") == b"1"  # PyFlink: pickled objects
         if kind in (b"row", b"tuple"):
             arrow_type = pa.struct(list(batch.schema))
         else:
             arrow_type = batch.schema.field(0).type if batch.num_columns == 1 else None
-        self.into.extend((kind == b"pickled", arrow_type, record) for record in from_batch(batch))
+        self.into.extend((untyped, arrow_type, record) for record in from_batch(batch))
 
 
 class DataStreamTestSinkFunction(Sink):
@@ -89,7 +91,7 @@ class DataStreamTestSinkFunction(Sink):
         records, self._records[:] = list(self._records), []
         if is_python_object:
             return [str(r) if stringify else r for _, _, r in records]
-        return [str(r) if pickled else java_str(r, t) for pickled, t, r in records]
+        return [str(r) if untyped else java_str(r, t) for untyped, t, r in records]
 
     def clear(self) -> None:
         self._records.clear()

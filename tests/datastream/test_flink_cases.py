@@ -16,6 +16,9 @@ from __future__ import annotations
 import datetime
 import decimal
 import json
+import pathlib
+import shutil
+import tempfile
 from collections import Counter, defaultdict
 
 import pytest
@@ -87,17 +90,57 @@ def env():
 
 
 @pytest.fixture
-def batch_env():
-    """Flink's PyFlinkBatchTestCase environment: batch, parallelism 2."""
-    environment = StreamExecutionEnvironment.get_execution_environment()
-    environment.set_parallelism(2)
-    environment.set_runtime_mode(RuntimeExecutionMode.BATCH)
-    return environment
-
-
-@pytest.fixture
 def sink():
     return DataStreamTestSinkFunction()
+
+
+# Most cases are grouped: each group's cases build their pipelines in one environment, which runs
+# them as one job (a job's start costs more than these cases' records); each case then checks its
+# own sinks, and reports as a test of its own. A case is a function that adds its pipeline to the
+# environment and returns the check to run once the job has finished.
+GROUPS = {
+    "parallelism 2": (RuntimeExecutionMode.STREAMING, 2),
+    "parallelism 1": (RuntimeExecutionMode.STREAMING, 1),
+    "batch": (RuntimeExecutionMode.BATCH, 2),
+    "batch, parallelism 1": (RuntimeExecutionMode.BATCH, 1),
+}
+CASES: dict = {}  # case name -> (group, build)
+_RUNS: dict = {}  # group -> ({case name: check}, the job's error or None)
+
+
+def case(group: str):
+    def register(build):
+        CASES[build.__name__] = (group, build)
+        return build
+
+    return register
+
+
+def _built(build, environment):
+    """The case's check; if building its pipeline fails, a check that raises that error."""
+    try:
+        return build(environment)
+    except Exception as error:
+
+        def refused(error=error):
+            raise error
+
+        return refused
+
+
+def run_group(group: str):
+    if group not in _RUNS:
+        mode, parallelism = GROUPS[group]
+        environment = StreamExecutionEnvironment.get_execution_environment()
+        environment.set_parallelism(parallelism)
+        environment.set_runtime_mode(mode)
+        checks = {name: _built(build, environment) for name, (g, build) in CASES.items() if g == group}
+        try:
+            environment.execute(f"Flink's cases, {group}")
+            _RUNS[group] = (checks, None)
+        except Exception as error:  # every case of the group reports it
+            _RUNS[group] = (checks, error)
+    return _RUNS[group]
 
 
 class SecondColumnTimestampAssigner(TimestampAssigner):
@@ -119,8 +162,10 @@ class SecondField(KeySelector):
 # ---- test_data_stream.py: basic operations, state, co-operations ----------------------------------
 
 
-def test_basic_operations(env, sink):
+@case("parallelism 2")
+def basic_operations(env):
     """DataStreamTests.test_basic_operations"""
+    sink = DataStreamTestSinkFunction()
     source = env.from_collection(
         [
             (word, Row(word[0], decimal.Decimal(n)))
@@ -150,12 +195,17 @@ def test_basic_operations(env, sink):
         .map(PlusOne(), output_type=Types.ROW([Types.STRING(), Types.INT(), Types.BIG_DEC()]))
         .add_sink(sink)
     )
-    env.execute("test_basic_operations")
-    assert sorted(sink.get_results()) == ["+I[cfgs, 5, 3]", "+I[deeefg, 7, 4]"]
+
+    def check():
+        assert sorted(sink.get_results()) == ["+I[cfgs, 5, 3]", "+I[deeefg, 7, 4]"]
+
+    return check
 
 
-def test_keyed_process_function_with_state(env, sink):
+@case("parallelism 2")
+def keyed_process_function_with_state(env):
     """DataStreamTests.test_keyed_process_function_with_state (value, list and TTL'd map state)"""
+    sink = DataStreamTestSinkFunction()
     env.get_config().set_auto_watermark_interval(2000)
     env.set_stream_time_characteristic(TimeCharacteristic.EventTime)
     rows = [(1, "hi", "1603708211000"), (2, "hello", "1603708224000"), (3, "hi", "1603708226000")]
@@ -196,32 +246,37 @@ def test_keyed_process_function_with_state(env, sink):
     source.assign_timestamps_and_watermarks(strategy).key_by(lambda r: r[1], key_type=Types.STRING()).process(
         Describe(), output_type=Types.STRING()
     ).add_sink(sink)
-    env.execute("test time stamp assigner with keyed process function")
 
-    def line(key, value_state, list_state, map_state, f0, ts):
-        return (
-            f"current key: {key}, current value state: {value_state}, current list state: {list_state}, "
-            f"current map state: {map_state}, current value: Row(f0={f0}, f1='{key}', f2='{ts}')"
+    def check():
+
+        def line(key, value_state, list_state, map_state, f0, ts):
+            return (
+                f"current key: {key}, current value state: {value_state}, current list state: {list_state}, "
+                f"current map state: {map_state}, current value: Row(f0={f0}, f1='{key}', f2='{ts}')"
+            )
+
+        assert sorted(sink.get_results()) == sorted(
+            [
+                line("hi", None, [], "{}", 1, 1603708211000),
+                line("hello", None, [], "{}", 2, 1603708224000),
+                line("hi", 1, [1], "{1: hi}", 3, 1603708226000),
+                line("hello", 2, [2], "{2: hello}", 4, 1603708289000),
+                line("hi", 3, [1, 3], "{1: hi, 3: hi}", 5, 1603708291000),
+                line("hello", 4, [2, 4], "{2: hello, 4: hello}", 6, 1603708293000),
+            ]
         )
 
-    assert sorted(sink.get_results()) == sorted(
-        [
-            line("hi", None, [], "{}", 1, 1603708211000),
-            line("hello", None, [], "{}", 2, 1603708224000),
-            line("hi", 1, [1], "{1: hi}", 3, 1603708226000),
-            line("hello", 2, [2], "{2: hello}", 4, 1603708289000),
-            line("hi", 3, [1, 3], "{1: hi, 3: hi}", 5, 1603708291000),
-            line("hello", 4, [2, 4], "{2: hello, 4: hello}", 6, 1603708293000),
-        ]
-    )
+    return check
 
 
 HI_HELLO = [(1, "hi"), (2, "hello"), (3, "hi"), (4, "hello"), (5, "hi"), (6, "hello")]
 RUNNING_SUMS = ["(1,hi)", "(12,hello)", "(2,hello)", "(4,hi)", "(6,hello)", "(9,hi)"]
 
 
-def test_reducing_state(env, sink):
+@case("parallelism 2")
+def reducing_state(env):
     """DataStreamTests.test_reducing_state"""
+    sink = DataStreamTestSinkFunction()
 
     class RunningSum(KeyedProcessFunction):
         def open(self, runtime_context: RuntimeContext):
@@ -236,12 +291,17 @@ def test_reducing_state(env, sink):
     env.from_collection(HI_HELLO, type_info=INT_STR_TUPLE).key_by(
         lambda r: r[1], key_type=Types.STRING()
     ).process(RunningSum(), output_type=INT_STR_TUPLE).add_sink(sink)
-    env.execute("test_reducing_state")
-    assert sorted(sink.get_results()) == RUNNING_SUMS
+
+    def check():
+        assert sorted(sink.get_results()) == RUNNING_SUMS
+
+    return check
 
 
-def test_aggregating_state(env, sink):
+@case("parallelism 2")
+def aggregating_state(env):
     """DataStreamTests.test_aggregating_state (with a TTL)"""
+    sink = DataStreamTestSinkFunction()
 
     class Sum(AggregateFunction):
         def create_accumulator(self):
@@ -274,8 +334,11 @@ def test_aggregating_state(env, sink):
     env.from_collection(HI_HELLO, type_info=INT_STR_TUPLE).key_by(
         lambda r: r[1], key_type=Types.STRING()
     ).process(RunningSum(), output_type=INT_STR_TUPLE).add_sink(sink)
-    env.execute("test_aggregating_state")
-    assert sorted(sink.get_results()) == RUNNING_SUMS
+
+    def check():
+        assert sorted(sink.get_results()) == RUNNING_SUMS
+
+    return check
 
 
 class IncDec(CoFlatMapFunction):
@@ -289,9 +352,12 @@ class IncDec(CoFlatMapFunction):
 CO_OPERATIONS = sorted(["4", "5", "6", "7", "8", "3", "5", "7", "9", "11", "3", "5", "7", "9", "11"])
 
 
-def test_basic_co_operations(env, sink, tmp_path):
+@case("parallelism 2")
+def basic_co_operations(env):
     """DataStreamTests.test_basic_co_operations (map1 imports a module added by add_python_file)"""
-    library = tmp_path / "test_stream_dependency_manage_lib.py"
+    sink = DataStreamTestSinkFunction()
+    folder = pathlib.Path(tempfile.mkdtemp())
+    library = folder / "test_stream_dependency_manage_lib.py"
     library.write_text("def add_two(a):\n    return a + 2\n")
 
     class AddTwoOrOne(CoMapFunction):
@@ -307,12 +373,18 @@ def test_basic_co_operations(env, sink, tmp_path):
     numbers = env.from_collection([1, 2, 3, 4, 5])
     doubled = numbers.map(lambda x: x * 2)
     numbers.connect(doubled).flat_map(IncDec()).connect(doubled).map(AddTwoOrOne()).add_sink(sink)
-    env.execute("test_basic_co_operations")
-    assert sorted(sink.get_results(True)) == CO_OPERATIONS
+
+    def check():
+        shutil.rmtree(folder)
+        assert sorted(sink.get_results(True)) == CO_OPERATIONS
+
+    return check
 
 
-def test_basic_co_operations_with_output_type(env, sink):
+@case("parallelism 2")
+def basic_co_operations_with_output_type(env):
     """ProcessDataStreamTests.test_basic_co_operations_with_output_type"""
+    sink = DataStreamTestSinkFunction()
 
     class AddTwoOrOne(CoMapFunction):
         def map1(self, value):
@@ -326,8 +398,11 @@ def test_basic_co_operations_with_output_type(env, sink):
     numbers.connect(doubled).flat_map(IncDec(), output_type=Types.INT()).connect(doubled).map(
         AddTwoOrOne(), output_type=Types.INT()
     ).add_sink(sink)
-    env.execute("test_basic_co_operations_with_output_type")
-    assert sorted(sink.get_results()) == CO_OPERATIONS
+
+    def check():
+        assert sorted(sink.get_results()) == CO_OPERATIONS
+
+    return check
 
 
 class CountPerKeyWithTimer(KeyedCoProcessFunction):
@@ -355,9 +430,10 @@ class CountPerKeyWithTimer(KeyedCoProcessFunction):
         return [Row("on_timer", timestamp)]
 
 
-def test_keyed_co_process(env, sink):
+@case("parallelism 1")
+def keyed_co_process(env):
     """DataStreamTests.test_keyed_co_process"""
-    env.set_parallelism(1)
+    sink = DataStreamTestSinkFunction()
     left = env.from_collection([("a", 1), ("b", 2), ("c", 3)], type_info=STR_INT_ROW)
     right = env.from_collection([("b", 2), ("c", 3), ("d", 4)], type_info=STR_INT_ROW)
     left = left.assign_timestamps_and_watermarks(by_second_column())
@@ -365,9 +441,12 @@ def test_keyed_co_process(env, sink):
     left.connect(right).key_by(lambda r: r[0], lambda r: r[0]).process(CountPerKeyWithTimer()).map(
         lambda r: Row(r[0], r[1] + 1)
     ).add_sink(sink)
-    env.execute("test_keyed_co_process_function")
-    expected = ["<Row('a', 2)>", "<Row('b', 2)>", "<Row('b', 3)>", "<Row('c', 2)>", "<Row('c', 3)>"]
-    assert sorted(sink.get_results(True)) == expected + ["<Row('d', 2)>", "<Row('on_timer', 4)>"]
+
+    def check():
+        expected = ["<Row('a', 2)>", "<Row('b', 2)>", "<Row('b', 3)>", "<Row('c', 2)>", "<Row('c', 3)>"]
+        assert sorted(sink.get_results(True)) == expected + ["<Row('d', 2)>", "<Row('on_timer', 4)>"]
+
+    return check
 
 
 # ---- test_data_stream.py: side outputs ------------------------------------------------------------
@@ -389,28 +468,37 @@ def main_and_side(env, stream, tag=SIDE):
     return main, side
 
 
-def test_process_side_output(env):
+@case("parallelism 2")
+def process_side_output(env):
     """DataStreamTests.test_process_side_output"""
     stream = env.from_collection(ABC, type_info=STR_INT_ROW).process(
         NameAndSideNumber(), output_type=Types.STRING()
     )
     main, side = main_and_side(env, stream)
-    env.execute("test_process_side_output")
-    assert sorted(main.get_results()) == ["a", "b", "c"]
-    assert sorted(side.get_results()) == ["0", "1", "2"]
+
+    def check():
+        assert sorted(main.get_results()) == ["a", "b", "c"]
+        assert sorted(side.get_results()) == ["0", "1", "2"]
+
+    return check
 
 
-def test_side_output_chained_with_upstream_operator(env):
+@case("parallelism 2")
+def side_output_chained_with_upstream_operator(env):
     """DataStreamTests.test_side_output_chained_with_upstream_operator"""
     source = env.from_collection(ABC, type_info=STR_INT_ROW)
     stream = source.map(lambda r: (r[0], r[1] + 1)).process(NameAndSideNumber(), output_type=Types.STRING())
     main, side = main_and_side(env, stream)
-    env.execute("test_side_output_chained_with_upstream_operator")
-    assert sorted(main.get_results()) == ["a", "b", "c"]
-    assert sorted(side.get_results()) == ["1", "2", "3"]
+
+    def check():
+        assert sorted(main.get_results()) == ["a", "b", "c"]
+        assert sorted(side.get_results()) == ["1", "2", "3"]
+
+    return check
 
 
-def test_process_multiple_side_output(env):
+@case("parallelism 2")
+def process_multiple_side_output(env):
     """DataStreamTests.test_process_multiple_side_output"""
     numbers, labels = OutputTag("side1", Types.INT()), OutputTag("side2", Types.STRING())
 
@@ -424,13 +512,17 @@ def test_process_multiple_side_output(env):
     main, side1 = main_and_side(env, stream, numbers)
     side2 = DataStreamTestSinkFunction()
     stream.get_side_output(labels).add_sink(side2)
-    env.execute("test_process_multiple_side_output")
-    assert sorted(main.get_results()) == ["a", "b", "c"]
-    assert sorted(side1.get_results()) == ["0", "1", "2"]
-    assert sorted(side2.get_results()) == ["a0", "b1", "c2"]
+
+    def check():
+        assert sorted(main.get_results()) == ["a", "b", "c"]
+        assert sorted(side1.get_results()) == ["0", "1", "2"]
+        assert sorted(side2.get_results()) == ["a0", "b1", "c2"]
+
+    return check
 
 
-def test_co_process_side_output(env):
+@case("parallelism 2")
+def co_process_side_output(env):
     """DataStreamTests.test_co_process_side_output"""
 
     class Swap(CoProcessFunction):
@@ -447,12 +539,16 @@ def test_co_process_side_output(env):
         [(3, "c"), (1, "a"), (0, "d")], type_info=Types.ROW([Types.INT(), Types.STRING()])
     )
     main, side = main_and_side(env, left.connect(right).process(Swap(), output_type=Types.STRING()))
-    env.execute("test_co_process_side_output")
-    assert sorted(main.get_results()) == ["a", "a", "b", "c", "c", "d"]
-    assert sorted(side.get_results()) == ["0", "0", "1", "1", "2", "3"]
+
+    def check():
+        assert sorted(main.get_results()) == ["a", "a", "b", "c", "c", "d"]
+        assert sorted(side.get_results()) == ["0", "0", "1", "1", "2", "3"]
+
+    return check
 
 
-def test_keyed_process_side_output(env):
+@case("parallelism 2")
+def keyed_process_side_output(env):
     """DataStreamTests.test_keyed_process_side_output"""
 
     class RunningSumToSide(KeyedProcessFunction):
@@ -470,12 +566,16 @@ def test_keyed_process_side_output(env):
     main, side = main_and_side(
         env, source.key_by(lambda r: r[0]).process(RunningSumToSide(), output_type=Types.INT())
     )
-    env.execute("test_keyed_process_side_output")
-    assert sorted(main.get_results()) == ["1", "2", "3", "4"]
-    assert sorted(side.get_results()) == ["1", "2", "4", "6"]
+
+    def check():
+        assert sorted(main.get_results()) == ["1", "2", "3", "4"]
+        assert sorted(side.get_results()) == ["1", "2", "4", "6"]
+
+    return check
 
 
-def test_keyed_co_process_side_output(env):
+@case("parallelism 2")
+def keyed_co_process_side_output(env):
     """DataStreamTests.test_keyed_co_process_side_output"""
 
     class CountToSide(KeyedCoProcessFunction):
@@ -504,11 +604,14 @@ def test_keyed_co_process_side_output(env):
         .process(CountToSide(), output_type=STR_INT_TUPLE)
     )
     main, side = main_and_side(env, stream)
-    env.execute("test_keyed_co_process_side_output")
-    assert sorted(main.get_results()) == sorted(
-        ["(a,1)", "(b,2)", "(a,3)", "(b,4)", "(b,5)", "(a,6)", "(b,7)", "(a,8)"]
-    )
-    assert sorted(side.get_results()) == ["1", "1", "2", "2", "3", "3", "4", "4"]
+
+    def check():
+        assert sorted(main.get_results()) == sorted(
+            ["(a,1)", "(b,2)", "(a,3)", "(b,4)", "(b,5)", "(a,6)", "(b,7)", "(a,8)"]
+        )
+        assert sorted(side.get_results()) == ["1", "1", "2", "2", "3", "3", "4", "4"]
+
+    return check
 
 
 class ValueAndDouble(ProcessFunction):
@@ -523,15 +626,19 @@ def test_side_output_stream_execute_and_collect(env):
     assert sorted(stream.get_side_output(SIDE).execute_and_collect()) == [2, 4, 6]
 
 
-def test_side_output_tag_reusing(env):
+@case("parallelism 2")
+def side_output_tag_reusing(env):
     """DataStreamTests.test_side_output_tag_reusing"""
     first, second = DataStreamTestSinkFunction(), DataStreamTestSinkFunction()
     stream = env.from_collection([1, 2, 3], Types.INT()).process(ValueAndDouble())
     stream.get_side_output(SIDE).add_sink(first)
     stream.map(lambda i: i * 2).process(ValueAndDouble()).get_side_output(SIDE).add_sink(second)
-    env.execute("test_side_output_tag_reusing")
-    assert sorted(first.get_results(stringify=False)) == ["2", "4", "6"]
-    assert sorted(second.get_results(stringify=False)) == ["12", "4", "8"]
+
+    def check():
+        assert sorted(first.get_results(stringify=False)) == ["2", "4", "6"]
+        assert sorted(second.get_results(stringify=False)) == ["12", "4", "8"]
+
+    return check
 
 
 # ---- test_data_stream.py: keyed operations --------------------------------------------------------
@@ -554,30 +661,36 @@ class ConcatWithStateCheck(ReduceFunction):
         return result
 
 
-def reduce_with_state(environment, sink):
-    source = environment.from_collection(
-        [("a", 0), ("c", 1), ("d", 1), ("b", 0), ("e", 1)], type_info=STR_INT_ROW
-    )
+def reduce_with_state(env, expected):
+    sink = DataStreamTestSinkFunction()
+    source = env.from_collection([("a", 0), ("c", 1), ("d", 1), ("b", 0), ("e", 1)], type_info=STR_INT_ROW)
     keyed = source.key_by(SecondField(), key_type=Types.INT())
     with pytest.raises(Exception):
         keyed.name("keyed stream")
     keyed.reduce(ConcatWithStateCheck()).add_sink(sink)
-    environment.execute("key_by_test")
-    return sorted(sink.get_results(False))
+
+    def check():
+        assert sorted(sink.get_results(False)) == sorted(expected)
+
+    return check
 
 
-def test_reduce_with_state_streaming(env, sink):
+@case("parallelism 2")
+def reduce_with_state_streaming(env):
     """DataStreamStreamingTests.test_reduce_with_state"""
-    assert reduce_with_state(env, sink) == ["+I[a, 0]", "+I[ab, 0]", "+I[c, 1]", "+I[cd, 1]", "+I[cde, 1]"]
+    return reduce_with_state(env, ["+I[a, 0]", "+I[ab, 0]", "+I[c, 1]", "+I[cd, 1]", "+I[cde, 1]"])
 
 
-def test_reduce_with_state_batch(batch_env, sink):
+@case("batch")
+def reduce_with_state_batch(env):
     """DataStreamBatchTests.test_reduce_with_state"""
-    assert reduce_with_state(batch_env, sink) == ["+I[ab, 0]", "+I[cde, 1]"]
+    return reduce_with_state(env, ["+I[ab, 0]", "+I[cde, 1]"])
 
 
-def test_keyed_co_map(env, sink):
+@case("parallelism 2")
+def keyed_co_map(env):
     """ProcessDataStreamTests.test_keyed_co_map: each input sees its own keyed state per key"""
+    sink = DataStreamTestSinkFunction()
 
     class CheckPrevious(CoMapFunction):
         def open(self, runtime_context: RuntimeContext):
@@ -602,9 +715,12 @@ def test_keyed_co_map(env, sink):
     left.connect(right).key_by(SecondField(), SecondField(), key_type=Types.INT()).map(CheckPrevious()).map(
         lambda r: (r[0], r[1] + 1)
     ).add_sink(sink)
-    env.execute()
-    once = ["('a', 1)", "('b', 1)", "('c', 2)", "('d', 2)", "('e', 3)"]
-    assert sorted(sink.get_results(True)) == sorted(once * 2)
+
+    def check():
+        once = ["('a', 1)", "('b', 1)", "('c', 2)", "('d', 2)", "('e', 3)"]
+        assert sorted(sink.get_results(True)) == sorted(once * 2)
+
+    return check
 
 
 class FirstSeen(CoFlatMapFunction):
@@ -623,8 +739,10 @@ class FirstSeen(CoFlatMapFunction):
             yield value[0]
 
 
-def test_keyed_co_flat_map(env, sink):
+@case("parallelism 2")
+def keyed_co_flat_map(env):
     """ProcessDataStreamTests.test_keyed_co_flat_map"""
+    sink = DataStreamTestSinkFunction()
     numbers = env.from_collection([(1, 1), (2, 2), (3, 3)], type_info=Types.ROW([Types.INT(), Types.INT()]))
     names = env.from_collection(
         [("a", "a"), ("b", "b"), ("c", "c"), ("a", "a")],
@@ -633,12 +751,17 @@ def test_keyed_co_flat_map(env, sink):
     numbers.connect(names).key_by(lambda r: 1, lambda r: 1).flat_map(
         FirstSeen(), output_type=Types.STRING()
     ).filter(lambda x: x != "4").add_sink(sink)
-    env.execute("test_keyed_co_flat_map")
-    assert sorted(sink.get_results(False)) == ["2", "2", "3", "3", "a", "b", "c"]
+
+    def check():
+        assert sorted(sink.get_results(False)) == ["2", "2", "3", "3", "a", "b", "c"]
+
+    return check
 
 
-def test_keyed_map(env, sink):
+@case("parallelism 2")
+def keyed_map(env):
     """ProcessDataStreamTests.test_keyed_map: a MapFunction on a KeyedStream has keyed state"""
+    sink = DataStreamTestSinkFunction()
     keyed = env.from_collection(
         [("a", 0), ("b", 1), ("c", 0), ("d", 1), ("e", 2)], type_info=STR_INT_ROW
     ).key_by(SecondField(), key_type=Types.INT())
@@ -657,8 +780,11 @@ def test_keyed_map(env, sink):
             return value
 
     keyed.map(CountPerKey()).map(lambda r: (r[0], r[1] + 1)).add_sink(sink)
-    env.execute("test_keyed_map")
-    assert sorted(sink.get_results(True)) == ["('a', 1)", "('b', 2)", "('c', 1)", "('d', 2)", "('e', 3)"]
+
+    def check():
+        assert sorted(sink.get_results(True)) == ["('a', 1)", "('b', 2)", "('c', 1)", "('d', 2)", "('e', 3)"]
+
+    return check
 
 
 class CountAndPrevious:
@@ -679,8 +805,10 @@ class CountAndPrevious:
         return value[0] not in ("b", "d")
 
 
-def test_keyed_flat_map(env, sink):
+@case("parallelism 2")
+def keyed_flat_map(env):
     """ProcessDataStreamTests.test_keyed_flat_map"""
+    sink = DataStreamTestSinkFunction()
 
     class Check(CountAndPrevious, FlatMapFunction):
         def flat_map(self, value):
@@ -691,12 +819,17 @@ def test_keyed_flat_map(env, sink):
     with pytest.raises(Exception):
         keyed.name("keyed stream")
     keyed.flat_map(Check()).map(lambda r: (r[0], r[1] + 1)).add_sink(sink)
-    env.execute("test_keyed_flat_map")
-    assert sorted(sink.get_results(True)) == ["('a', 1)", "('b', 1)", "('c', 2)", "('d', 2)", "('e', 3)"]
+
+    def check():
+        assert sorted(sink.get_results(True)) == ["('a', 1)", "('b', 1)", "('c', 2)", "('d', 2)", "('e', 3)"]
+
+    return check
 
 
-def test_keyed_filter(env, sink):
+@case("parallelism 2")
+def keyed_filter(env):
     """ProcessDataStreamTests.test_keyed_filter"""
+    sink = DataStreamTestSinkFunction()
 
     class Check(CountAndPrevious, FilterFunction):
         def filter(self, value):
@@ -706,20 +839,30 @@ def test_keyed_filter(env, sink):
     with pytest.raises(Exception):
         keyed.name("keyed stream")
     keyed.filter(Check()).filter(lambda r: r[1] > 0).add_sink(sink)
-    env.execute("key_by_test")
-    assert sorted(sink.get_results(False)) == ["+I[c, 1]", "+I[e, 2]"]
+
+    def check():
+        assert sorted(sink.get_results(False)) == ["+I[c, 1]", "+I[e, 2]"]
+
+    return check
 
 
-def test_multi_key_by(env, sink):
+@case("parallelism 2")
+def multi_key_by(env):
     """ProcessDataStreamTests.test_multi_key_by"""
+    sink = DataStreamTestSinkFunction()
     source = env.from_collection(LETTERS, type_info=STR_INT_ROW)
     source.key_by(SecondField(), key_type=Types.INT()).key_by(lambda r: r[0]).add_sink(sink)
-    env.execute("test multi key by")
-    assert sorted(sink.get_results(False)) == ["+I[a, 0]", "+I[b, 0]", "+I[c, 1]", "+I[d, 1]", "+I[e, 2]"]
+
+    def check():
+        assert sorted(sink.get_results(False)) == ["+I[a, 0]", "+I[b, 0]", "+I[c, 1]", "+I[d, 1]", "+I[e, 2]"]
+
+    return check
 
 
-def test_collection_type_info(env, sink):
+@case("parallelism 2")
+def collection_type_info(env):
     """ProcessDataStreamTests.test_collection_type_info"""
+    sink = DataStreamTestSinkFunction()
     row = Types.ROW(
         [
             Types.INT(),
@@ -741,16 +884,18 @@ def test_collection_type_info(env, sink):
         [1, 2, 3],
     )
     env.from_collection([value], type_info=row).map(lambda r: r, output_type=row).add_sink(sink)
-    env.execute("test_collection_type_info")
-    expected = (
-        "+I[1, [1.1, 1.2, 1.3], [null, hi, flink], 2021-01-09, 12:00:00, 2021-01-09 12:00:00.011, [1, 2, 3]]"
-    )
-    assert sink.get_results() == [expected]
+
+    def check():
+        expected = "+I[1, [1.1, 1.2, 1.3], [null, hi, flink], 2021-01-09, 12:00:00, 2021-01-09 12:00:00.011, [1, 2, 3]]"
+        assert sink.get_results() == [expected]
+
+    return check
 
 
-def test_process_function(env, sink):
+@case("parallelism 1")
+def process_function(env):
     """ProcessDataStreamTests.test_process_function: ctx.timestamp() in a non-keyed ProcessFunction"""
-    env.set_parallelism(1)
+    sink = DataStreamTestSinkFunction()
     env.get_config().set_auto_watermark_interval(2000)
     env.set_stream_time_characteristic(TimeCharacteristic.EventTime)
     stamps = ["1603708211000", "1603708224000", "1603708226000", "1603708289000"]
@@ -765,15 +910,20 @@ def test_process_function(env, sink):
     source.assign_timestamps_and_watermarks(by_second_column()).process(
         Describe(), output_type=Types.STRING()
     ).add_sink(sink)
-    env.execute("test process function")
-    assert sorted(sink.get_results()) == [
-        f"current timestamp: {ts}, current_value: Row(f0={i}, f1='{ts}')" for i, ts in enumerate(stamps, 1)
-    ]
+
+    def check():
+        assert sorted(sink.get_results()) == [
+            f"current timestamp: {ts}, current_value: Row(f0={i}, f1='{ts}')"
+            for i, ts in enumerate(stamps, 1)
+        ]
+
+    return check
 
 
-def test_keyed_sum_streaming(env, sink):
+@case("parallelism 1")
+def keyed_sum_streaming(env):
     """ProcessDataStreamStreamingTests.test_keyed_sum: by field name, by position, on a Tuple"""
-    env.set_parallelism(1)
+    sink = DataStreamTestSinkFunction()
     source = env.from_collection(
         [(1, 1), (1, 2), (1, 3), (2, 5), (2, 1)],
         type_info=Types.ROW_NAMED(["v1", "v2"], [Types.INT(), Types.INT()]),
@@ -781,13 +931,17 @@ def test_keyed_sum_streaming(env, sink):
     source.key_by(lambda r: r[0]).sum("v2").key_by(lambda r: r[0]).sum(1).map(
         lambda r: (r[1], r[0]), output_type=Types.TUPLE([Types.INT(), Types.INT()])
     ).key_by(lambda r: r[1]).sum().add_sink(sink)
-    env.execute("key_by_sum_test_stream")
-    assert sorted(sink.get_results(False)) == sorted(["(1,1)", "(5,1)", "(15,1)", "(5,2)", "(16,2)"])
+
+    def check():
+        assert sorted(sink.get_results(False)) == sorted(["(1,1)", "(5,1)", "(15,1)", "(5,2)", "(16,2)"])
+
+    return check
 
 
-def test_keyed_min_by_and_max_streaming(env, sink):
+@case("parallelism 1")
+def keyed_min_by_and_max_streaming(env):
     """ProcessDataStreamStreamingTests.test_keyed_min_by_and_max"""
-    env.set_parallelism(1)
+    sink = DataStreamTestSinkFunction()
     source = env.from_collection(
         [("a", 3, 0), ("a", 1, 1), ("b", 5, 0), ("b", 3, 1)],
         type_info=Types.ROW_NAMED(["v1", "v2", "v3"], [Types.STRING(), Types.INT(), Types.INT()]),
@@ -797,14 +951,18 @@ def test_keyed_min_by_and_max_streaming(env, sink):
     ).key_by(lambda r: r[2]).max(1).key_by(lambda r: r[2]).min().map(
         lambda r: r[0], output_type=Types.STRING()
     ).key_by(lambda r: r).max_by().add_sink(sink)
-    env.execute("key_by_min_by_max_by_test_stream")
-    assert sink.get_results(False) == ["a", "a", "a", "a"]
+
+    def check():
+        assert sink.get_results(False) == ["a", "a", "a", "a"]
+
+    return check
 
 
-def test_keyed_sum_batch(batch_env, sink):
+@case("batch, parallelism 1")
+def keyed_sum_batch(env):
     """ProcessDataStreamBatchTests.test_keyed_sum: only each key's final sum, at the end"""
-    batch_env.set_parallelism(1)
-    source = batch_env.from_collection(
+    sink = DataStreamTestSinkFunction()
+    source = env.from_collection(
         [(1, 1), (1, 2), (1, 3), (5, 1), (5, 5)],
         type_info=Types.ROW_NAMED(["v1", "v2"], [Types.INT(), Types.INT()]),
     )
@@ -821,14 +979,18 @@ def test_keyed_sum_batch(batch_env, sink):
     ).key_by(lambda r: r[0]).sum(1).flat_map(fields, output_type=Types.INT()).key_by(
         lambda x: x
     ).sum().add_sink(sink)
-    batch_env.execute("key_by_sum_test_batch")
-    assert sink.get_results(False) == ["24"]
+
+    def check():
+        assert sink.get_results(False) == ["24"]
+
+    return check
 
 
-def test_keyed_min_by_and_max_batch(batch_env, sink):
+@case("batch, parallelism 1")
+def keyed_min_by_and_max_batch(env):
     """ProcessDataStreamBatchTests.test_keyed_min_by_and_max (a key selector returning a list)"""
-    batch_env.set_parallelism(1)
-    source = batch_env.from_collection(
+    sink = DataStreamTestSinkFunction()
+    source = env.from_collection(
         [(1, "9", 0), (1, "5", 1), (1, "6", 2), (5, "5", 0), (5, "3", 1)],
         type_info=Types.ROW_NAMED(["v1", "v2", "v3"], [Types.INT(), Types.STRING(), Types.INT()]),
     )
@@ -847,8 +1009,11 @@ def test_keyed_min_by_and_max_batch(batch_env, sink):
     ).key_by(lambda r: [1]).min_by().flat_map(fields, output_type=Types.INT()).key_by(
         lambda x: x
     ).max_by().add_sink(sink)
-    batch_env.execute("key_by_min_by_max_by_test_batch")
-    assert sink.get_results(False) == ["1"]
+
+    def check():
+        assert sink.get_results(False) == ["1"]
+
+    return check
 
 
 # ---- test_data_stream.py: CommonDataStreamTests ---------------------------------------------------
@@ -953,8 +1118,10 @@ def test_function_with_error(env):
         env.execute("test_process_function_with_error")
 
 
-def test_data_with_custom_class(env, sink):
+@case("parallelism 2")
+def data_with_custom_class(env):
     """CommonDataStreamTests.test_data_with_custom_class: an object of a local class between steps"""
+    sink = DataStreamTestSinkFunction()
 
     class Data:
         def __init__(self, name, num):
@@ -963,8 +1130,11 @@ def test_data_with_custom_class(env, sink):
 
     source = env.from_collection(ABC, type_info=STR_INT_ROW)
     source.map(lambda r: Data(r[0], r[1])).flat_map(lambda d: [d.name for _ in range(d.num)]).add_sink(sink)
-    env.execute("test_data_with_custom_class")
-    assert sorted(sink.get_results(True)) == ["b", "c", "c"]
+
+    def check():
+        assert sorted(sink.get_results(True)) == ["b", "c", "c"]
+
+    return check
 
 
 # ---- test_window.py ---------------------------------------------------------------------------------
@@ -1004,78 +1174,98 @@ def keyed_by_word(env, records):
     )
 
 
-def counted(env, sink, records, assigner, trigger=None):
+def counted(env, records, assigner, expected, trigger=None):
+    """Flink's window cases with its CountWindowProcessFunction: a check of what they collect."""
+    sink = DataStreamTestSinkFunction()
     windowed = keyed_by_word(env, records).window(assigner)
     if trigger is not None:
         windowed = windowed.trigger(trigger)
     windowed.process(CountWindowProcessFunction(), WINDOW_COUNT).add_sink(sink)
-    env.execute()
-    return sorted(sink.get_results())
+
+    def check():
+        assert sorted(sink.get_results()) == sorted(expected)
+
+    return check
 
 
-def test_event_time_tumbling_window(env, sink):
+@case("parallelism 2")
+def event_time_tumbling_window(env):
     """WindowTests.test_event_time_tumbling_window"""
-    assert counted(env, sink, HI, TumblingEventTimeWindows.of(Time.milliseconds(5))) == sorted(
-        ["(hi,0,5,4)", "(hi,5,10,3)", "(hi,15,20,1)"]
-    )
+    assigner = TumblingEventTimeWindows.of(Time.milliseconds(5))
+    return counted(env, HI, assigner, ["(hi,0,5,4)", "(hi,5,10,3)", "(hi,15,20,1)"])
 
 
-def test_event_time_sliding_window(env, sink):
+@case("parallelism 2")
+def event_time_sliding_window(env):
     """WindowTests.test_event_time_sliding_window"""
     assigner = SlidingEventTimeWindows.of(Time.milliseconds(5), Time.milliseconds(2))
     expected = ["(hi,-2,3,2)", "(hi,0,5,4)", "(hi,2,7,4)", "(hi,4,9,3)", "(hi,6,11,2)", "(hi,8,13,2)"]
-    assert counted(env, sink, HI, assigner) == sorted(expected + ["(hi,12,17,1)", "(hi,14,19,1)"])
+    return counted(env, HI, assigner, expected + ["(hi,12,17,1)", "(hi,14,19,1)"])
 
 
-def test_event_time_session_window(env, sink):
+@case("parallelism 2")
+def event_time_session_window(env):
     """WindowTests.test_event_time_session_window"""
     assigner = EventTimeSessionWindows.with_gap(Time.milliseconds(5))
-    assert counted(env, sink, HI_SESSIONS, assigner) == ["(hi,1,14,6)", "(hi,15,20,1)"]
+    return counted(env, HI_SESSIONS, assigner, ["(hi,1,14,6)", "(hi,15,20,1)"])
 
 
-def test_event_time_dynamic_gap_session_window(env, sink):
+@case("parallelism 1")
+def event_time_dynamic_gap_session_window(env):
     """WindowTests.test_event_time_dynamic_gap_session_window"""
-    env.set_parallelism(1)
     records = [("hi", 1), ("hi", 2), ("hi", 3), ("hi", 4), ("hi", 9), ("hi", 9), ("hi", 15)]
     assigner = EventTimeSessionWindows.with_dynamic_gap(ValueAsGap())
-    assert counted(env, sink, records, assigner) == ["(hi,1,8,4)", "(hi,9,30,3)"]
+    return counted(env, records, assigner, ["(hi,1,8,4)", "(hi,9,30,3)"])
 
 
-def test_session_window_late_merge(env, sink):
+@case("parallelism 2")
+def session_window_late_merge(env):
     """WindowTests.test_session_window_late_merge"""
     assigner = EventTimeSessionWindows.with_gap(Time.milliseconds(5))
-    assert counted(env, sink, [("hi", 0), ("hi", 8), ("hi", 4)], assigner) == ["(hi,0,13,3)"]
+    return counted(env, [("hi", 0), ("hi", 8), ("hi", 4)], assigner, ["(hi,0,13,3)"])
 
 
-def test_event_time_session_window_with_purging_trigger(env, sink):
+@case("parallelism 2")
+def event_time_session_window_with_purging_trigger(env):
     """WindowTests.test_event_time_session_window_with_purging_trigger"""
     assigner = EventTimeSessionWindows.with_gap(Time.milliseconds(3))
     trigger = PurgingTrigger.of(EventTimeTrigger.create())
-    assert counted(env, sink, HI_SESSIONS, assigner, trigger) == ["(hi,1,7,4)", "(hi,15,18,1)", "(hi,8,12,2)"]
+    return counted(env, HI_SESSIONS, assigner, ["(hi,1,7,4)", "(hi,8,12,2)", "(hi,15,18,1)"], trigger)
 
 
-def test_count_tumbling_window(env, sink):
+@case("parallelism 2")
+def count_tumbling_window(env):
     """WindowTests.test_count_tumbling_window"""
+    sink = DataStreamTestSinkFunction()
     records = HI_HELLO + [(6, "hello")]
     env.from_collection(records, type_info=INT_STR_TUPLE).key_by(
         lambda r: r[1], key_type=Types.STRING()
     ).count_window(3).apply(SumWindowFunction(), STR_INT_TUPLE).add_sink(sink)
-    env.execute("test_count_tumbling_window")
-    assert sorted(sink.get_results()) == ["(hello,12)", "(hi,9)"]
+
+    def check():
+        assert sorted(sink.get_results()) == ["(hello,12)", "(hi,9)"]
+
+    return check
 
 
-def test_count_sliding_window(env, sink):
+@case("parallelism 2")
+def count_sliding_window(env):
     """WindowTests.test_count_sliding_window"""
+    sink = DataStreamTestSinkFunction()
     env.from_collection(HI_HELLO, type_info=INT_STR_TUPLE).key_by(
         lambda r: r[1], key_type=Types.STRING()
     ).window(CountSlidingWindowAssigner(2, 1)).apply(SumWindowFunction(), STR_INT_TUPLE).add_sink(sink)
-    env.execute("test_count_sliding_window")
-    assert sorted(sink.get_results()) == ["(hello,10)", "(hello,6)", "(hi,4)", "(hi,8)"]
+
+    def check():
+        assert sorted(sink.get_results()) == ["(hello,10)", "(hello,6)", "(hi,4)", "(hi,8)"]
+
+    return check
 
 
-def test_global_window_with_purging_trigger(env, sink):
+@case("parallelism 1")
+def global_window_with_purging_trigger(env):
     """WindowTests.test_global_window_with_purging_trigger"""
-    env.set_parallelism(1)
+    sink = DataStreamTestSinkFunction()
 
     class Count(ProcessWindowFunction):
         def process(self, key, context, elements):
@@ -1084,21 +1274,29 @@ def test_global_window_with_purging_trigger(env, sink):
     keyed_by_word(env, [("hi", 1)] * 7).window(GlobalWindows.create()).trigger(
         PurgingTrigger.of(CountTrigger.of(2))
     ).process(Count(), STR_INT_TUPLE).add_sink(sink)
-    env.execute("test_global_window_with_purging_trigger")
-    assert sink.get_results() == ["(hi,2)", "(hi,2)", "(hi,2)"]
+
+    def check():
+        assert sink.get_results() == ["(hi,2)", "(hi,2)", "(hi,2)"]
+
+    return check
 
 
 def session_of_2ms():
     return EventTimeSessionWindows.with_gap(Time.milliseconds(2))
 
 
-def test_window_reduce_passthrough(env, sink):
+@case("parallelism 2")
+def window_reduce_passthrough(env):
     """WindowTests.test_window_reduce_passthrough"""
+    sink = DataStreamTestSinkFunction()
     keyed_by_word(env, AB).window(session_of_2ms()).reduce(
         lambda a, b: (b[0], a[1] + b[1]), output_type=STR_INT_TUPLE
     ).add_sink(sink)
-    env.execute("test_window_reduce_passthrough")
-    assert sorted(sink.get_results()) == ["(a,15)", "(a,3)", "(a,6)", "(b,17)", "(b,3)"]
+
+    def check():
+        assert sorted(sink.get_results()) == ["(a,15)", "(a,3)", "(a,6)", "(b,17)", "(b,3)"]
+
+    return check
 
 
 class StartAndFirst(ProcessWindowFunction):
@@ -1106,19 +1304,24 @@ class StartAndFirst(ProcessWindowFunction):
         yield f"current window start at {context.window().start}, reduce result {next(iter(elements))}"
 
 
-def test_window_reduce_process(env, sink):
+@case("parallelism 2")
+def window_reduce_process(env):
     """WindowTests.test_window_reduce_process"""
+    sink = DataStreamTestSinkFunction()
     keyed_by_word(env, AB).window(session_of_2ms()).reduce(
         lambda a, b: (b[0], a[1] + b[1]), window_function=StartAndFirst(), output_type=Types.STRING()
     ).add_sink(sink)
-    env.execute("test_window_reduce_process")
-    assert sorted(sink.get_results()) == [
-        "current window start at 1, reduce result ('a', 3)",
-        "current window start at 15, reduce result ('a', 15)",
-        "current window start at 3, reduce result ('b', 3)",
-        "current window start at 6, reduce result ('a', 6)",
-        "current window start at 8, reduce result ('b', 17)",
-    ]
+
+    def check():
+        assert sorted(sink.get_results()) == [
+            "current window start at 1, reduce result ('a', 3)",
+            "current window start at 15, reduce result ('a', 15)",
+            "current window start at 3, reduce result ('b', 3)",
+            "current window start at 6, reduce result ('a', 6)",
+            "current window start at 8, reduce result ('b', 17)",
+        ]
+
+    return check
 
 
 class EvenMinusOdd(AggregateFunction):
@@ -1166,32 +1369,47 @@ class NameAndSumAll(ProcessAllWindowFunction):
         yield f"key {name} timestamp sum {total}"
 
 
-def test_window_aggregate_passthrough(env, sink):
+@case("parallelism 2")
+def window_aggregate_passthrough(env):
     """WindowTests.test_window_aggregate_passthrough"""
+    sink = DataStreamTestSinkFunction()
     keyed_by_word(env, AB).window(session_of_2ms()).aggregate(
         EvenMinusOdd(), output_type=STR_INT_TUPLE
     ).add_sink(sink)
-    env.execute("test_window_aggregate_passthrough")
-    assert sorted(sink.get_results()) == ["(a,-1)", "(a,0)", "(a,1)", "(b,-1)", "(b,0)"]
+
+    def check():
+        assert sorted(sink.get_results()) == ["(a,-1)", "(a,0)", "(a,1)", "(b,-1)", "(b,0)"]
+
+    return check
 
 
-def test_window_aggregate_accumulator_type(env, sink):
+@case("parallelism 2")
+def window_aggregate_accumulator_type(env):
     """WindowTests.test_window_aggregate_accumulator_type"""
+    sink = DataStreamTestSinkFunction()
     keyed_by_word(env, AB).window(session_of_2ms()).aggregate(
         SumAndName(), accumulator_type=INT_STR_TUPLE, output_type=STR_INT_TUPLE
     ).add_sink(sink)
-    env.execute("test_window_aggregate_accumulator_type")
-    assert sorted(sink.get_results()) == ["(a,15)", "(a,3)", "(a,6)", "(b,17)", "(b,3)"]
+
+    def check():
+        assert sorted(sink.get_results()) == ["(a,15)", "(a,3)", "(a,6)", "(b,17)", "(b,3)"]
+
+    return check
 
 
-def test_window_aggregate_process(env, sink):
+@case("parallelism 2")
+def window_aggregate_process(env):
     """WindowTests.test_window_aggregate_process"""
+    sink = DataStreamTestSinkFunction()
     keyed_by_word(env, AB).window(session_of_2ms()).aggregate(
         SumAndName(), window_function=NameAndSum(), accumulator_type=INT_STR_TUPLE, output_type=Types.STRING()
     ).add_sink(sink)
-    env.execute("test_window_aggregate_process")
-    sums = [("a", 15), ("a", 3), ("a", 6), ("b", 17), ("b", 3)]
-    assert sorted(sink.get_results()) == [f"key {k} timestamp sum {s}" for k, s in sums]
+
+    def check():
+        sums = [("a", 15), ("a", 3), ("a", 6), ("b", 17), ("b", 3)]
+        assert sorted(sink.get_results()) == [f"key {k} timestamp sum {s}" for k, s in sums]
+
+    return check
 
 
 def all_of(env, records):
@@ -1200,8 +1418,10 @@ def all_of(env, records):
     )
 
 
-def test_event_time_tumbling_window_all(env, sink):
+@case("parallelism 2")
+def event_time_tumbling_window_all(env):
     """WindowTests.test_event_time_tumbling_window_all"""
+    sink = DataStreamTestSinkFunction()
     records = [
         ("hi", 1),
         ("hello", 2),
@@ -1215,23 +1435,31 @@ def test_event_time_tumbling_window_all(env, sink):
     all_of(env, records).window_all(TumblingEventTimeWindows.of(Time.milliseconds(5))).process(
         CountAllWindowProcessFunction(), Types.TUPLE([Types.LONG(), Types.LONG(), Types.INT()])
     ).add_sink(sink)
-    env.execute("test_event_time_tumbling_window_all")
-    assert sorted(sink.get_results()) == ["(0,5,4)", "(15,20,1)", "(5,10,3)"]
+
+    def check():
+        assert sorted(sink.get_results()) == ["(0,5,4)", "(15,20,1)", "(5,10,3)"]
+
+    return check
 
 
-def test_window_all_reduce(env, sink):
+@case("parallelism 1")
+def window_all_reduce(env):
     """WindowTests.test_window_all_reduce"""
-    env.set_parallelism(1)
+    sink = DataStreamTestSinkFunction()
     all_of(env, AB).window_all(session_of_2ms()).reduce(
         lambda a, b: (a[0], a[1] + b[1]), output_type=STR_INT_TUPLE
     ).add_sink(sink)
-    env.execute("test_window_all_reduce")
-    assert sorted(sink.get_results()) == ["(a,15)", "(a,23)", "(a,6)"]
+
+    def check():
+        assert sorted(sink.get_results()) == ["(a,15)", "(a,23)", "(a,6)"]
+
+    return check
 
 
-def test_window_all_reduce_process(env, sink):
+@case("parallelism 1")
+def window_all_reduce_process(env):
     """WindowTests.test_window_all_reduce_process"""
-    env.set_parallelism(1)
+    sink = DataStreamTestSinkFunction()
 
     class StartAndFirstAll(ProcessAllWindowFunction):
         def process(self, context, elements):
@@ -1240,45 +1468,58 @@ def test_window_all_reduce_process(env, sink):
     all_of(env, AB).window_all(session_of_2ms()).reduce(
         lambda a, b: (a[0], a[1] + b[1]), window_function=StartAndFirstAll(), output_type=Types.STRING()
     ).add_sink(sink)
-    env.execute("test_window_all_reduce_process")
-    assert sorted(sink.get_results()) == sorted(
-        [
-            "current window start at 1, reduce result ('a', 6)",
-            "current window start at 6, reduce result ('a', 23)",
-            "current window start at 15, reduce result ('a', 15)",
-        ]
-    )
+
+    def check():
+        assert sorted(sink.get_results()) == sorted(
+            [
+                "current window start at 1, reduce result ('a', 6)",
+                "current window start at 6, reduce result ('a', 23)",
+                "current window start at 15, reduce result ('a', 15)",
+            ]
+        )
+
+    return check
 
 
-def test_window_all_aggregate(env, sink):
+@case("parallelism 1")
+def window_all_aggregate(env):
     """WindowTests.test_window_all_aggregate"""
-    env.set_parallelism(1)
+    sink = DataStreamTestSinkFunction()
     all_of(env, AB).window_all(session_of_2ms()).aggregate(
         EvenMinusOdd(), output_type=STR_INT_TUPLE
     ).add_sink(sink)
-    env.execute("test_window_all_aggregate")
-    assert sorted(sink.get_results()) == ["(a,-1)", "(b,-1)", "(b,1)"]
+
+    def check():
+        assert sorted(sink.get_results()) == ["(a,-1)", "(b,-1)", "(b,1)"]
+
+    return check
 
 
-def test_window_all_aggregate_process(env, sink):
+@case("parallelism 1")
+def window_all_aggregate_process(env):
     """WindowTests.test_window_all_aggregate_process"""
-    env.set_parallelism(1)
+    sink = DataStreamTestSinkFunction()
     all_of(env, AB).window_all(session_of_2ms()).aggregate(
         SumAndName(),
         window_function=NameAndSumAll(),
         accumulator_type=INT_STR_TUPLE,
         output_type=Types.STRING(),
     ).add_sink(sink)
-    env.execute("test_window_all_aggregate_process")
-    assert sorted(sink.get_results()) == [
-        "key a timestamp sum 15",
-        "key b timestamp sum 23",
-        "key b timestamp sum 6",
-    ]
+
+    def check():
+        assert sorted(sink.get_results()) == [
+            "key a timestamp sum 15",
+            "key b timestamp sum 23",
+            "key b timestamp sum 6",
+        ]
+
+    return check
 
 
-def test_chained_window(env, sink):
+@case("parallelism 2")
+def chained_window(env):
     """EmbeddedWindowTests.test_chained_window: a tuple key, a window reduce, then a map"""
+    sink = DataStreamTestSinkFunction()
 
     class FirstField(TimestampAssigner):
         def extract_timestamp(self, value, record_timestamp) -> int:
@@ -1301,14 +1542,17 @@ def test_chained_window(env, sink):
     ).map(
         lambda r: (r[0], r[1], r[3]), output_type=Types.TUPLE([Types.LONG(), Types.STRING(), Types.INT()])
     ).add_sink(sink)
-    env.execute("test_chained_window")
-    assert sorted(sink.get_results()) == [
-        f"({minute},a1,1)",
-        f"({minute},a1,2)",
-        f"({minute},a2,1)",
-        f"({next_minute},a1,1)",
-        f"({next_minute},a2,1)",
-    ]
+
+    def check():
+        assert sorted(sink.get_results()) == [
+            f"({minute},a1,1)",
+            f"({minute},a1,2)",
+            f"({minute},a2,1)",
+            f"({next_minute},a1,1)",
+            f"({next_minute},a2,1)",
+        ]
+
+    return check
 
 
 # ---- flink-python/pyflink/examples/datastream: the scripts print; a plain-Python model says what ----
@@ -1356,7 +1600,20 @@ def test_example_basic_operations(env, capsys):
     assert show(by_country) == ["('Germany', 123)", "('China', 135)", "('USA', 124)", "('China', 167)"]
 
 
-def test_example_process_json_data(env, capsys):
+def collected(stream, expected):
+    """Collect what the example would print (the same lines: Python's str of untyped records,
+    Java's of typed ones) and check it against ``expected``."""
+    sink = DataStreamTestSinkFunction()
+    stream.add_sink(sink)
+
+    def check():
+        assert sorted(sink.get_results()) == sorted(expected)
+
+    return check
+
+
+@case("parallelism 2")
+def example_process_json_data(env):
     """examples/datastream/process_json_data.py"""
 
     def update_tel(data):
@@ -1364,10 +1621,9 @@ def test_example_process_json_data(env, capsys):
         info["tel"] += 1
         return data[0], info
 
-    env.from_collection(PEOPLE).map(update_tel).filter(lambda d: "China" in d[1]["addr"]["country"]).print()
-    env.execute()
+    chinese = env.from_collection(PEOPLE).map(update_tel).filter(lambda d: "China" in d[1]["addr"]["country"])
     expected = [update_tel(p) for p in PEOPLE if json.loads(p[1])["addr"]["country"] == "China"]
-    assert sorted(printed(capsys)) == sorted(str(e) for e in expected)
+    return collected(chinese, [str(e) for e in expected])
 
 
 AMOUNTS = [("Alice", 110.1), ("Bob", 30.2), ("Alice", 20.0), ("Bob", 53.1)]
@@ -1395,19 +1651,21 @@ class Sum(KeyedProcessFunction):
         yield ctx.get_current_key(), self.state.value()
 
 
-def test_example_state_access(env, capsys):
+@case("parallelism 2")
+def example_state_access(env):
     """examples/datastream/state_access.py"""
-    env.from_collection(AMOUNTS).key_by(lambda v: v[0]).process(Sum(1, emit_now=True)).print()
-    env.execute()
     totals: Counter = Counter()
     expected = []
     for name, amount in AMOUNTS:
         totals[name] += amount
         expected.append(str((name, totals[name])))
-    assert sorted(printed(capsys)) == sorted(expected)
+    return collected(
+        env.from_collection(AMOUNTS).key_by(lambda v: v[0]).process(Sum(1, emit_now=True)), expected
+    )
 
 
-def test_example_event_time_timer(env, capsys):
+@case("parallelism 2")
+def example_event_time_timer(env):
     """examples/datastream/event_time_timer.py: every record's timer (2 s after it) fires once per
     key and time; the whole collection is in before the watermark passes any of them"""
 
@@ -1417,20 +1675,17 @@ def test_example_event_time_timer(env, capsys):
 
     stamps = [1000, 4000, 3000, 2000, 5000, 3000, 7000, 10000]
     records = [(ts, name, amount) for ts, (name, amount) in zip(stamps, AMOUNTS, strict=True)]
-    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_seconds(2)).with_timestamp_assigner(
-        FirstField()
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_seconds(2))
+    stream = env.from_collection(records).assign_timestamps_and_watermarks(
+        strategy.with_timestamp_assigner(FirstField())
     )
-    env.from_collection(records).assign_timestamps_and_watermarks(strategy).key_by(lambda v: v[1]).process(
-        Sum(2, emit_now=False)
-    ).print()
-    env.execute()
     totals: Counter = Counter()
     timers = defaultdict(set)
     for ts, name, amount in records:
         totals[name] += amount
         timers[name].add(ts + 2000)
-    expected = [str((name, totals[name])) for name, ts in ((n, t) for n in timers for t in timers[n])]
-    assert sorted(printed(capsys)) == sorted(expected)
+    expected = [str((name, totals[name])) for name in timers for _ in timers[name]]
+    return collected(stream.key_by(lambda v: v[1]).process(Sum(2, emit_now=False)), expected)
 
 
 SONNET = [
@@ -1443,107 +1698,99 @@ SONNET = [
 ]
 
 
-def test_example_word_count(capsys):
+@case("batch, parallelism 1")
+def example_word_count(env):
     """examples/datastream/word_count.py (BATCH, its built-in text; the first lines of it here)"""
-    env = StreamExecutionEnvironment.get_execution_environment()
-    env.set_runtime_mode(RuntimeExecutionMode.BATCH)
-    env.set_parallelism(1)
 
     def split(line):
         yield from line.split()
 
-    env.from_collection(SONNET).flat_map(split).map(lambda i: (i, 1), output_type=STR_INT_TUPLE).key_by(
-        lambda i: i[0]
-    ).reduce(lambda i, j: (i[0], i[1] + j[1])).print()
-    env.execute()
+    words = env.from_collection(SONNET).flat_map(split).map(lambda i: (i, 1), output_type=STR_INT_TUPLE)
+    counted_words = words.key_by(lambda i: i[0]).reduce(lambda i, j: (i[0], i[1] + j[1]))
     counts = Counter(word for line in SONNET for word in line.split())
-    assert sorted(printed(capsys)) == sorted(f"({word},{n})" for word, n in counts.items())
+    return collected(counted_words, [f"({word},{n})" for word, n in counts.items()])
 
 
-def window_example(env, capsys, assigner, trigger=None):
-    """The windowing examples: a count per window of the same 'hi' records, printed at parallelism 1."""
-    env.set_parallelism(1)
-    windowed = keyed_by_word(env, HI).window(assigner)
+def window_example(env, records, assigner, expected, trigger=None):
+    """The windowing examples: a count per window, (key, start, end, count) with INT bounds."""
+    windowed = keyed_by_word(env, records).window(assigner)
     if trigger is not None:
         windowed = windowed.trigger(trigger)
-    windowed.process(
-        CountWindowProcessFunction(), Types.TUPLE([Types.STRING(), Types.INT(), Types.INT(), Types.INT()])
-    ).print()
-    env.execute()
-    return sorted(printed(capsys))
+    four_ints = Types.TUPLE([Types.STRING(), Types.INT(), Types.INT(), Types.INT()])
+    return collected(windowed.process(CountWindowProcessFunction(), four_ints), expected)
 
 
 def model(records, assign=None, gap_of=None):
+    """What fires, by the plain-Python window model of tests/datastream/flink_windows.py."""
     fired, _ = flink_windows.run([records], lambda r: r[0], lambda r: r[1], assign, result=len, gap_of=gap_of)
-    return sorted(f"({k},{start},{end},{n})" for k, start, end, n in fired)
+    return [f"({k},{start},{end},{n})" for k, start, end, n in fired]
 
 
-def test_example_tumbling_time_window(env, capsys):
+@case("parallelism 1")
+def example_tumbling_time_window(env):
     """examples/datastream/windowing/tumbling_time_window.py"""
-    assert window_example(env, capsys, TumblingEventTimeWindows.of(Time.milliseconds(5))) == model(
-        HI, flink_windows.tumbling(5)
-    )
+    assigner = TumblingEventTimeWindows.of(Time.milliseconds(5))
+    return window_example(env, HI, assigner, model(HI, flink_windows.tumbling(5)))
 
 
-def test_example_sliding_time_window(env, capsys):
+@case("parallelism 1")
+def example_sliding_time_window(env):
     """examples/datastream/windowing/sliding_time_window.py"""
     assigner = SlidingEventTimeWindows.of(Time.milliseconds(5), Time.milliseconds(2))
-    assert window_example(env, capsys, assigner) == model(HI, flink_windows.sliding(5, 2))
+    return window_example(env, HI, assigner, model(HI, flink_windows.sliding(5, 2)))
 
 
-def test_example_tumbling_time_window_with_continuous_trigger(env, capsys):
+@case("parallelism 1")
+def example_tumbling_time_window_with_continuous_trigger(env):
     """examples/datastream/windowing/tumbling_time_window_with_continuous_trigger.py: 10 ms windows
     fired every 5 ms of event time and at their end; all records are in when the watermark moves"""
-    assigner = TumblingEventTimeWindows.of(Time.milliseconds(10))
     windows = defaultdict(list)
     for record in HI:
         windows[record[1] // 10 * 10].append(record[1])
     expected = []
     for start, stamps in windows.items():
-        # Flink's ContinuousEventTimeTrigger: timers at the earliest interval boundary after a record
-        # (and then every interval), and at the window's end - 1; the window is gone at its end - 1
+        # Flink's ContinuousEventTimeTrigger: a timer at the first interval boundary after the
+        # window's first record (then every interval), and one at the window's end - 1, when the
+        # window goes
         first = min(ts // 5 * 5 + 5 for ts in stamps)
-        fire_times = set(range(first, start + 10, 5)) | {start + 9}
-        expected += [f"(hi,{start},{start + 10},{len(stamps)})"] * len(
-            [t for t in fire_times if t <= start + 9]
-        )
-    assert window_example(
-        env, capsys, assigner, ContinuousEventTimeTrigger.of(Time.milliseconds(5))
-    ) == sorted(expected)
+        fire_times = set(range(first, start + 9, 5)) | {start + 9}
+        expected += [f"(hi,{start},{start + 10},{len(stamps)})"] * len(fire_times)
+    assigner = TumblingEventTimeWindows.of(Time.milliseconds(10))
+    return window_example(env, HI, assigner, expected, ContinuousEventTimeTrigger.of(Time.milliseconds(5)))
 
 
-def session_example(env, capsys, records, assigner):
-    env.set_parallelism(1)
-    keyed_by_word(env, records).window(assigner).process(
-        CountWindowProcessFunction(), Types.TUPLE([Types.STRING(), Types.INT(), Types.INT(), Types.INT()])
-    ).print()
-    env.execute()
-    return sorted(printed(capsys))
-
-
-def test_example_session_with_gap_window(env, capsys):
+@case("parallelism 1")
+def example_session_with_gap_window(env):
     """examples/datastream/windowing/session_with_gap_window.py"""
     assigner = EventTimeSessionWindows.with_gap(Time.milliseconds(5))
-    assert session_example(env, capsys, HI_SESSIONS, assigner) == model(HI_SESSIONS, gap_of=lambda r: 5)
+    return window_example(env, HI_SESSIONS, assigner, model(HI_SESSIONS, gap_of=lambda r: 5))
 
 
-def test_example_session_with_dynamic_gap_window(env, capsys):
+@case("parallelism 1")
+def example_session_with_dynamic_gap_window(env):
     """examples/datastream/windowing/session_with_dynamic_gap_window.py"""
     records = [("hi", 1), ("hi", 2), ("hi", 3), ("hi", 4), ("hi", 9), ("hi", 9), ("hi", 15)]
     assigner = EventTimeSessionWindows.with_dynamic_gap(ValueAsGap())
-    assert session_example(env, capsys, records, assigner) == model(records, gap_of=lambda r: r[1])
+    return window_example(env, records, assigner, model(records, gap_of=lambda r: r[1]))
 
 
-def test_example_tumbling_count_window(env, capsys):
+@case("parallelism 1")
+def example_tumbling_count_window(env):
     """examples/datastream/windowing/tumbling_count_window.py (and count_windowing.py)"""
-    env.set_parallelism(1)
     records = HI_HELLO + [(6, "hello")]
-    env.from_collection(records, type_info=INT_STR_TUPLE).key_by(
+    keyed = env.from_collection(records, type_info=INT_STR_TUPLE).key_by(
         lambda r: r[1], key_type=Types.STRING()
-    ).count_window(3).apply(SumWindowFunction(), STR_INT_TUPLE).print()
-    env.execute()
+    )
     per_key = defaultdict(list)
     for value, key in records:
         per_key[key].append(value)
-    full = [(key, values[i : i + 3]) for key, values in per_key.items() for i in range(0, len(values) - 2, 3)]
-    assert sorted(printed(capsys)) == sorted(f"({key},{sum(chunk)})" for key, chunk in full)
+    sums = [f"({key},{sum(v[i : i + 3])})" for key, v in per_key.items() for i in range(0, len(v) - 2, 3)]
+    return collected(keyed.count_window(3).apply(SumWindowFunction(), STR_INT_TUPLE), sums)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_flink_case(name):
+    checks, error = run_group(CASES[name][0])
+    if error is not None:
+        raise error
+    checks[name]()
