@@ -13,13 +13,14 @@ parallelism 2 unless a case sets it; so do these. The porting guide lists the ca
 
 from __future__ import annotations
 
+import collections
 import datetime
 import decimal
 import json
 import pathlib
 import shutil
 import tempfile
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 import pytest
 
@@ -71,6 +72,7 @@ from stretch.datastream.window import (
     SlidingEventTimeWindows,
     TumblingEventTimeWindows,
 )
+from stretch.metrics import Counter, Distribution, Meter
 from tests.datastream import flink_windows
 from tests.datastream.flink_test_sink import DataStreamTestSinkFunction
 
@@ -1654,7 +1656,7 @@ class Sum(KeyedProcessFunction):
 @case("parallelism 2")
 def example_state_access(env):
     """examples/datastream/state_access.py"""
-    totals: Counter = Counter()
+    totals: collections.Counter = collections.Counter()
     expected = []
     for name, amount in AMOUNTS:
         totals[name] += amount
@@ -1679,7 +1681,7 @@ def example_event_time_timer(env):
     stream = env.from_collection(records).assign_timestamps_and_watermarks(
         strategy.with_timestamp_assigner(FirstField())
     )
-    totals: Counter = Counter()
+    totals: collections.Counter = collections.Counter()
     timers = defaultdict(set)
     for ts, name, amount in records:
         totals[name] += amount
@@ -1707,7 +1709,7 @@ def example_word_count(env):
 
     words = env.from_collection(SONNET).flat_map(split).map(lambda i: (i, 1), output_type=STR_INT_TUPLE)
     counted_words = words.key_by(lambda i: i[0]).reduce(lambda i, j: (i[0], i[1] + j[1]))
-    counts = Counter(word for line in SONNET for word in line.split())
+    counts = collections.Counter(word for line in SONNET for word in line.split())
     return collected(counted_words, [f"({word},{n})" for word, n in counts.items()])
 
 
@@ -1786,6 +1788,50 @@ def example_tumbling_count_window(env):
         per_key[key].append(value)
     sums = [f"({key},{sum(v[i : i + 3])})" for key, v in per_key.items() for i in range(0, len(v) - 2, 3)]
     return collected(keyed.count_window(3).apply(SumWindowFunction(), STR_INT_TUPLE), sums)
+
+
+@case("parallelism 2")
+def metrics(env):
+    """EmbeddedDataStreamStreamTests.test_metrics: a counter, a meter, a gauge and a distribution"""
+    sink = DataStreamTestSinkFunction()
+    words = [("ab", "a", decimal.Decimal(1)), ("bdc", "a", decimal.Decimal(2))]
+    words += [("cfgs", "a", decimal.Decimal(3)), ("deeefg", "a", decimal.Decimal(4))]
+    source = env.from_collection(
+        words, type_info=Types.TUPLE([Types.STRING(), Types.STRING(), Types.BIG_DEC()])
+    )
+
+    class Measured(MapFunction):
+        def open(self, runtime_context: RuntimeContext):
+            group = runtime_context.get_metrics_group()
+            self.seen, self.exposed = 0, 0
+            self.counter: Counter = group.counter("my_counter")
+            self.meter: Meter = group.meter("my_meter", 1)
+            group.gauge("my_gauge", lambda: self.exposed)
+            self.distribution: Distribution = group.distribution("my_distribution")
+
+        def map(self, value):
+            self.seen += 1
+            self.counter.inc()
+            assert self.counter.get_count() == self.seen
+            self.meter.mark_event(1)
+            assert self.meter.get_count() == self.seen
+            self.exposed += 1
+            self.distribution.update(int(value[2]))
+            return Row(value[0], len(value[0]), value[2])
+
+    source.key_by(lambda v: v[1]).map(
+        Measured(), output_type=Types.ROW([Types.STRING(), Types.INT(), Types.BIG_DEC()])
+    ).add_sink(sink)
+
+    def check():
+        assert sorted(sink.get_results()) == [
+            "+I[ab, 2, 1]",
+            "+I[bdc, 3, 2]",
+            "+I[cfgs, 4, 3]",
+            "+I[deeefg, 6, 4]",
+        ]
+
+    return check
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
