@@ -1722,10 +1722,17 @@ def window_example(env, records, assigner, expected, trigger=None):
     return collected(windowed.process(CountWindowProcessFunction(), four_ints), expected)
 
 
-def model(records, assign=None, gap_of=None):
-    """What fires, by the plain-Python window model of tests/datastream/flink_windows.py."""
-    fired, _ = flink_windows.run([records], lambda r: r[0], lambda r: r[1], assign, result=len, gap_of=gap_of)
-    return [f"({k},{start},{end},{n})" for k, start, end, n in fired]
+def fired(records, assign=None, gap_of=None) -> list[tuple]:
+    """What fires, by the plain-Python window model of tests/datastream/flink_windows.py:
+    (key, start, end, count) for each firing."""
+    windows, _ = flink_windows.run(
+        [records], lambda r: r[0], lambda r: r[1], assign, result=len, gap_of=gap_of
+    )
+    return windows
+
+
+def model(records, assign=None, gap_of=None) -> list[str]:
+    return [f"({k},{start},{end},{n})" for k, start, end, n in fired(records, assign, gap_of)]
 
 
 @case("parallelism 1")
@@ -1832,6 +1839,46 @@ def metrics(env):
         ]
 
     return check
+
+
+class CountPerWindow(ProcessWindowFunction):
+    """The older windowing examples' CountWindowProcessFunction: (key, count)."""
+
+    def process(self, key, context, elements):
+        return [(key, len(list(elements)))]
+
+
+def older_window_example(env, records, assigner, expected_windows):
+    stream = keyed_by_word(env, records).window(assigner).process(CountPerWindow(), STR_INT_TUPLE)
+    return collected(stream, [f"({k},{n})" for k, _, _, n in expected_windows])
+
+
+@case("parallelism 1")
+def example_tumbling_windowing(env):
+    """examples/datastream/windowing/tumbling_windowing.py (the older tumbling example)"""
+    assigner = TumblingEventTimeWindows.of(Time.milliseconds(5))
+    return older_window_example(env, HI, assigner, fired(HI, flink_windows.tumbling(5)))
+
+
+@case("parallelism 1")
+def example_sliding_windowing(env):
+    """examples/datastream/windowing/sliding_windowing.py (an explicit offset of 0)"""
+    assigner = SlidingEventTimeWindows.of(Time.milliseconds(5), Time.milliseconds(2), Time.seconds(0))
+    return older_window_example(env, HI, assigner, fired(HI, flink_windows.sliding(5, 2)))
+
+
+@case("parallelism 1")
+def example_session_with_gap_windowing(env):
+    """examples/datastream/windowing/session_with_gap_windowing.py (a gap of 5 s)"""
+    assigner = EventTimeSessionWindows.with_gap(Time.seconds(5))
+    return older_window_example(env, HI_SESSIONS, assigner, fired(HI_SESSIONS, gap_of=lambda r: 5000))
+
+
+@case("parallelism 1")
+def example_session_with_dynamic_gap_windowing(env):
+    """examples/datastream/windowing/session_with_dynamic_gap_windowing.py"""
+    assigner = EventTimeSessionWindows.with_dynamic_gap(ValueAsGap())
+    return older_window_example(env, HI_SESSIONS, assigner, fired(HI_SESSIONS, gap_of=lambda r: r[1]))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
