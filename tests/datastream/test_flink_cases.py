@@ -5,10 +5,12 @@ to ``stretch``. Each case here is one of Flink's (named in its comment: a method
 ``flink-python/pyflink/datastream/tests/test_data_stream.py`` or ``test_window.py``, or a script
 under ``flink-python/pyflink/examples/datastream/``), restated with Flink's inputs, the same
 calls, and Flink's expected output; Flink's expectations are the independent reference. The
-examples print instead of asserting; their expected output is computed by a plain-Python model.
+examples print instead of asserting: here they collect what they would print (one of them prints),
+checked against Flink's comments or a plain-Python model of the program.
 ``DataStreamTestSinkFunction`` is a stand-in for Flink's (tests/datastream/flink_test_sink.py);
 lines that only configure PyFlink's Java runner are left out. Flink runs these tests at
-parallelism 2 unless a case sets it; so do these. The porting guide lists the cases left out.
+parallelism 2 unless a case sets it; so do these (a case's group says which). The porting guide
+(docs/guides/porting-from-pyflink.md) lists the cases that differ on purpose and those left out.
 """
 
 from __future__ import annotations
