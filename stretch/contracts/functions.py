@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from enum import Enum
 from typing import Generic, TypeVar
 
+from stretch.contracts.metrics import MetricGroup
+
 # type parameters, as in PyFlink: ``WindowFunction[IN, OUT, KEY, W]`` and so on
 IN = TypeVar("IN")
 IN1 = TypeVar("IN1")
@@ -50,6 +52,13 @@ class RuntimeContext(ABC):
 
     def get_job_parameter(self, key: str, default_value: str):
         return default_value
+
+    def get_metrics_group(self) -> MetricGroup:
+        """The instance's user-defined metrics (counted in the instance; not exported yet)."""
+        group = self.__dict__.get("_metrics_group")
+        if group is None:
+            group = self.__dict__["_metrics_group"] = MetricGroup()
+        return group
 
     @abstractmethod
     def get_state(self, state_descriptor): ...

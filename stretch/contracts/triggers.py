@@ -102,6 +102,13 @@ class EventTimeTrigger(Trigger):
     def on_event_time(self, time, window, ctx):
         return TriggerResult.FIRE if time == window.max_timestamp() else TriggerResult.CONTINUE
 
+    def can_merge(self) -> bool:
+        return True
+
+    def on_merge(self, window, ctx):
+        if window.max_timestamp() > ctx.get_current_watermark():
+            ctx.register_event_time_timer(window.max_timestamp())
+
     def clear(self, window, ctx):
         ctx.delete_event_time_timer(window.max_timestamp())
 
@@ -122,6 +129,13 @@ class ProcessingTimeTrigger(Trigger):
 
     def on_event_time(self, time, window, ctx):
         return TriggerResult.CONTINUE
+
+    def can_merge(self) -> bool:
+        return True
+
+    def on_merge(self, window, ctx):
+        if window.max_timestamp() > ctx.get_current_processing_time():
+            ctx.register_processing_time_timer(window.max_timestamp())
 
     def clear(self, window, ctx):
         ctx.delete_processing_time_timer(window.max_timestamp())

@@ -7,6 +7,12 @@ is for, and calls only those; trigger state lives in a map keyed by (window, sta
 evictor a pane keeps its elements with their timestamps, and the window's function runs over what
 the evictor leaves. Used when ``trigger``/``evictor`` is set or the assigner is GlobalWindows;
 other windows keep the plain window operator.
+
+Session windows merge as in Flink's MergingWindowSet: a new window absorbs every session of its key
+that it overlaps, their contents and trigger state move to the merged window (the trigger's
+``on_merge``, with ``merge_partitioned_state``), and the absorbed windows' triggers are cleared and
+their cleanup timers dropped. A purged session stays a window (with no contents) until its cleanup,
+so later records still merge into it, as in Flink.
 """
 
 from __future__ import annotations
@@ -35,16 +41,21 @@ def _window_of(key: tuple):
 class TriggeredWindowOperator(WindowOperator):
     def __init__(self, assigner, mode, fn, window_fn, allowed_lateness, late_tag, trigger, evictor):
         super().__init__(assigner, mode, fn, window_fn, allowed_lateness, late_tag)
-        if assigner.merging or self.counting:
+        if self.counting:
             raise ValueError(
-                "a custom trigger or evictor works with tumbling, sliding and global windows; session and "
-                "count windows keep their own firing (for count windows: GlobalWindows with a CountTrigger)"
+                "a custom trigger or evictor works with time, session and global windows; count windows "
+                "keep their own firing (for a trigger on counts: GlobalWindows with a CountTrigger)"
             )
         if trigger is not None and not isinstance(trigger, Trigger):
             raise TypeError(f"trigger() needs a Trigger, got {trigger!r}")
         if evictor is not None and not isinstance(evictor, Evictor):
             raise TypeError(f"evictor() needs an Evictor, got {evictor!r}")
         self.trigger = trigger if trigger is not None else default_trigger(assigner)
+        if assigner.merging and not self.trigger.can_merge():
+            raise ValueError(
+                f"session windows merge, and the trigger {type(self.trigger).__name__} cannot "
+                "(its can_merge() is False): give it can_merge() and on_merge(), as Flink requires"
+            )
         self.evictor = evictor
 
     def open(self, runtime_context) -> None:
@@ -64,7 +75,9 @@ class TriggeredWindowOperator(WindowOperator):
         ts = ctx.timestamp() if ctx.timestamp() is not None else at  # what triggers and evictors see
         windows = self.assigner.assign_windows(value, at)
         out, live = [], False
-        for w in windows:
+        for assigned in windows:
+            # sessions merge first: a late record joining a live session is not late
+            w = self._merge_sessions(assigned, ctx) if self.assigner.merging else assigned
             if (
                 self.assigner.event_time
                 and w.max_timestamp() != _MAX
@@ -88,6 +101,34 @@ class TriggeredWindowOperator(WindowOperator):
             out.append(((self.late_tag, value), ts))
         return out
 
+    def _merge_sessions(self, window: TimeWindow, ctx) -> TimeWindow:
+        """The session that ``window`` makes with the key's sessions it overlaps (Flink's
+        MergingWindowSet.addWindow and WindowOperator's merge function)."""
+        absorbed = [k for k in list(self.windows.keys()) if window.intersects(_window_of(k))]
+        merged = window
+        for k in absorbed:
+            merged = merged.cover(_window_of(k))
+        key = _key_of(merged)
+        if not absorbed or absorbed == [key]:
+            return merged  # a new session, or one inside an existing session: nothing merges
+        self.trigger.on_merge(merged, _TriggerScope(self, key, ctx, merging=absorbed))
+        contents = None
+        for k in absorbed:
+            old = _TriggerScope(self, k, ctx)
+            self.trigger.clear(_window_of(k), old)
+            cleanup = self._cleanup_time(_window_of(k))
+            if cleanup != _MAX:
+                old.unregister(self._domain(), cleanup, _CLEANUP)
+            part = self.windows.get(k)
+            if part is not None:
+                contents = part if contents is None else self._merge_contents(contents, part)
+            self.windows.remove(k)
+        self.windows.put(key, contents)  # None: every absorbed session had been purged
+        return merged
+
+    def _merge_contents(self, a, b):
+        return a + b if self.evictor is not None else self._merge(a, b)
+
     def _domain(self) -> str:
         return _EVENT if self.assigner.event_time else _PROCESSING
 
@@ -104,7 +145,10 @@ class TriggeredWindowOperator(WindowOperator):
             if contents is not None:
                 out = self._emit(ctx.get_current_key(), w, key, contents, ctx)
         if result.is_purge():
-            self.windows.remove(key)
+            if self.assigner.merging:
+                self.windows.put(key, None)  # the session stays (empty) until its cleanup
+            else:
+                self.windows.remove(key)
         return out
 
     def _emit(self, k, w, key, contents, ctx) -> list:
@@ -132,6 +176,8 @@ class TriggeredWindowOperator(WindowOperator):
         out = []
         for what, key in sorted(entries):
             w = _window_of(key)
+            if self.assigner.merging and not self.windows.contains(key):
+                continue  # a session merged away (Flink: no state window any more)
             scope = _TriggerScope(self, key, ctx)
             if what == _FIRE:
                 if domain == _EVENT:
@@ -149,11 +195,13 @@ class TriggeredWindowOperator(WindowOperator):
         return out
 
 
-class _TriggerScope(Trigger.TriggerContext, Evictor.EvictorContext):
-    """A trigger's (and evictor's) view of one key and window: timers and partitioned state."""
+class _TriggerScope(Trigger.OnMergeContext, Evictor.EvictorContext):
+    """A trigger's (and evictor's) view of one key and window: timers and partitioned state;
+    ``merging``: the windows merged into this one, whose state ``merge_partitioned_state`` takes."""
 
-    def __init__(self, op: TriggeredWindowOperator, window_key: tuple, ctx):
+    def __init__(self, op: TriggeredWindowOperator, window_key: tuple, ctx, merging: list | None = None):
         self.op, self.key, self.timers = op, window_key, ctx.timer_service()
+        self.merging = merging or []
 
     def get_current_processing_time(self) -> int:
         return self.timers.current_processing_time()
@@ -172,11 +220,11 @@ class _TriggerScope(Trigger.TriggerContext, Evictor.EvictorContext):
         else:
             self.timers.register_processing_time_timer(time)
 
-    def unregister(self, domain: str, time: int) -> None:
+    def unregister(self, domain: str, time: int, what: int = _FIRE) -> None:
         entries = self.op.trigger_timers.get((domain, time))
-        if not entries or (_FIRE, self.key) not in entries:
+        if not entries or (what, self.key) not in entries:
             return
-        entries.discard((_FIRE, self.key))
+        entries.discard((what, self.key))
         if entries:
             self.op.trigger_timers.put((domain, time), entries)
             return
@@ -200,6 +248,24 @@ class _TriggerScope(Trigger.TriggerContext, Evictor.EvictorContext):
 
     def get_partitioned_state(self, state_descriptor):
         return _WindowState(self.op.trigger_state, (self.key, state_descriptor.name), state_descriptor)
+
+    def merge_partitioned_state(self, state_descriptor) -> None:
+        """Move the merged windows' state of ``state_descriptor`` into this window's."""
+        if state_descriptor.kind not in ("reducing", "aggregating", "list"):
+            raise ValueError(
+                f"a trigger can merge reducing, aggregating and list state, not {state_descriptor.kind} state"
+            )
+        states, target = (
+            self.op.trigger_state,
+            _WindowState(self.op.trigger_state, (self.key, state_descriptor.name), state_descriptor),
+        )
+        for k in self.merging:
+            source = (k, state_descriptor.name)
+            stored = states.get(source)
+            if stored is None or k == self.key:
+                continue
+            states.remove(source)
+            target.merge(stored)
 
 
 class _WindowState:
@@ -229,6 +295,19 @@ class _WindowState:
             new = fn.add(value, fn.create_accumulator() if stored is None else stored)
         else:
             new = [*(stored or []), value]
+        self.states.put(self.key, new)
+
+    def merge(self, stored) -> None:
+        """Fold another window's stored value of the same state into this one."""
+        kind, mine = self.descriptor.kind, self.states.get(self.key)
+        if mine is None:
+            new = stored
+        elif kind == "reducing":
+            new = _call(self.descriptor.reduce_function, "reduce")(mine, stored)
+        elif kind == "aggregating":
+            new = self.descriptor.agg_function.merge(mine, stored)
+        else:
+            new = [*mine, *stored]
         self.states.put(self.key, new)
 
     def clear(self) -> None:

@@ -22,9 +22,12 @@ from stretch.datastream.window import (
     CountEvictor,
     CountTrigger,
     DeltaEvictor,
+    EventTimeSessionWindows,
     GlobalWindows,
     PurgingTrigger,
     TimeEvictor,
+    Trigger,
+    TriggerResult,
     TumblingEventTimeWindows,
 )
 
@@ -226,7 +229,68 @@ def test_triggered_windows_under_live_rescales_and_across_a_kill_9_recovery():
     assert sorted(_run(build, records, kill=True)) == _groups_of(records, 3)
 
 
-def test_session_and_count_windows_refuse_a_custom_trigger():
+def _count_fired_sessions(records, gap: int, n: int) -> list[tuple]:
+    """Flink's session windows with a CountTrigger(n), all records in before the watermark moves:
+    a record's window absorbs the key's sessions it overlaps (their counts add up), and a session
+    fires its elements so far whenever its count reaches n (the count then starts again)."""
+    sessions, fired = defaultdict(list), []
+    for key, ts in records:
+        start, end, count, elements = ts, ts + gap, 0, []
+        for s in [s for s in sessions[key] if s[0] <= ts + gap and s[1] >= ts]:
+            sessions[key].remove(s)
+            start, end, count, elements = min(start, s[0]), max(end, s[1]), count + s[2], elements + s[3]
+        elements, count = [*elements, ts], count + 1
+        if count >= n:
+            fired.append((key, start, end, tuple(sorted(elements))))
+            count = 0
+        sessions[key].append((start, end, count, elements))
+    return sorted(fired)
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_session_windows_with_a_count_trigger_merge_their_counts(parallelism):
+    rng = random.Random(3)
+    records = [(f"k{rng.randrange(3)}", rng.randrange(400)) for _ in range(300)]  # out of order
+
+    class Elements(ProcessWindowFunction):
+        def process(self, key, context, elements):
+            yield key, context.window().start, context.window().end, tuple(sorted(v for _, v in elements))
+
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(parallelism)
+    strategy = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(AtValue())
+    windows = (
+        env.from_collection(records, PAIR).assign_timestamps_and_watermarks(strategy).key_by(lambda r: r[0])
+    )
+    fired = windows.window(EventTimeSessionWindows.with_gap(Time.milliseconds(6))).trigger(CountTrigger.of(4))
+    got = sorted(fired.process(Elements()).execute_and_collect())
+    assert got == _count_fired_sessions(records, 6, 4)
+    assert any(len(e) > 4 for *_, e in got)  # a session fired again later, with what it had kept
+
+
+def test_session_windows_refuse_a_trigger_that_cannot_merge():
+    class Never(Trigger):
+        def on_element(self, element, timestamp, window, ctx):
+            return TriggerResult.CONTINUE
+
+        def on_processing_time(self, time, window, ctx):
+            return TriggerResult.CONTINUE
+
+        def on_event_time(self, time, window, ctx):
+            return TriggerResult.CONTINUE
+
+        def clear(self, window, ctx):
+            pass
+
+    env = StreamExecutionEnvironment.get_execution_environment()
+    keyed = env.from_collection([("a", 1)], PAIR).key_by(lambda r: r[0])
+    with pytest.raises(ValueError, match=r"cannot \(its can_merge\(\) is False\)"):
+        keyed.window(EventTimeSessionWindows.with_gap(Time.milliseconds(5))).trigger(Never()).reduce(
+            lambda a, b: a
+        )
+
+
+def test_count_windows_refuse_a_custom_trigger():
     env = StreamExecutionEnvironment.get_execution_environment()
     keyed = env.from_collection([("a", 1)], PAIR).key_by(lambda r: r[0])
     with pytest.raises(ValueError, match="count windows keep their own firing"):
