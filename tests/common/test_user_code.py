@@ -7,7 +7,7 @@ import traceback
 
 from stretch.common import user_code
 
-SCRIPT = '''
+SCRIPT = """
 def rule(x):
     if x == 7:
         raise ValueError("seven")
@@ -17,7 +17,7 @@ def rule(x):
 class Rules:
     def apply(self, x):
         return rule(x) * 2
-'''
+"""
 
 
 def test_a_scripts_functions_keep_their_file_and_lines(tmp_path):
