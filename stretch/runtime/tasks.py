@@ -21,7 +21,7 @@ from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker, producer_id
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
-from stretch.runtime.operators.broadcast import EMITTER_GROUP
+from stretch.runtime.operators.broadcast import SAVER_GROUP
 from stretch.runtime.outputs import Outputs
 from stretch.runtime.resources import JobResources
 from stretch.runtime.state_dir import write_private
@@ -203,7 +203,7 @@ class KeyedInstanceTask(Task):
 
     retired = False  # set when a rescale removed this instance (it ended at the epoch marker)
     _parts = None
-    board: BroadcastBoard | None = None  # a broadcast operator's: where its state is handed over
+    board: BroadcastBoard | None = None  # a broadcast operator's: its broadcast state's versions
 
     def build(self) -> KeyedInstanceTask:
         """Construct everything that does not depend on the instance index.
@@ -249,8 +249,9 @@ class KeyedInstanceTask(Task):
         self.tracker = WatermarkTracker(self.res.producers.get(stage.input_gate, ()))
         self.fresh = operator.owned.size == 0  # added by a rescale: it owns nothing before its marker
         cb.announce(op, index, cbk.I_CODE, stage.code_version)
-        if self.board is not None:  # the run's starting broadcast state (a restored checkpoint's)
-            operator.load_broadcast(self.board.start())
+        if self.board is not None:  # the broadcast state in force where this instance starts
+            self._bind_board(operator, gate)
+            operator.load_broadcast(self.board.before(gate.cursor(index)))
         operator.open(self._context(operator))
         chain.open(self._context(operator))
         fused = hasattr(operator, "process_owned")
@@ -277,6 +278,7 @@ class KeyedInstanceTask(Task):
                 batch = entry.batch
                 kgs = writable(batch.column(KG_COLUMN).to_numpy())
                 if fused:
+                    operator.position = seq  # where a broadcast operator's versions are placed
                     out = operator.process_owned(batch, kgs, owners, index)
                     if isinstance(out, list):  # results in order, of runs of the batch
                         for part in out:
@@ -356,7 +358,8 @@ class KeyedInstanceTask(Task):
         old.close()
         new = make_operator(self.stage.operator, self.stage.name, old.table)
         new.outputs, new.owned, new.watermark = old.outputs, old.owned, old.watermark
-        if hasattr(old, "broadcast_bytes"):  # a broadcast operator keeps its copy of the broadcast state
+        if self.board is not None:  # the new code reads the same broadcast state
+            self._bind_board(new, self._parts[0])
             new.load_broadcast(old.broadcast_bytes())
         for name in self.stage.drop_states:
             new.drop_state(name)
@@ -364,13 +367,20 @@ class KeyedInstanceTask(Task):
         self.attached.control.announce(self.op_index, self.a.index, cbk.I_CODE, version)
         return new
 
+    def _bind_board(self, operator, gate: Gate) -> None:
+        def waiting() -> None:
+            if self.should_stop():
+                raise Stopped()
+
+        operator.bind(self.board, lambda: int(gate.active_cursors().min()), waiting)
+
     def _checkpoint(self, checkpoint: int, operator) -> None:
         """At a barrier: copy the key groups this instance owns, then wait for the release; the
         copy is written to the checkpoint's directory meanwhile and after (asynchronously)."""
         self.stats[cbk.I_BARRIER_AT_NS] = time.monotonic_ns()
         path = snapshot_file(Path(self.res.checkpoints), checkpoint, self.stage.id, self.a.index)
         batches = copy_key_groups(operator.table, operator.owned)
-        if self.board is not None and EMITTER_GROUP in operator.owned:  # before the barrier is passed
+        if self.board is not None and SAVER_GROUP in operator.owned:  # before the barrier is passed
             write_private(broadcast_file(path.parent, self.stage.id), operator.broadcast_bytes())
         threading.Thread(target=write_snapshot_or_report, args=(batches, path), daemon=True).start()
         cb = self.attached.control
@@ -407,15 +417,12 @@ class KeyedInstanceTask(Task):
         same. An instance that gains nothing never waits. An instance scaled away gives up its
         reader slot first, so the slot is free for reuse once the rescale is announced complete.
         Instances record the watermarks they track at the marker; an added instance starts from
-        those, and (a broadcast operator's) from the broadcast state that the previous owner of
-        its emitting key group left at the marker.
+        those, and (a broadcast operator's) from the broadcast state's version at the marker, once
+        an instance that was there before has passed it (so every version before it is out).
         """
         new = cb.table(op, epoch).copy()
         if not self.fresh:
             cb.save_watermarks(op, epoch, self.tracker.state())
-        handing = self.board is not None and bool(np.setdiff1d(new, owners).size)  # instances added
-        if handing and not self.fresh and owners[EMITTER_GROUP] == index:
-            self.board.put_epoch(epoch, operator.broadcast_bytes())
         if not (new == index).any():
             gate.close_reader(index)
             self.retired = True
@@ -423,8 +430,8 @@ class KeyedInstanceTask(Task):
         gained = (new == index) & (owners != index)
         t0 = time.perf_counter_ns()
         previous = sorted({int(p) for p in owners[gained]})
-        if handing and self.fresh:
-            previous = sorted({*previous, int(owners[EMITTER_GROUP])})
+        if self.board is not None and self.fresh:
+            previous = sorted({*previous, int(owners[SAVER_GROUP])})
         if previous:
             while not cb.wait_epochs(op, previous, epoch, timeout=0.1):
                 if self.should_stop():
@@ -436,11 +443,8 @@ class KeyedInstanceTask(Task):
                 self.tracker = WatermarkTracker.from_state(state)
                 if self.tracker.current > MIN_WATERMARK:
                     self._advance(operator, chain, self.tracker.current)
-            if handing:
-                data = self.board.at_epoch(epoch)
-                if data is None:
-                    raise RuntimeError(f"operator {self.stage.name!r}: no broadcast state at epoch {epoch}")
-                operator.load_broadcast(data)
+            if self.board is not None:
+                operator.load_broadcast(self.board.before(gate.cursor(index)))
             self.fresh = False
         stats = cb.instances(op)[index]
         stats[cbk.I_STALL_NS] += stall

@@ -4,7 +4,9 @@ rescale and across a checkpoint and restore."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 
 import pytest
@@ -195,3 +197,60 @@ def test_read_only_broadcast_state_and_unknown_descriptors_are_refused():
     env.from_collection([("a", 1)]).key_by(lambda e: e[0]).connect(rules).process(Writes()).print()
     with pytest.raises(Exception, match="read-only"):
         env.execute("read-only broadcast state")
+
+
+class Logging(Flag):
+    """Flag, and a line in a file for every call of process_broadcast_element (a side effect)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def process_broadcast_element(self, value, ctx):
+        with open(self.path, "a") as f:
+            f.write(f"{value}\n")
+        yield from super().process_broadcast_element(value, ctx)
+
+
+@pytest.mark.parametrize("parallelism", [1, 4])
+def test_one_shared_copy_process_broadcast_element_runs_once_per_element(parallelism, tmp_path):
+    """The broadcast state is one copy in shared memory: each broadcast element is applied once,
+    whatever the parallelism (Flink applies it once per instance), and the results are exact."""
+    log = tmp_path / "calls.txt"
+    batches = _batches(40, 21)
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(parallelism)
+    src = env.from_source(ChannelSource("in", RECORD), None, "in")
+    rules = src.filter(lambda r: r[0] == 1).map(lambda r: (r[1], r[2]))
+    events = src.filter(lambda r: r[0] == 0).map(lambda r: (r[1], r[2]))
+    connected = events.key_by(lambda e: e[0]).connect(rules.broadcast(LIMITS))
+    connected.process(Logging(str(log)), OUT).name("flag").sink_to(ChannelSink("out"))
+    client = env.execute_async(f"broadcast once {parallelism} {time.monotonic_ns()}")
+    writer = channels.open_writer(client, "in")
+    for batch in batches:
+        writer.write(batch)
+    writer.end()
+    assert client.wait(60).name == "FINISHED"
+    assert sorted(tuple(r) for r in channels.open_reader(client, "out")) == _model(batches)
+    rules_written = [(n, v) for b in batches for k, n, v in b if k == 1]
+    assert log.read_text().splitlines() == [str(r) for r in rules_written]
+
+
+def test_a_kill_9_of_an_instance_loses_and_duplicates_nothing():
+    """A recovery rebuilds the versions from the checkpoint's broadcast state: exact output."""
+    batches = _batches(80, 31)
+    env, name = _job(2, checkpointing=True)
+    env.get_checkpoint_config().set_checkpoint_interval(30)
+    client = env.execute_async(name)
+    co = client._coordinator
+    writer = channels.open_writer(client, "in")
+    stage = co.plan.stage("flag").id
+    for i, batch in enumerate(batches):
+        writer.write(batch)
+        time.sleep(0.005)
+        if i == len(batches) // 2:
+            victim = next(w for w in list(co._workers.values()) if w.task and w.task[0] == stage and w.pid)
+            os.kill(victim.pid, signal.SIGKILL)
+    writer.end()
+    assert client.wait(60).name == "FINISHED"
+    assert len(co.recoveries) == 1
+    assert sorted(tuple(r) for r in channels.open_reader(client, "out")) == _model(batches)

@@ -4,15 +4,13 @@ Both inputs come through the operator's one gate, as a connected stream's do: ``
 keyed by the element's key (a non-keyed input: round robin, as the band join spreads its
 elements) and ``(1, broadcast element)`` keyed by ``BROADCAST_KEY``, which marks it. Every
 instance reads every record of the gate; it processes the elements of the key groups it owns, as
-any keyed operator does, and *every* broadcast element, each applied to its own copy of the
-broadcast state, in gate order. So an element sees exactly the broadcast elements before it in
-the gate, whichever instance processes it, at any parallelism and after any rescale or restore.
-What ``process_broadcast_element`` yields is emitted once, by the owner of key group
-``EMITTER_GROUP``, not once per instance.
-
-The copies live in the instances (as in Flink, the broadcast state is not keyed); the owner of
-``EMITTER_GROUP`` saves it with each checkpoint and hands it to instances added by a rescale
-(``stretch.runtime.broadcast_board``).
+any keyed operator does. The broadcast state is one copy in shared memory, versioned by gate
+position (``stretch.runtime.broadcast_board``): the first instance to reach a run of broadcast
+elements applies them, once, and emits what they yield; the others read the version it
+published. So an element sees exactly the broadcast elements before it in the gate, whichever
+instance processes it, at any parallelism and after any rescale or restore. Each instance keeps
+the version it is at unpickled, to read it fast; the owner of ``SAVER_GROUP`` saves it with each
+checkpoint.
 """
 
 from __future__ import annotations
@@ -30,13 +28,14 @@ from stretch.contracts.functions import BroadcastProcessFunction, KeyedBroadcast
 from stretch.contracts.state import BroadcastState, MapStateDescriptor, ReadOnlyBroadcastState
 from stretch.plan.specs import BroadcastSpec
 from stretch.runtime.batch import CANONICAL_META, KEY_COLUMN, Records, split_outputs
+from stretch.runtime.broadcast_board import tag_of
 from stretch.runtime.operators.context import InstanceRuntimeContext
 from stretch.runtime.operators.process import ProcessOperator
 from stretch.runtime.outputs import NO_KEY, StepError
 from stretch.state.key_codec import encode_key
 
 BROADCAST_KEY = ("__stretch broadcast element__",)  # the key that marks a broadcast element
-EMITTER_GROUP = 0  # its owner emits what process_broadcast_element yields, and saves the state
+SAVER_GROUP = 0  # its owner saves the broadcast state with each checkpoint
 _CANONICAL = next(iter(CANONICAL_META.items()))
 
 
@@ -189,6 +188,14 @@ class BroadcastProcessOperator(ProcessOperator):
         self.broadcast_ctx = _BroadcastContext(self)
         self.element_ctx = _ElementContext(self)
         self._mark = pa.scalar(encode_key(BROADCAST_KEY), pa.large_binary())
+        self.board = None  # the shared versions (runtime.broadcast_board), bound by the task
+        self.position = 0  # the gate position of the entry being processed
+        self._slowest = self._waiting = None
+
+    def bind(self, board, slowest, waiting) -> None:
+        """The task's board, the slowest reader's gate position (a callable), and what to call
+        while a version waits for a free slot (it raises when the task is told to stop)."""
+        self.board, self._slowest, self._waiting = board, slowest, waiting
 
     def open(self, runtime_context) -> None:
         if not self.keyed:  # keyed state is for keyed functions only, as in Flink
@@ -226,7 +233,6 @@ class BroadcastProcessOperator(ProcessOperator):
     # ---- records -----------------------------------------------------------------------------
     def process_owned(self, batch: pa.RecordBatch, kgs: np.ndarray, owners: np.ndarray, me: int):
         marks = self._marks(batch)
-        emit = bool(owners[EMITTER_GROUP] == me)
         if marks is None:
             runs = [(0, batch.num_rows, False)]
         else:
@@ -234,10 +240,10 @@ class BroadcastProcessOperator(ProcessOperator):
             runs = [(a, b, bool(marks[a])) for a, b in pairwise(bounds)]
         outs = []
         rows_in = 0
-        for start, stop, broadcast in runs:
+        for run, (start, stop, broadcast) in enumerate(runs):
             part = batch if stop - start == batch.num_rows else batch.slice(start, stop - start)
             if broadcast:
-                outs.append(self._broadcast(part, emit))
+                outs.append(self._broadcast(part, tag_of(self.position, run)))
                 rows_in += stop - start
                 continue
             part_kgs = kgs[start:stop]
@@ -261,15 +267,29 @@ class BroadcastProcessOperator(ProcessOperator):
         marks = pc.equal(batch.column(i), self._mark).to_numpy(zero_copy_only=False)
         return marks if marks.any() else None
 
-    def _broadcast(self, batch: pa.RecordBatch, emit: bool) -> Records | None:
-        """Every instance applies the broadcast elements to its copy; the emitter keeps the output."""
-        return self._each(batch, self.user.process_broadcast_element, self.broadcast_ctx, emit, True)
+    def _broadcast(self, batch: pa.RecordBatch, tag: int) -> Records | None:
+        """The first instance to reach a run of broadcast elements applies them (and emits what
+        they yield) and publishes the new version; the others read that version."""
+        board = self.board
+        data = board.version(tag)
+        if data is None:
+            board.lock()
+            try:
+                data = board.version(tag)
+                if data is None:
+                    out = self._each(batch, self.user.process_broadcast_element, self.broadcast_ctx, True)
+                    board.publish(tag, self.broadcast_bytes(), self._slowest(), self._waiting)
+                    return out
+            finally:
+                board.unlock()
+        self.load_broadcast(data)
+        return None
 
     def _elements(self, batch: pa.RecordBatch) -> Records | None:
         """A non-keyed input's elements that this instance owns (no keyed state, no timers)."""
-        return self._each(batch, self.user.process_element, self.element_ctx, True, False)
+        return self._each(batch, self.user.process_element, self.element_ctx, False)
 
-    def _each(self, batch, call, ctx, emit: bool, broadcast: bool) -> Records | None:
+    def _each(self, batch, call, ctx, broadcast: bool) -> Records | None:
         records = Records(batch=batch)
         ts = records.timestamps()
         stamps = ts.tolist() if ts is not None else [None] * len(batch)
@@ -283,14 +303,10 @@ class BroadcastProcessOperator(ProcessOperator):
             except Exception as e:
                 err = StepError(self.name, value, NO_KEY, e, what)
                 err.__cause__ = e
-                if emit:
-                    self.dead_letter(err)  # raises unless the job's policy is dead letters
-                elif getattr(getattr(self, "outputs", None), "dead_letter_gate", None) is None:
-                    raise err from e
-                continue  # every instance skips it; the emitter alone sent it to dead letters
-            if emit:
-                out.extend(produced)
-                out_ts.extend([ctx.ts] * len(produced))
+                self.dead_letter(err)  # raises unless the job's policy is dead letters
+                continue
+            out.extend(produced)
+            out_ts.extend([ctx.ts] * len(produced))
         if not out:
             return None
         return split_outputs(out, out_ts if ts is not None else None, False, self.spec.output_type)
