@@ -234,6 +234,15 @@ class StretchCluster:
                 f"job {name!r} enables checkpointing, which a cluster does not support yet: its channels "
                 "would be read from their logs, behind the barrier a key-group handoff relies on"
             )
+        broadcast = [
+            s.name for s in plan.stages if s.operator is not None and s.operator.kind == "broadcast_process"
+        ]
+        if broadcast:
+            raise ValueError(
+                f"job {name!r} has broadcast state ({', '.join(broadcast)}), which a cluster does not "
+                "support yet: its nodes are fed by key group, so only one node would get the broadcast "
+                "elements; run the job on one node engine (env.execute_async without cluster=)"
+            )
         if plan.max_parallelism != self.max_parallelism:
             raise ValueError(
                 f"job {name!r} has max parallelism {plan.max_parallelism}; the cluster routes "
