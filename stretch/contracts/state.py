@@ -126,26 +126,11 @@ class MapState(_MapReads):
 
 class ReadOnlyBroadcastState(_MapReads):
     """A broadcast state as ``process_element`` sees it (PyFlink's ``ReadOnlyBroadcastState``):
-    a map every instance holds a copy of, to read but not to change."""
+    one map for every instance, to read but not to change."""
 
 
-class BroadcastState(ReadOnlyBroadcastState):
+class BroadcastState(MapState, ReadOnlyBroadcastState):
     """A broadcast state as ``process_broadcast_element`` sees it: the same map, writable."""
-
-    @abstractmethod
-    def put(self, key, value) -> None: ...
-
-    @abstractmethod
-    def put_all(self, dict_value) -> None: ...
-
-    @abstractmethod
-    def remove(self, key) -> None: ...
-
-    def __setitem__(self, key, value):
-        self.put(key, value)
-
-    def __delitem__(self, key):
-        self.remove(key)
 
 
 # ---- TTL ---------------------------------------------------------------------------------
