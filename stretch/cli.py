@@ -98,6 +98,7 @@ def cmd_status(args) -> int:
     for op in status["operators"]:
         print(
             f"  operator {op['name']!r}: parallelism {op['parallelism']}, epoch {op['epoch']}, "
+            f"code version {op['code_version']}, "
             f"gate depth {op['gate_depth']}, state {op['state_bytes'] / 1e6:,.1f} MB"
         )
         for inst in op["instances"]:

@@ -44,6 +44,7 @@ def _describe_live(job) -> dict:
                 "kind": stage.operator.kind,  # process | aggregate | vector_window (vectorized)
                 "parallelism": p,
                 "epoch": epoch,
+                "code_version": stage.code_version,  # 0: the script's code; more: live updates
                 "gate_depth": job.gates[stage.input_gate].depth(),
                 # totals over every instance slot ever used: they never go down on a rescale
                 "records_in": int(job.control.instances(op)[:, cbk.I_RECORDS_IN].sum()),
@@ -72,6 +73,7 @@ def _describe_live(job) -> dict:
         "status": job.status.name,
         "operators": ops,
         "rescales": list(job.rescales),  # every completed live rescale's report, in order
+        "updates": list(job.updater.reports),  # every completed live code update's report, in order
         "checkpoints": _describe_checkpoints(job),
     }
 

@@ -622,3 +622,15 @@ def test_a_connected_co_map_switches_at_the_record():
     want = [(k, p, "old" if i < 150 else "new") for i, (k, _, p) in enumerate(left)]
     want += [(k, -p, "old" if i < 150 else "new") for i, (k, _, p) in enumerate(right)]
     assert out == sorted(want)
+
+
+def test_status_shows_each_operators_code_version_and_the_updates():
+    job = counting_job("status after an update", 1)
+    job.writer.write(records_of(100, 2))
+    settle(job.client, "count", 100)
+    assert job.client.describe()["operators"][0]["code_version"] == 0
+    job.client.update("count", Doubling())
+    status = job.client.describe()
+    assert status["operators"][0]["code_version"] == 1
+    assert [(u["operator"], u["version"]) for u in status["updates"]] == [("count", 1)]
+    job.finish()
