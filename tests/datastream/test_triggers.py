@@ -15,6 +15,7 @@ import pytest
 from stretch import channels
 from stretch.common import Time, Types, WatermarkStrategy
 from stretch.common.watermark_strategy import TimestampAssigner
+from stretch.contracts.triggers import NeverTrigger
 from stretch.datastream import ProcessWindowFunction, StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.window import (
@@ -26,8 +27,6 @@ from stretch.datastream.window import (
     GlobalWindows,
     PurgingTrigger,
     TimeEvictor,
-    Trigger,
-    TriggerResult,
     TumblingEventTimeWindows,
 )
 
@@ -269,23 +268,10 @@ def test_session_windows_with_a_count_trigger_merge_their_counts(parallelism):
 
 
 def test_session_windows_refuse_a_trigger_that_cannot_merge():
-    class Never(Trigger):
-        def on_element(self, element, timestamp, window, ctx):
-            return TriggerResult.CONTINUE
-
-        def on_processing_time(self, time, window, ctx):
-            return TriggerResult.CONTINUE
-
-        def on_event_time(self, time, window, ctx):
-            return TriggerResult.CONTINUE
-
-        def clear(self, window, ctx):
-            pass
-
     env = StreamExecutionEnvironment.get_execution_environment()
     keyed = env.from_collection([("a", 1)], PAIR).key_by(lambda r: r[0])
     with pytest.raises(ValueError, match=r"cannot \(its can_merge\(\) is False\)"):
-        keyed.window(EventTimeSessionWindows.with_gap(Time.milliseconds(5))).trigger(Never()).reduce(
+        keyed.window(EventTimeSessionWindows.with_gap(Time.milliseconds(5))).trigger(NeverTrigger()).reduce(
             lambda a, b: a
         )
 
