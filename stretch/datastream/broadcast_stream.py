@@ -20,7 +20,7 @@ from stretch.contracts.functions import (
     KeySelector,
 )
 from stretch.contracts.state import MapStateDescriptor
-from stretch.datastream.join import LEFT, _key_of, _selector_of, _tagged
+from stretch.datastream.two_inputs import LEFT, key_of, selector_of, union_tagged
 from stretch.plan.specs import BroadcastSpec
 from stretch.runtime.operators.broadcast import BROADCAST_KEY
 
@@ -67,8 +67,8 @@ class BroadcastConnectedStream:
             )
         if not keyed and not isinstance(func, BroadcastProcessFunction):
             raise TypeError("a stream connected to a BroadcastStream needs a BroadcastProcessFunction")
-        selector = _selector_of(self.stream) if keyed else None
-        tagged = _tagged(self.stream, self.broadcast_stream.stream).key_by(_BroadcastKey(selector))
+        selector = selector_of(self.stream) if keyed else None
+        tagged = union_tagged(self.stream, self.broadcast_stream.stream).key_by(_BroadcastKey(selector))
         spec = BroadcastSpec(func, self.broadcast_stream.descriptors, keyed)
         name = "Co-Process-Broadcast-Keyed" if keyed else "Co-Process-Broadcast"
         return tagged._keyed("broadcast_process", name, {"fn": spec}, output_type)
@@ -87,7 +87,7 @@ class _BroadcastKey(KeySelector):
         if side != LEFT:
             return BROADCAST_KEY
         if self.selector is not None:
-            return _key_of(self.selector, element)
+            return key_of(self.selector, element)
         n = self.next
         if n is None:  # each producer process starts at its own point (its copy is unpickled there)
             n = int.from_bytes(os.urandom(4), "little")

@@ -1,6 +1,6 @@
 """Two streams connected into one operator (PyFlink's ``ConnectedStreams``).
 
-As the joins do (``stretch.datastream.join``), the two inputs become one tagged stream: each
+As for the joins (``stretch.datastream.two_inputs``), the two inputs become one tagged stream: each
 element is ``(0, value)`` or ``(1, value)``, in one gate, so every instance sees both inputs of its
 key groups in one order. Keyed (both inputs keyed, or ``key_by(selector1, selector2)``), the
 operator is a keyed process function whose state and timers both inputs of a key share, so it
@@ -21,7 +21,7 @@ from stretch.contracts.functions import (
     KeyedProcessFunction,
     ProcessFunction,
 )
-from stretch.datastream.join import LEFT, _selector_of, _tagged, _UnionKey
+from stretch.datastream.two_inputs import LEFT, UnionKey, selector_of, union_tagged
 from stretch.datastream.wrapping import Wrapping, replaced
 
 if TYPE_CHECKING:
@@ -71,9 +71,9 @@ class ConnectedStreams:
         return self._process(func, output_type, name)
 
     def _process(self, func, output_type, name: str) -> DataStream:
-        tagged = _tagged(self.stream1, self.stream2)
+        tagged = union_tagged(self.stream1, self.stream2)
         if self._is_keyed_stream():
-            keyed = tagged.key_by(_UnionKey(_selector_of(self.stream1), _selector_of(self.stream2)))
+            keyed = tagged.key_by(UnionKey(selector_of(self.stream1), selector_of(self.stream2)))
             return keyed.process(_Keyed(func), output_type).name(name)
         return tagged.process(_Unkeyed(func), output_type).name(name)
 

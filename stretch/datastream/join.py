@@ -19,7 +19,6 @@ from stretch.contracts.functions import (
     JoinFunction,
     KeyedProcessFunction,
     KeySelector,
-    MapFunction,
     ProcessJoinFunction,
     WindowFunction,
 )
@@ -30,6 +29,7 @@ from stretch.contracts.window import (
     WindowAssigner,
     to_millis,
 )
+from stretch.datastream.two_inputs import LEFT, RIGHT, UnionKey, selector_of, union_tagged
 from stretch.datastream.wrapping import Wrapping, replaced
 from stretch.plan.specs import BandJoinSpec
 
@@ -37,42 +37,6 @@ if TYPE_CHECKING:
     from stretch.datastream.data_stream import DataStream, KeyedStream
 
 _MIN = -(2**63)
-LEFT, RIGHT = 0, 1
-
-
-# ---- the tagged union -----------------------------------------------------------------------
-class _Tag(MapFunction):
-    """Marks which input an element came from."""
-
-    def __init__(self, side: int):
-        self.side = side
-
-    def map(self, value):
-        return self.side, value
-
-
-def _key_of(selector, value):
-    """A side's key: a KeySelector, a callable, or (as in key_by) a field position or name."""
-    if isinstance(selector, KeySelector):
-        return selector.get_key(value)
-    if callable(selector):
-        return selector(value)
-    if isinstance(selector, int) or not isinstance(value, tuple):
-        return value[selector]  # tuple positions, and Row positions and names
-    if selector.startswith("f") and selector[1:].isdigit():  # a tuple's fields are f0..fn
-        return value[int(selector[1:])]
-    raise KeyError(f"a tuple has no field {selector!r}")
-
-
-class _UnionKey(KeySelector):
-    """The key of a tagged element: the key selector of its side (Flink's UnionKeySelector)."""
-
-    def __init__(self, left, right):
-        self.selectors = (left, right)
-
-    def get_key(self, value):
-        side, element = value
-        return _key_of(self.selectors[side], element)
 
 
 def _check_selector(selector, what: str):
@@ -81,17 +45,6 @@ def _check_selector(selector, what: str):
     if callable(selector):
         return selector
     raise TypeError(f"{what} needs a KeySelector, a callable or a field, got {selector!r}")
-
-
-def _tagged(left: DataStream, right: DataStream) -> DataStream:
-    """``(0, left)`` and ``(1, right)`` elements in one stream (pickled: the sides' types differ)."""
-    tag_type = Types.PICKLED_BYTE_ARRAY()
-    return left._values().map(_Tag(LEFT), tag_type).union(right._values().map(_Tag(RIGHT), tag_type))
-
-
-def _selector_of(keyed: KeyedStream):
-    spec = keyed._t.spec
-    return spec["selector"] if "selector" in spec else spec["field"]
 
 
 def _method(fn, name: str):
@@ -181,8 +134,8 @@ class WithWindow:
         streams = where._streams
         if not (isinstance(function, streams._function) or callable(function)):
             raise TypeError(f"apply needs a {streams._function.__name__} or a callable, got {function!r}")
-        keyed = _tagged(streams._left, streams._right).key_by(
-            _UnionKey(where._key, self._equal_to._key), where._key_type
+        keyed = union_tagged(streams._left, streams._right).key_by(
+            UnionKey(where._key, self._equal_to._key), where._key_type
         )
         windowed = keyed.window(self._assigner)
         if self._lateness:
@@ -242,8 +195,8 @@ class IntervalJoined:
         upper = self._upper if self._upper_inclusive else self._upper - 1
         op = IntervalJoinOperator(process_join_function, lower, upper, tuple(self._late_tags))
         key_type = self._left._t.spec.get("key_type")
-        keyed = _tagged(self._left, self._right).key_by(
-            _UnionKey(_selector_of(self._left), _selector_of(self._right)), key_type
+        keyed = union_tagged(self._left, self._right).key_by(
+            UnionKey(selector_of(self._left), selector_of(self._right)), key_type
         )
         return keyed.process(op, output_type).name("IntervalJoin")
 
@@ -398,6 +351,6 @@ class BandJoinedStreams:
             raise ValueError("say how far apart joined elements may be: band_join(...).within(ms)")
         if not (isinstance(join_function, JoinFunction) or callable(join_function)):
             raise TypeError(f"apply needs a JoinFunction or a callable, got {join_function!r}")
-        keyed = _tagged(self._left, self._right).key_by(_RoundRobin())
+        keyed = union_tagged(self._left, self._right).key_by(_RoundRobin())
         spec = BandJoinSpec(self._bound, self._predicate, join_function)
         return keyed._keyed("band_join", "BandJoin", {"fn": spec}, output_type)
