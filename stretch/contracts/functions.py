@@ -54,7 +54,7 @@ class RuntimeContext(ABC):
         return default_value
 
     def get_metrics_group(self) -> MetricGroup:
-        """The instance's user-defined metrics (counted in the instance; not exported yet)."""
+        """The instance's user-defined metrics, which the job's metrics endpoint exports."""
         group = self.__dict__.get("_metrics_group")
         if group is None:
             group = self.__dict__["_metrics_group"] = MetricGroup()

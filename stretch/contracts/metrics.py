@@ -1,8 +1,10 @@
 """User-defined metrics (PyFlink's ``pyflink.metrics``): what ``RuntimeContext.get_metrics_group()``
 gives a function.
 
-They count within the instance, where the function can read them (``get_count()``); the job's
-metrics endpoint (``enable_metrics``, ``stretch metrics``) does not report them yet.
+They count within the instance, where the function can read them (``get_count()``); every second
+the instance's worker reports them to the job, whose metrics endpoint (``enable_metrics``,
+``stretch metrics``) exports them as Flink's Prometheus reporter does: a group's name becomes part of
+the metric's name, a key/value group (``add_group(key, value)``) a label.
 """
 
 from __future__ import annotations
@@ -56,14 +58,15 @@ class Distribution:
 class MetricGroup:
     """A named group of metrics; asking twice for one name gives the same metric."""
 
-    def __init__(self, name: str = ""):
+    def __init__(self, name: str = "", value: str | None = None):
         self.name = name
-        self._groups: dict[str, MetricGroup] = {}
+        self.value = value  # a key/value group's value (its name is the key)
+        self._groups: dict[tuple, MetricGroup] = {}
         self._metrics: dict[str, object] = {}
 
     def add_group(self, name: str, extra: str | None = None) -> MetricGroup:
-        full = name if extra is None else f"{name}.{extra}"
-        return self._groups.setdefault(full, MetricGroup(full))
+        """A subgroup; with ``extra``, a key/value group (``name`` the key, ``extra`` the value)."""
+        return self._groups.setdefault((name, extra), MetricGroup(name, extra))
 
     def _metric(self, name: str, make):
         if name not in self._metrics:

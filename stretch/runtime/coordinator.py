@@ -133,6 +133,8 @@ class Coordinator:
         self.collected: dict = {}  # sink id -> QueueWriter, for execute_and_collect in checkpointed jobs
         self.controller: ElasticController | None = None
         self.rescales: list[dict] = []  # every completed rescale's report, in order
+        # the latest user metrics of each instance, {(operator, index): rows} (runtime.user_metrics)
+        self.user_metrics: dict[tuple[str, int], list] = {}
         self.job_dir: JobDir | None = None  # held while the job runs, if it keeps logs or checkpoints
         self._dataplane: list = []  # segments rebuilt by a recovery (see _build_dataplane)
         self._metrics = None  # (server, thread, port) of the Prometheus endpoint
@@ -440,6 +442,10 @@ class Coordinator:
             )
             self._assign(w)
             self.updater.worker_ready(w)
+        elif op == "user_metrics":
+            w = self._workers.get(conn.worker)
+            if w is not None and w.task == (msg["stage"], msg["index"]):  # not a late one of an ended task
+                self.user_metrics[(self.plan.stages[msg["stage"]].name, msg["index"])] = msg["metrics"]
         elif op == "update_checked":
             w = self._workers.get(conn.worker)
             if w is not None:
@@ -451,6 +457,7 @@ class Coordinator:
             if w is None:  # a worker of an attempt that a recovery ended
                 return
             w.task = None
+            self.user_metrics.pop((self.plan.stages[msg["stage"]].name, msg["index"]), None)
             if op == "failed":
                 self._fail(_job_error(msg["error"], self.plan.stages[msg["stage"]].name))
             elif op == "done" and msg.get("retired"):

@@ -6,7 +6,8 @@ records in and out, busy time, and the lag of its watermark behind the wall cloc
 takes checkpoints: checkpoints (count, durations, latest size, failures) and recoveries. Rates and busy
 fractions are what Prometheus' ``rate()`` makes of the counters. The instance counters cover every
 instance slot ever used (a retired instance's series stays), so that their sums never go down on a
-rescale, as Prometheus counters must not. Served only when asked
+rescale, as Prometheus counters must not. The user functions' own metrics follow
+(``runtime.user_metrics``), each instance's latest report. Served only when asked
 (``env.enable_metrics(port)``), on loopback unless told otherwise; ``stretch metrics JOB`` prints
 the same text through the job's control socket without any listener.
 """
@@ -17,6 +18,7 @@ import time
 
 from stretch.runtime import control_block as cbk
 from stretch.runtime.event_time import MAX_WATERMARK
+from stretch.runtime.user_metrics import families as user_families
 
 
 def require_prometheus():
@@ -86,6 +88,7 @@ class JobCollector:
                 busy.add_metric(il, busy_ns / 1e9)
         yield from (parallelism, depth, state, records_in, records_out, busy, lag, rescales)
         yield from self._checkpoints(job)
+        yield from user_families(job, dict(c.user_metrics))
 
     def _slots(self, name: str, instances: list[dict]):
         """(index, records in, records out, busy ns) of each instance slot ever used: the running

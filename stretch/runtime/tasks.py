@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stretch.contracts.metrics import MetricGroup
 from stretch.plan.stages import StageSpec
 from stretch.runtime import control_block as cbk
 from stretch.runtime.batch import KG_COLUMN, Records
@@ -104,6 +105,7 @@ class Task:
         self.should_stop = should_stop
         self.op_index = self.res.keyed_index.get(self.stage.id, -1)
         self._records_out = 0
+        self.metrics = MetricGroup()  # the user functions' metrics, which the worker reports
 
     def outputs(self, producer: int) -> Outputs:
         gates = {g: self.attached.gate(n) for g, n in self.res.gates.items()}
@@ -140,7 +142,11 @@ class SourceTask(Task):
         outputs = self.outputs(producer=1)
         outputs.producer_id = producer_id(self.stage.id, 0)
         chain = Chain(self.stage.chain, self.stage.name, outputs)
-        chain.open(InstanceRuntimeContext(self.stage.name, 0, lambda: 1, self.stage.max_parallelism))
+        chain.open(
+            InstanceRuntimeContext(
+                self.stage.name, 0, lambda: 1, self.stage.max_parallelism, metrics=self.metrics
+            )
+        )
         source_type = getattr(self.stage.source, "type_info", None)
         position = self.position = self.a.position
         source = self.stage.source
@@ -192,7 +198,9 @@ class SourceTask(Task):
         self.stage = load_version(self.res.code, self.stage.id, version)
         chain.update_step(
             updated_step(self.stage),
-            InstanceRuntimeContext(self.stage.name, 0, lambda: 1, self.stage.max_parallelism),
+            InstanceRuntimeContext(
+                self.stage.name, 0, lambda: 1, self.stage.max_parallelism, metrics=self.metrics
+            ),
         )
         cb = self.attached.control
         cb.signal(cb.stage_word(self.stage.id, cbk.S_CODE_DONE), version)
@@ -342,6 +350,7 @@ class KeyedInstanceTask(Task):
             lambda: int(cb.header(op)[cbk.O_PARALLELISM]),
             self.stage.max_parallelism,
             operator.backend,
+            self.metrics,
         )
 
     def _update(self, version: int, old, chain: Chain):

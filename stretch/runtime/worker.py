@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import queue
 import socket
 import threading
+import time
 import traceback
 
 import cloudpickle
@@ -21,6 +23,7 @@ from stretch.runtime.code_update import check
 from stretch.runtime.gate import GateClosed
 from stretch.runtime.outputs import StepError, exception_text
 from stretch.runtime.tasks import Assignment, Stopped, _Attached, make_task
+from stretch.runtime.user_metrics import REPORT_PERIOD, snapshot
 from stretch.state.key_groups import warm_up as warm_key_groups
 from stretch.state.keyed_table import KeyedTable
 from stretch.state.warm import warm_fused_kernels, warm_table_kernels, warm_timer_kernels
@@ -85,6 +88,22 @@ def _check_update(attached, msg) -> dict:
         return {**answer, "ok": False, "error": exception_text(e), "refused": isinstance(e, UpdateRefused)}
 
 
+def _send_metrics(task, tag: dict, reply) -> None:
+    rows = snapshot(task.metrics)
+    if rows:
+        with contextlib.suppress(ConnectionError, OSError):  # the job is gone: the worker ends with it
+            reply({"op": "user_metrics", **tag, "metrics": rows})
+
+
+def _report_metrics(running: dict, reply) -> None:
+    """Every ``REPORT_PERIOD``: the running task's user metrics, if it has any."""
+    while True:
+        time.sleep(REPORT_PERIOD)
+        now = running.get("now")
+        if now is not None:
+            _send_metrics(*now, reply)
+
+
 def main(sock_path: str, token: str, worker_id: int) -> int:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(sock_path)
@@ -109,6 +128,10 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
             inbox.put({"op": "exit"})
 
     threading.Thread(target=receive, name="stretch-inbox", daemon=True).start()
+    running: dict = {}  # the task that runs now and its tag, for the metrics reporter
+    threading.Thread(
+        target=_report_metrics, args=(running, reply), name="stretch-user-metrics", daemon=True
+    ).start()
     attached = None
     stages: dict = {}
     parked: dict = {}
@@ -149,7 +172,11 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
             task.a.index, task.a.epoch = msg["index"], msg["epoch"]
             task.a.position = msg.get("position", 0)
             task.a.code = msg.get("code", 0)
-            task.run()
+            running["now"] = (task, tag)
+            try:
+                task.run()
+            finally:
+                running.clear()
             reply({"op": "done", "retired": getattr(task, "retired", False), **tag})
             if msg["stage"] in attached.resources.keyed_index:  # park a fresh one for the next rescale
                 parked[msg["stage"]] = _park(attached, stages, msg["stage"], stop.is_set)

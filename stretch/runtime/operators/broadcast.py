@@ -201,7 +201,11 @@ class BroadcastProcessOperator(ProcessOperator):
         if not self.keyed:  # keyed state is for keyed functions only, as in Flink
             rc = runtime_context
             runtime_context = InstanceRuntimeContext(
-                rc.get_task_name(), rc._index, rc._parallelism, rc._max_parallelism
+                rc.get_task_name(),
+                rc._index,
+                rc._parallelism,
+                rc._max_parallelism,
+                metrics=rc.get_metrics_group(),
             )
         self.user.open(runtime_context)
 

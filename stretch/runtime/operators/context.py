@@ -13,7 +13,11 @@ from stretch.state.timers import EVENT, PROCESSING
 class InstanceRuntimeContext(RuntimeContext):
     """What a user function learns about its instance in open(): names, parallelism, state."""
 
-    def __init__(self, task_name: str, index: int, parallelism, max_parallelism: int, backend=None):
+    def __init__(
+        self, task_name: str, index: int, parallelism, max_parallelism: int, backend=None, metrics=None
+    ):
+        if metrics is not None:  # the task's own group: the worker reports it (runtime.user_metrics)
+            self.__dict__["_metrics_group"] = metrics
         self._task_name = task_name
         self._index = index
         self._parallelism = parallelism  # a callable: parallelism changes with rescales
