@@ -101,6 +101,7 @@ class VectorWindowOperator(KeyedOperator):
                     self.w.size,
                     self.w.slide,
                     self.w.offset,
+                    self.w.ring,
                     self.watermark,
                     late,
                     progress,
