@@ -255,13 +255,13 @@ class VectorWindowOperator(KeyedOperator):
         hi = max((limit - w.size + 1 - w.offset) // w.slide, _MIN) if limit < _MAX else _MAX
         a = self.table.arena
         owned = self.owned
-        self._ensure_indexed(owned)
         m = len(self.slots)
         parts = []
         progress = np.zeros(2, dtype=np.int64)
         chunk = _CHUNK
         self.table.begin_write(owned)
         try:
+            self._ensure_indexed(owned)
             while progress[0] < len(owned):
                 out = (
                     np.empty(chunk, np.int64),
