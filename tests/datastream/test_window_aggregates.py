@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import time
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
-from stretch.common import Time, Types, WatermarkStrategy
+from stretch import channels
+from stretch.common import Duration, Time, Types, WatermarkStrategy
 from stretch.datastream import OutputTag, StreamExecutionEnvironment
 from stretch.datastream import aggregates as A
+from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from stretch.datastream.connectors.datagen import DataGeneratorSource, RateLimiterStrategy
 from stretch.datastream.window import SlidingEventTimeWindows, TumblingEventTimeWindows
 from tests.datastream.flink_windows import run, sliding, tumbling
 from tests.datastream.test_windows import Job
 
 ALL = [A.count(), A.sum("f2"), A.min("f2"), A.max("f2"), A.mean("f2")]
 INT_RECORD = Types.TUPLE([Types.LONG(), Types.LONG(), Types.LONG()])
+INT_NAMES = ["f0", "f1", "f2"]
 
 
 def summary(records):
@@ -162,3 +171,115 @@ def test_built_ins_reject_non_numbers_and_duplicate_names():
     out = stream.key_by("f0").window(TumblingEventTimeWindows.of(Time.milliseconds(10))).sum("f2")
     with pytest.raises(Exception, match="needs a number field"):
         out.execute_and_collect(limit=10)
+
+
+FIRING = {
+    # many keys, each in few windows: a watermark fires a few keys among thousands
+    "sparse": {"keys": 3000, "late_share": 0.05},
+    # few keys, each in every window: a watermark fires nearly every key
+    "dense": {"keys": 4, "late_share": 0.1},
+}
+SIZES = {
+    "tumbling-7": (TumblingEventTimeWindows.of(Time.milliseconds(7)), tumbling(7)),
+    "tumbling-100": (TumblingEventTimeWindows.of(Time.milliseconds(100)), tumbling(100)),
+    "sliding-30-10": (
+        SlidingEventTimeWindows.of(Time.milliseconds(30), Time.milliseconds(10)),
+        sliding(30, 10),
+    ),
+}
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+@pytest.mark.parametrize("size", sorted(SIZES))
+@pytest.mark.parametrize("firing", sorted(FIRING))
+def test_sparse_and_dense_firing_match_flink(firing, size, parallelism):
+    assigner, assign = SIZES[size]
+    batches = batches_of(parallelism, n_batches=12, per_batch=150, int_keys=True, **FIRING[firing])
+    tag = OutputTag("late", Types.TUPLE([Types.LONG(), Types.LONG(), Types.LONG()]))
+    job = Job(
+        lambda ks: ks.window(assigner).side_output_late_data(tag).aggregate(ALL),
+        parallelism,
+        lateness_tag=tag,
+        key="f0",
+        record=INT_RECORD,
+    ).feed(batches)
+    want, late = expected(batches, assign)
+    assert rows(job.out) == want
+    assert sorted(job.late) == sorted(late)
+
+
+def test_key_groups_holding_thousands_of_keys_under_random_rescales():
+    # two key groups: each gains keys by the thousand while its windows are open, so its index
+    # grows wider under them; ownership moves between instances meanwhile
+    batches = batches_of(8, n_batches=30, per_batch=200, keys=5000, int_keys=True)
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.set_max_parallelism(2)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(20)).with_timestamp_assigner(
+        "f1"
+    )
+    assigner = SlidingEventTimeWindows.of(Time.milliseconds(30), Time.milliseconds(10))
+    stream = env.from_source(ChannelSource("in", INT_RECORD), strategy, "in").key_by("f0").window(assigner)
+    stream.aggregate(ALL).name("windows").sink_to(ChannelSink("out"))
+    client = env.execute_async("wide index")
+    writer, reader = channels.open_writer(client, "in"), channels.open_reader(client, "out")
+    rng = random.Random(8)
+    for b in batches:
+        writer.write(b)
+        if rng.random() < 0.3:
+            client.rescale("windows", rng.choice([1, 2]))
+    writer.end()
+    got = rows(reader)
+    assert client.wait().name == "FINISHED"
+    want, _ = expected(batches, sliding(30, 10))
+    assert got == want
+
+
+def test_vectorized_windows_are_exact_across_a_worker_killed_at_random():
+    rng = random.Random(11)
+    n, keys = 30_000, 997
+
+    def batch(i, count):
+        idx = np.arange(i, i + count, dtype=np.int64)
+        # keys spread so windows fire sparsely; one record in 16 is 40 ms late
+        ts = idx - np.where(idx % 16 == 0, 40, 0)
+        return pa.record_batch(
+            [pa.array(idx * 7919 % keys), pa.array(np.maximum(ts, 0)), pa.array(idx)], INT_NAMES
+        )
+
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.enable_checkpointing(50)
+    src = DataGeneratorSource(
+        batch_function=batch,
+        count=n,
+        rate_limiter_strategy=RateLimiterStrategy.per_second(60_000),
+        batch_rows=500,
+        type_info=INT_RECORD,
+    )
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(50)).with_timestamp_assigner(
+        "f1"
+    )
+    windows = TumblingEventTimeWindows.of(Time.milliseconds(20))
+    stream = env.from_source(src, strategy, "events").key_by("f0").window(windows)
+    stream.aggregate([A.count(), A.sum("f2")]).name("windows").sink_to(ChannelSink("out"))
+    client = env.execute_async(f"vector-ckpt-{rng.randrange(1 << 40):x}")
+    co = client._coordinator
+    try:
+        time.sleep(rng.uniform(0.15, 0.3))
+        stage = co.plan.stage("windows").id
+        keyed = [w for w in list(co._workers.values()) if w.task and w.task[0] == stage and w.pid]
+        os.kill(rng.choice(keyed).pid, signal.SIGKILL)  # an instance of the window operator
+        assert client.wait(60).name == "FINISHED"
+    finally:
+        if not co.done:
+            client.cancel()
+            client.wait(30)
+    assert len(co.recoveries) == 1
+    got = sorted(tuple(r) for r in channels.open_reader(client, "out"))
+    want: dict = {}
+    for b in (batch(i, 500) for i in range(0, n, 500)):
+        for k, t, v in zip(*(c.to_pylist() for c in b.columns)):
+            c, s = want.get((k, t // 20), (0, 0))
+            want[(k, t // 20)] = (c + 1, s + v)
+    assert got == sorted((k, w * 20, w * 20 + 20, c, s) for (k, w), (c, s) in want.items())

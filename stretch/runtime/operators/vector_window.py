@@ -2,9 +2,10 @@
 
 Records are folded into their windows by a numba kernel over the batch's Arrow columns; a
 watermark emits every window it passed as one Arrow batch. A key's open windows are a ring of
-slots in one variable-length value of the operator's keyed state (see
-``stretch.state._window_kernels``), so they live in shared memory and follow their key group
-through live rescales like any other state.
+slots in one variable-length value of the operator's keyed state, and each key group keeps an
+index of its open windows by window (see ``stretch.state._window_kernels``), so a watermark
+visits only the windows it fires. Both live in shared memory and follow their key group through
+live rescales, checkpoints and restores like any other state.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class VectorWindowOperator(KeyedOperator):
         self.sid = table.arena.register_state(
             {"name": "__windows", "kind": "windows", "storage": "var", "type": None}
         )
+        self.iid = table.arena.register_state(
+            {"name": "__window_index", "kind": "window_index", "storage": "heap", "type": None}
+        )
         # Every instance must read the slots alike, even one that has not seen a record yet, so
         # whether an accumulator is a float follows the declared output type, not the input.
         self.out_schema = to_batch([], spec.output_type).schema
@@ -56,7 +60,6 @@ class VectorWindowOperator(KeyedOperator):
             [a.op == "mean" or pa.types.is_floating(out_fields[a.name]) for a in self.slots], dtype=np.bool_
         )
         self.fields: list[int] | None = None  # input columns of the accumulators, from the first batch
-        self.fired_to: int | None = None  # windows up to this index are out (this instance)
 
     # ---- records ---------------------------------------------------------------------------
     def process_owned(self, batch: pa.RecordBatch, kgs: np.ndarray, owners: np.ndarray, me: int):
@@ -80,14 +83,16 @@ class VectorWindowOperator(KeyedOperator):
         table, arena = self.table, self.table.arena
         table.begin_write(touched)
         try:
+            self._ensure_indexed(touched)
             offs = self._rings(kgs, rows)
             progress = np.array([0, _MIN, 0, 0], dtype=np.int64)
             while True:
                 K.window_add(
                     arena.a64,
                     arena.views[np.dtype(np.float64)][0],
-                    arena.state_base_w(self.sid),
+                    arena.state_base_w(self.iid),
                     kgs,
+                    rows,
                     offs,
                     ts,
                     vals,
@@ -96,6 +101,7 @@ class VectorWindowOperator(KeyedOperator):
                     self.w.size,
                     self.w.slide,
                     self.w.offset,
+                    self.w.ring,
                     self.watermark,
                     late,
                     progress,
@@ -103,6 +109,10 @@ class VectorWindowOperator(KeyedOperator):
                 if not progress[2]:
                     break
                 i = int(progress[0])
+                if progress[2] == K.INDEX_FULL:
+                    start = int(progress[1])
+                    self._grow_index(int(kgs[i]), (start - self.w.offset) // self.w.slide, int(rows[i]))
+                    continue
                 self._grow(kgs[i : i + 1], rows[i : i + 1])
                 offs = self._offsets(kgs, rows)
         finally:
@@ -182,23 +192,76 @@ class VectorWindowOperator(KeyedOperator):
         new[live[:, 0] & (size - 1)] = live
         self.table.write_var(self.sid, kgs, rows, [np.concatenate(([size], new.ravel())).tobytes()])
 
+    # ---- the index of open windows (a timer wheel per key group) ---------------------------
+    def _index_words(self, kgs: np.ndarray) -> np.ndarray:
+        """Word offsets of these key groups' index column headers."""
+        return self.table.arena.state_base_w(self.iid) + kgs.astype(np.int64) * TK.KG_WORDS
+
+    def _grow_index(self, kg: int, widx: int | None = None, row: int = 0, buckets: int = 0) -> None:
+        """Give key group kg's wheel room for window ``widx`` of ``row`` (and every open window it
+        holds): bitmaps as wide as the key group's key capacity, buckets doubled until no two open
+        windows share one."""
+        table, a = self.table, self.table.arena
+        c = table._state_words(self.iid)[kg]
+        cap = int(c[TK.S_DATA_CAP])
+        if cap:
+            off = int(c[TK.S_DATA_OFF]) // 8
+            old_b, old_w = int(a.a64[off + K.W_BUCKETS]), int(a.a64[off + K.W_WIDTH])
+            old = (
+                a.a64[off + K.W_HEAD : off + K.W_HEAD + old_b * (2 + old_w)].reshape(old_b, 2 + old_w).copy()
+            )
+            old = old[old[:, 1] > 0]
+        else:
+            old_b, old_w, old = self.w.ring, 0, np.zeros((0, 2), np.int64)
+        width = max(old_w, int(table.headers[kg, TK.H_KEYS_CAP]) // 64, row // 64 + 1)
+        wanted = old[:, 0] if widx is None else np.append(old[:, 0], widx)
+        n_buckets = max(old_b, buckets)
+        while len(np.unique(wanted & (n_buckets - 1))) < len(np.unique(wanted)):
+            n_buckets *= 2
+        units = -(-(K.W_HEAD + n_buckets * (2 + width)) // 2)  # the block's size in 16-byte units
+        new = np.zeros((n_buckets, 2 + width), np.int64)
+        new[old[:, 0] & (n_buckets - 1), : old.shape[1]] = old
+        block = table._move(int(c[TK.S_DATA_OFF]), cap * 16, 0, units * 16)
+        words = block // 8
+        a.a64[words : words + units * 2] = 0
+        a.a64[words + K.W_BUCKETS], a.a64[words + K.W_WIDTH] = n_buckets, width
+        a.a64[words + K.W_HEAD : words + K.W_HEAD + new.size] = new.ravel()
+        c[TK.S_DATA_OFF], c[TK.S_DATA_CAP], c[TK.S_HEAP_USED] = block, units, units
+
+    def _ensure_indexed(self, kgs: np.ndarray) -> None:
+        """Index the open windows of key groups whose wheel is not complete: new ones (nothing to
+        index) and ones restored from a snapshot taken before the index existed."""
+        a = self.table.arena
+        flags = a.a64[self._index_words(kgs) + K.S_INDEXED]
+        if flags.all():
+            return
+        base, ibase, m = a.state_base_w(self.sid), a.state_base_w(self.iid), len(self.slots)
+        for kg in np.unique(kgs[flags == 0]).tolist():
+            c = self.table._state_words(self.iid)[kg]
+            buckets = 0
+            while not K.window_index_rebuild(a.a64, a.dir_w, base, ibase, kg, m):
+                buckets = max(2 * buckets, 2 * self.w.ring)
+                a.free(int(c[TK.S_DATA_OFF]), int(c[TK.S_DATA_CAP]) * 16)
+                c[TK.S_DATA_OFF] = c[TK.S_DATA_CAP] = c[TK.S_HEAP_USED] = 0
+                self._grow_index(kg, buckets=buckets)
+            c[K.S_INDEXED] = 1
+
     # ---- firing ----------------------------------------------------------------------------
     def fire(self, domain: int, limit: int) -> Records | None:
         """Emit every window the watermark ``limit`` passed, in window order (as Flink's timers)."""
-        if domain != EVENT:
+        if domain != EVENT or not len(self.owned):
             return None
-        lo = _MIN if self.fired_to is None else self.fired_to + 1
-        hi = self._last_due(limit)
-        if hi is None:
-            return None
-        owned = self.owned
+        w = self.w
+        hi = max((limit - w.size + 1 - w.offset) // w.slide, _MIN) if limit < _MAX else _MAX
         a = self.table.arena
+        owned = self.owned
         m = len(self.slots)
         parts = []
-        progress = np.zeros(3, dtype=np.int64)
+        progress = np.zeros(2, dtype=np.int64)
         chunk = _CHUNK
         self.table.begin_write(owned)
         try:
+            self._ensure_indexed(owned)
             while progress[0] < len(owned):
                 out = (
                     np.empty(chunk, np.int64),
@@ -207,8 +270,18 @@ class VectorWindowOperator(KeyedOperator):
                     np.empty(chunk, np.int64),
                     np.empty((m, chunk), np.int64),
                 )
-                K.window_fire(a.a64, a.dir_w, a.state_base_w(self.sid), owned, lo, hi, m, *out, progress)
-                n = int(progress[2])
+                K.window_fire(
+                    a.a64,
+                    a.state_base_w(self.sid),
+                    a.state_base_w(self.iid),
+                    owned,
+                    hi,
+                    m,
+                    w.ring,
+                    *out,
+                    progress,
+                )
+                n = int(progress[1])
                 if n < 0:  # one key has more due windows than a chunk
                     chunk = -n
                 elif n:
@@ -225,23 +298,6 @@ class VectorWindowOperator(KeyedOperator):
         rel = widx - widx.min()
         order = np.argsort(rel.astype(np.uint16) if span < 65536 else rel, kind="stable")
         return Records(batch=self._output(kg[order], row[order], widx[order], cnt[order], acc[:, order]))
-
-    def _last_due(self, wm: int) -> int | None:
-        """The last window index this watermark fires, or None when it fires nothing new."""
-        owned = self.owned
-        if not len(owned):
-            return None
-        w = self.w
-        hi = (wm - w.size + 1 - w.offset) // w.slide if wm < _MAX else _MAX
-        a = self.table.arena
-        marks = a.a64[a.state_base_w(self.sid) + owned * TK.KG_WORDS + K.S_MAX_WINDOW]
-        if not marks.any():
-            return None
-        hi = min(hi, int(marks.max()) - int(K.WINDOW_BIAS))
-        if self.fired_to is not None and hi <= self.fired_to:
-            return None
-        self.fired_to = hi
-        return hi
 
     def _output(self, kg, row, widx, cnt, acc) -> pa.RecordBatch:
         w = self.w
