@@ -261,6 +261,32 @@ class KeyedTable:
             return [decode_key(b) for b in raw]
         return raw
 
+    def key_array(self, kg: int) -> pa.Array | None:
+        """All keys of a key group as one Arrow array (copied out of shared memory), in row order,
+        with no Python object per key; None for keys stored canonically (tuples, floats, mixed
+        types: ``keys_of`` decodes them)."""
+        mode = self.mode()
+        h = self.headers[kg]
+        n = int(h[K.H_NKEYS])
+        a = self.arena
+        if mode is None or mode is KeyMode.CANONICAL:
+            return None
+        off = int(h[K.H_KEYS_OFF]) // 8
+        if mode is KeyMode.INT64:
+            return pa.array(a.a64[off : off + n].copy())
+        views = a.a64[off : off + 2 * n].reshape(n, 2)
+        starts, lengths = views[:, 0], views[:, 1]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        # every key's bytes in row order: its start in the heap, then one byte after another
+        at = np.repeat(starts - offsets[:-1], lengths) + np.arange(int(offsets[-1]), dtype=np.int64)
+        data = a.a8[int(h[K.H_KHEAP_OFF]) + at]
+        if offsets[-1] < 2**31:  # the types Arrow infers from Python str/bytes, as keys_of's were
+            kind, offsets = (pa.string() if mode is KeyMode.UTF8 else pa.binary()), offsets.astype(np.int32)
+        else:
+            kind = pa.large_string() if mode is KeyMode.UTF8 else pa.large_binary()
+        return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
     # ---- state columns -----------------------------------------------------------------
     def _state_words(self, sid: int) -> np.ndarray:
         base = K.STATE_BASE + sid * K.STATE_WORDS

@@ -84,11 +84,13 @@ def read_key_group(table: KeyedTable, kg: int) -> pa.Table:
     """Every key of key group ``kg`` with one column per declared state (null where unset)."""
 
     def read() -> pa.Table:
-        keys = table.keys_of(kg)
+        keys = table.key_array(kg)
+        if keys is None:
+            keys = _array(table.keys_of(kg), None)
         n = len(keys)
         kgs = np.full(n, kg, dtype=np.uint16)
         rows = np.arange(n, dtype=np.int64)
-        columns = {"key_group": pa.array(kgs, pa.int32()), "key": _array(keys, None)}
+        columns = {"key_group": pa.array(kgs, pa.int32()), "key": keys}
         for sid, entry in enumerate(table.arena.registry()):
             if entry["name"].startswith("__"):
                 continue  # the engine's own state (timers)

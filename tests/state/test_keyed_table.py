@@ -106,6 +106,12 @@ def _check_keys(table: KeyedTable, ref: KeyRef, decode=lambda k: k) -> None:
     for kg in range(MAXP):
         assert table.n_keys(kg) == len(ref.order[kg]), f"key group {kg}"
         assert table.keys_of(kg) == [decode(k) for k in ref.order[kg]], f"key group {kg}"
+        keys = table.key_array(kg)  # the same keys as one Arrow array, or None where stored canonically
+        if table.mode() is KeyMode.CANONICAL:
+            assert keys is None
+        else:
+            keys.validate(full=True)
+            assert keys.to_pylist() == [decode(k) for k in ref.order[kg]], f"key group {kg}"
 
 
 # ---- key index ----------------------------------------------------------------------------
