@@ -257,24 +257,37 @@ def _dt_micros(v: datetime.datetime) -> int:
 def _pickle_values(values: Sequence) -> list:
     dumps = pickle.dumps
     try:
-        return [None if v is None else dumps(v, PICKLE_PROTOCOL) for v in values]
+        out = [None if v is None else dumps(v, PICKLE_PROTOCOL) for v in values]
     except Exception:
         return [None if v is None else _dumps_any(v) for v in values]
+    if any(b is not None and _MAIN in b for b in out):
+        return [b if b is None or _MAIN not in b else _dumps_any(v) for v, b in zip(values, out)]
+    return out
+
+
+_MAIN = b"__main__"
+"""A pickle that names ``__main__`` refers to a class or function of the user's script, which a
+worker cannot import (its ``__main__`` is not the script): such values are pickled by value."""
 
 
 def _dumps_any(v: Any) -> bytes:
-    """pickle, falling back to cloudpickle for lambdas and local classes (loads with pickle)."""
+    """pickle, or cloudpickle for what pickle cannot send to a worker by reference: lambdas, local
+    classes and everything defined in the user's script (loads with pickle)."""
     try:
-        return pickle.dumps(v, PICKLE_PROTOCOL)
-    except Exception as exc:
-        try:
-            import cloudpickle
-        except ImportError:
-            raise _MismatchError from exc
-        try:
-            return cloudpickle.dumps(v, protocol=PICKLE_PROTOCOL)
-        except Exception as exc2:
-            raise _MismatchError from exc2
+        pickled = pickle.dumps(v, PICKLE_PROTOCOL)
+        if _MAIN not in pickled:
+            return pickled
+        exc = None
+    except Exception as e:
+        exc = e
+    try:
+        import cloudpickle
+    except ImportError:
+        raise _MismatchError from exc
+    try:
+        return cloudpickle.dumps(v, protocol=PICKLE_PROTOCOL)
+    except Exception as exc2:
+        raise _MismatchError from exc2
 
 
 def _encode(values: Sequence, t: TypeInformation, seen: set | None = None) -> pa.Array:
