@@ -79,6 +79,8 @@ class DataStream:
 
     def set_parallelism(self, parallelism: int) -> DataStream:
         """Instances of this operator; stateless steps run chained inside their producer's instances."""
+        if not self._t.max_parallelism:
+            self._env._fit_max_parallelism(parallelism)
         mp = self._t.max_parallelism or self._env.get_max_parallelism()
         check_parallelism(parallelism, mp)
         self._t.parallelism = parallelism
@@ -575,7 +577,10 @@ def check_parallelism(parallelism: int, max_parallelism: int) -> None:
     if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
         raise ValueError(f"parallelism must be a positive int, got {parallelism!r}")
     if parallelism > max_parallelism:
-        raise ValueError(f"parallelism {parallelism} is above the max parallelism {max_parallelism}")
+        raise ValueError(
+            f"parallelism {parallelism} is above the max parallelism {max_parallelism} (the number "
+            "of key groups): raise it with set_max_parallelism"
+        )
 
 
 def _field_type(type_info, field) -> TypeInformation | None:
