@@ -65,6 +65,7 @@ from stretch.common.typeinfo import (
     Types,
     _ArrayTypeInfo,
     from_arrow_field,
+    misplaced_type_repr,
     type_expr,
 )
 
@@ -669,7 +670,7 @@ def schema_for(type_info: TypeInformation | None) -> pa.Schema | None:
     schema = _schema_cache.get(type_info)
     if schema is None:
         if not isinstance(type_info, TypeInformation):
-            raise TypeError(f"type_info must be a TypeInformation, got {type_info!r}")
+            raise TypeError(f"type_info must be a TypeInformation, got {misplaced_type_repr(type_info)}")
         kind = _kind_of(type_info)
         metadata = {RECORD_KIND_KEY: kind.encode()}
         if kind in ("tuple", "row"):
