@@ -225,6 +225,13 @@ class DataStream:
         """Windows over the whole stream, not per key: one instance sees every element, as in Flink."""
         return AllWindowedStream(self._values(), window_assigner)
 
+    def count_window_all(self, size: int, slide: int = 0) -> AllWindowedStream:
+        """Windows of ``size`` records of the whole stream (sliding by ``slide`` records if given),
+        at one instance, as PyFlink's: ``window_all`` with a count window assigner."""
+        if slide:
+            return self.window_all(CountSlidingWindowAssigner(size, slide))
+        return self.window_all(CountTumblingWindowAssigner(size))
+
     def band_join(self, other_stream: DataStream):
         """Beyond PyFlink, a non-equi time-band join: ``.on(predicate).within(ms).apply(fn)``."""
 
