@@ -107,6 +107,12 @@ class DataStream:
     def disable_chaining(self) -> DataStream:
         return self
 
+    def set_buffer_timeout(self, timeout_millis: int) -> DataStream:
+        """Accepted for PyFlink programs: there are no network buffers to flush (see the env's)."""
+        if not isinstance(timeout_millis, int) or timeout_millis < -1:
+            raise ValueError(f"timeout_millis must be an int >= -1, got {timeout_millis!r}")
+        return self
+
     def start_new_chain(self) -> DataStream:
         return self
 

@@ -80,6 +80,8 @@ class StreamExecutionEnvironment:
         self._restart_strategy = None
         self._state_backend: StateBackend | None = None
         self._python_files: list[str] = []
+        self._buffer_timeout = 100  # Flink's default, in ms
+        self._chaining = True
 
     @staticmethod
     def get_execution_environment(configuration: Configuration | None = None) -> StreamExecutionEnvironment:
@@ -171,6 +173,25 @@ class StreamExecutionEnvironment:
             sys.path.append(entry)
         self._python_files.append(path)
         return self
+
+    def set_buffer_timeout(self, timeout_millis: int) -> StreamExecutionEnvironment:
+        """Recorded only: records leave a step in the batches it makes (the gate, not network
+        buffers, carries them), so there is no flush interval to set."""
+        if not isinstance(timeout_millis, int) or timeout_millis < -1:
+            raise ValueError(f"timeout_millis must be an int >= -1, got {timeout_millis!r}")
+        self._buffer_timeout = timeout_millis
+        return self
+
+    def get_buffer_timeout(self) -> int:
+        return self._buffer_timeout
+
+    def disable_operator_chaining(self) -> StreamExecutionEnvironment:
+        """Recorded only: stateless steps always run in the instance that produces their input."""
+        self._chaining = False
+        return self
+
+    def is_chaining_enabled(self) -> bool:
+        return self._chaining
 
     def set_restart_strategy(self, restart_strategy_configuration) -> StreamExecutionEnvironment:
         """Recorded only: a checkpointed job recovers its lost workers from the latest checkpoint."""

@@ -129,3 +129,18 @@ def test_a_job_runs_with_the_key_groups_of_a_large_unset_max_parallelism():
     for w in words:
         model[w] = model.get(w, 0) + 1
     assert final == model
+
+
+def test_buffer_timeout_and_chaining_are_recorded_for_pyflink_programs():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    assert env.get_buffer_timeout() == 100 and env.is_chaining_enabled()  # Flink's defaults
+    assert env.set_buffer_timeout(5).disable_operator_chaining() is env
+    assert env.get_buffer_timeout() == 5 and not env.is_chaining_enabled()
+    with pytest.raises(ValueError):
+        env.set_buffer_timeout(-2)
+    ds = env.from_collection([1, 2, 3], Types.LONG())
+    doubled = ds.map(lambda x: 2 * x, Types.LONG()).set_buffer_timeout(0)
+    with pytest.raises(ValueError):
+        doubled.set_buffer_timeout(-5)
+    with doubled.execute_and_collect() as results:  # the job runs as without them
+        assert sorted(results) == [2 * x for x in (1, 2, 3)]
