@@ -261,7 +261,7 @@ def _pickle_values(values: Sequence) -> list:
         out = [None if v is None else dumps(v, PICKLE_PROTOCOL) for v in values]
     except Exception:
         return [None if v is None else _dumps_any(v) for v in values]
-    if any(b is not None and _MAIN in b for b in out):
+    if _MAIN in b"".join(filter(None, out)):  # one scan of all, not one per record
         return [b if b is None or _MAIN not in b else _dumps_any(v) for v, b in zip(values, out)]
     return out
 
