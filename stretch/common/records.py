@@ -65,6 +65,7 @@ from stretch.common.typeinfo import (
     Types,
     _ArrayTypeInfo,
     from_arrow_field,
+    misplaced_type_repr,
     type_expr,
 )
 
@@ -257,24 +258,37 @@ def _dt_micros(v: datetime.datetime) -> int:
 def _pickle_values(values: Sequence) -> list:
     dumps = pickle.dumps
     try:
-        return [None if v is None else dumps(v, PICKLE_PROTOCOL) for v in values]
+        out = [None if v is None else dumps(v, PICKLE_PROTOCOL) for v in values]
     except Exception:
         return [None if v is None else _dumps_any(v) for v in values]
+    if _MAIN in b"".join(filter(None, out)):  # one scan of all, not one per record
+        return [b if b is None or _MAIN not in b else _dumps_any(v) for v, b in zip(values, out)]
+    return out
+
+
+_MAIN = b"__main__"
+"""A pickle that names ``__main__`` refers to a class or function of the user's script, which a
+worker cannot import (its ``__main__`` is not the script): such values are pickled by value."""
 
 
 def _dumps_any(v: Any) -> bytes:
-    """pickle, falling back to cloudpickle for lambdas and local classes (loads with pickle)."""
+    """pickle, or cloudpickle for what pickle cannot send to a worker by reference: lambdas, local
+    classes and everything defined in the user's script (loads with pickle)."""
     try:
-        return pickle.dumps(v, PICKLE_PROTOCOL)
-    except Exception as exc:
-        try:
-            import cloudpickle
-        except ImportError:
-            raise _MismatchError from exc
-        try:
-            return cloudpickle.dumps(v, protocol=PICKLE_PROTOCOL)
-        except Exception as exc2:
-            raise _MismatchError from exc2
+        pickled = pickle.dumps(v, PICKLE_PROTOCOL)
+        if _MAIN not in pickled:
+            return pickled
+        exc = None
+    except Exception as e:
+        exc = e
+    try:
+        import cloudpickle
+    except ImportError:
+        raise _MismatchError from exc
+    try:
+        return cloudpickle.dumps(v, protocol=PICKLE_PROTOCOL)
+    except Exception as exc2:
+        raise _MismatchError from exc2
 
 
 def _encode(values: Sequence, t: TypeInformation, seen: set | None = None) -> pa.Array:
@@ -656,7 +670,7 @@ def schema_for(type_info: TypeInformation | None) -> pa.Schema | None:
     schema = _schema_cache.get(type_info)
     if schema is None:
         if not isinstance(type_info, TypeInformation):
-            raise TypeError(f"type_info must be a TypeInformation, got {type_info!r}")
+            raise TypeError(f"type_info must be a TypeInformation, got {misplaced_type_repr(type_info)}")
         kind = _kind_of(type_info)
         metadata = {RECORD_KIND_KEY: kind.encode()}
         if kind in ("tuple", "row"):

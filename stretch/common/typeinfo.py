@@ -381,7 +381,9 @@ class _ArrayTypeInfo(TypeInformation):
 
     def __init__(self, element_type: TypeInformation):
         if not isinstance(element_type, TypeInformation):
-            raise TypeError(f"element type must be a TypeInformation, got {element_type!r}")
+            raise TypeError(
+                f"element type must be a TypeInformation, got {misplaced_type_repr(element_type)}"
+            )
         self._element_type = element_type
 
     def get_element_type(self) -> TypeInformation:
@@ -442,7 +444,9 @@ class ListTypeInfo(TypeInformation):
 
     def __init__(self, element_type: TypeInformation):
         if not isinstance(element_type, TypeInformation):
-            raise TypeError(f"element type must be a TypeInformation, got {element_type!r}")
+            raise TypeError(
+                f"element type must be a TypeInformation, got {misplaced_type_repr(element_type)}"
+            )
         self.elem_type = element_type
 
     def get_element_type(self) -> TypeInformation:
@@ -470,7 +474,7 @@ class MapTypeInfo(TypeInformation):
     def __init__(self, key_type_info: TypeInformation, value_type_info: TypeInformation):
         for t in (key_type_info, value_type_info):
             if not isinstance(t, TypeInformation):
-                raise TypeError(f"map key/value types must be TypeInformation, got {t!r}")
+                raise TypeError(f"map key/value types must be TypeInformation, got {misplaced_type_repr(t)}")
         self._key_type_info = key_type_info
         self._value_type_info = value_type_info
 
@@ -533,11 +537,18 @@ class PickledBytesTypeInfo(TypeInformation):
 # --------------------------------------------------------------------------------------------------
 # rows and tuples
 # --------------------------------------------------------------------------------------------------
+def misplaced_type_repr(value: Any) -> str:
+    """A value given where a TypeInformation belongs; ``Types.INT`` (not called) says so."""
+    if callable(value) and getattr(value, "__qualname__", "").startswith("Types."):
+        return f"{value.__qualname__} (call it: {value.__qualname__}())"
+    return repr(value)
+
+
 def _check_field_types(field_types: Any) -> list[TypeInformation]:
     field_types = list(field_types)
     for t in field_types:
         if not isinstance(t, TypeInformation):
-            raise TypeError(f"field types must be TypeInformation instances, got {t!r}")
+            raise TypeError(f"field types must be TypeInformation instances, got {misplaced_type_repr(t)}")
     return field_types
 
 

@@ -79,6 +79,8 @@ class DataStream:
 
     def set_parallelism(self, parallelism: int) -> DataStream:
         """Instances of this operator; stateless steps run chained inside their producer's instances."""
+        if not self._t.max_parallelism:
+            self._env._fit_max_parallelism(parallelism)
         mp = self._t.max_parallelism or self._env.get_max_parallelism()
         check_parallelism(parallelism, mp)
         self._t.parallelism = parallelism
@@ -103,6 +105,12 @@ class DataStream:
         return self.set_parallelism(1)
 
     def disable_chaining(self) -> DataStream:
+        return self
+
+    def set_buffer_timeout(self, timeout_millis: int) -> DataStream:
+        """Accepted for PyFlink programs: there are no network buffers to flush (see the env's)."""
+        if not isinstance(timeout_millis, int) or timeout_millis < -1:
+            raise ValueError(f"timeout_millis must be an int >= -1, got {timeout_millis!r}")
         return self
 
     def start_new_chain(self) -> DataStream:
@@ -222,6 +230,13 @@ class DataStream:
     def window_all(self, window_assigner) -> AllWindowedStream:
         """Windows over the whole stream, not per key: one instance sees every element, as in Flink."""
         return AllWindowedStream(self._values(), window_assigner)
+
+    def count_window_all(self, size: int, slide: int = 0) -> AllWindowedStream:
+        """Windows of ``size`` records of the whole stream (sliding by ``slide`` records if given),
+        at one instance, as PyFlink's: ``window_all`` with a count window assigner."""
+        if slide:
+            return self.window_all(CountSlidingWindowAssigner(size, slide))
+        return self.window_all(CountTumblingWindowAssigner(size))
 
     def band_join(self, other_stream: DataStream):
         """Beyond PyFlink, a non-equi time-band join: ``.on(predicate).within(ms).apply(fn)``."""
@@ -575,7 +590,10 @@ def check_parallelism(parallelism: int, max_parallelism: int) -> None:
     if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
         raise ValueError(f"parallelism must be a positive int, got {parallelism!r}")
     if parallelism > max_parallelism:
-        raise ValueError(f"parallelism {parallelism} is above the max parallelism {max_parallelism}")
+        raise ValueError(
+            f"parallelism {parallelism} is above the max parallelism {max_parallelism} (the number "
+            "of key groups): raise it with set_max_parallelism"
+        )
 
 
 def _field_type(type_info, field) -> TypeInformation | None:

@@ -25,7 +25,7 @@ from stretch.plan.stages import compile_plan
 from stretch.runtime.coordinator import Coordinator, EngineConfig
 from stretch.runtime.elastic_controller import ElasticityConfig
 from stretch.runtime.metrics import require_prometheus
-from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
+from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM, MAX_MAX_PARALLELISM
 
 DEFAULT_JOB_NAME = "Flink Streaming Job"
 # the API's own functions and connectors that jobs run: workers import them before they are needed
@@ -54,12 +54,22 @@ RESTORE_ENV = "STRETCH_RESTORE"  # set by `stretch run --restore`
 RESTORE_CODE_ENV = "STRETCH_RESTORE_CODE"  # set by `stretch run --restore-code`
 
 
+def default_max_parallelism(parallelism: int) -> int:
+    """Flink's max parallelism for a job that sets none: 1.5 x the parallelism rounded up to a
+    power of two, at least 128 (so a job of parallelism 200 gets 512 key groups, not an error)."""
+    return min(
+        max(1 << (parallelism + parallelism // 2 - 1).bit_length(), DEFAULT_MAX_PARALLELISM),
+        MAX_MAX_PARALLELISM,
+    )
+
+
 class StreamExecutionEnvironment:
     """Collects the transformations of a job; ``execute`` runs them on this machine's cores."""
 
     def __init__(self):
         self._parallelism = os.cpu_count() or 1
-        self._max_parallelism = DEFAULT_MAX_PARALLELISM
+        self._max_parallelism = default_max_parallelism(self._parallelism)
+        self._max_parallelism_set = False  # unset, it follows the parallelism as in Flink
         self._sinks: list[Transformation] = []
         self._dead_letter_channel: str | None = None  # set_error_policy("dead_letter", ...)
         self.engine_config = EngineConfig(preload=_FUNCTION_LIBRARIES)
@@ -70,6 +80,8 @@ class StreamExecutionEnvironment:
         self._restart_strategy = None
         self._state_backend: StateBackend | None = None
         self._python_files: list[str] = []
+        self._buffer_timeout = 100  # Flink's default, in ms
+        self._chaining = True
 
     @staticmethod
     def get_execution_environment(configuration: Configuration | None = None) -> StreamExecutionEnvironment:
@@ -93,9 +105,17 @@ class StreamExecutionEnvironment:
 
     # ---- configuration -----------------------------------------------------------------
     def set_parallelism(self, parallelism: int) -> StreamExecutionEnvironment:
+        self._fit_max_parallelism(parallelism)
         check_parallelism(parallelism, self._max_parallelism)
         self._parallelism = parallelism
         return self
+
+    def _fit_max_parallelism(self, parallelism) -> None:
+        """Unset, the max parallelism (the job's number of key groups) is Flink's default for the
+        largest parallelism asked for."""
+        if self._max_parallelism_set or not isinstance(parallelism, int) or parallelism < 1:
+            return
+        self._max_parallelism = max(default_max_parallelism(parallelism), self._max_parallelism)
 
     def get_parallelism(self) -> int:
         return self._parallelism
@@ -107,6 +127,7 @@ class StreamExecutionEnvironment:
                 f"max parallelism {max_parallelism} is below the parallelism {self._parallelism}"
             )
         self._max_parallelism = max_parallelism
+        self._max_parallelism_set = True
         return self
 
     def get_max_parallelism(self) -> int:
@@ -152,6 +173,25 @@ class StreamExecutionEnvironment:
             sys.path.append(entry)
         self._python_files.append(path)
         return self
+
+    def set_buffer_timeout(self, timeout_millis: int) -> StreamExecutionEnvironment:
+        """Recorded only: records leave a step in the batches it makes (the gate, not network
+        buffers, carries them), so there is no flush interval to set."""
+        if not isinstance(timeout_millis, int) or timeout_millis < -1:
+            raise ValueError(f"timeout_millis must be an int >= -1, got {timeout_millis!r}")
+        self._buffer_timeout = timeout_millis
+        return self
+
+    def get_buffer_timeout(self) -> int:
+        return self._buffer_timeout
+
+    def disable_operator_chaining(self) -> StreamExecutionEnvironment:
+        """Recorded only: stateless steps always run in the instance that produces their input."""
+        self._chaining = False
+        return self
+
+    def is_chaining_enabled(self) -> bool:
+        return self._chaining
 
     def set_restart_strategy(self, restart_strategy_configuration) -> StreamExecutionEnvironment:
         """Recorded only: a checkpointed job recovers its lost workers from the latest checkpoint."""

@@ -438,6 +438,43 @@ def test_infer_scalars(records, arrow_type):
     assert_same(back, records)
 
 
+_READ_IN_A_WORKER = """
+import pickle, sys
+import pyarrow as pa
+from stretch.common.records import from_batch
+batch = pa.ipc.open_stream(sys.stdin.buffer.read()).read_next_batch()
+print(repr([(type(r).__name__, vars(r)) for r in from_batch(batch)]))
+"""
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["inferred", "PICKLED_BYTE_ARRAY"])
+def test_records_of_classes_of_the_script_reach_a_worker(monkeypatch, typed):
+    """A class of the user's script is ``__main__.X`` to pickle, which a worker (whose ``__main__``
+    is not the script) cannot import: such records are pickled by value."""
+    import subprocess
+    import sys
+
+    main = sys.modules["__main__"]
+    click = type("Click", (), {"__module__": "__main__", "__init__": Point.__init__})
+    monkeypatch.setattr(main, "Click", click, raising=False)  # as a class defined in the script
+    records = [click("u1", 1), click("ü", [2, 3])]
+    batch = to_batch(records, T.PICKLED_BYTE_ARRAY() if typed else None)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    worker = subprocess.run(
+        [sys.executable, "-c", _READ_IN_A_WORKER],
+        input=sink.getvalue().to_pybytes(),
+        capture_output=True,
+        check=True,
+    )
+    expected = [(type(r).__name__, vars(r)) for r in records]
+    assert worker.stdout.decode().strip() == repr(expected)
+    back = from_batch(batch)
+    assert [type(r) for r in back] == [click, click]  # in the script's process, the class itself
+    assert [vars(r) for r in back] == [vars(r) for r in records]
+
+
 def test_infer_empty():
     batch = to_batch([])
     assert batch.num_rows == 0

@@ -411,3 +411,20 @@ def test_with_idleness_returns_new_strategy():
     assert idle.max_out_of_orderness == Duration.of_seconds(1)
     with pytest.raises(TypeError):
         strategy.with_idleness(1000)
+
+
+def test_a_type_not_called_is_named_with_the_call_it_needs():
+    """``Types.INT`` instead of ``Types.INT()`` is an easy slip; the error says what to write."""
+    from stretch.common.records import to_batch
+
+    for make in (
+        lambda: to_batch([1], Types.INT),
+        lambda: Types.TUPLE([Types.STRING(), Types.LONG]),
+        lambda: Types.ROW_NAMED(["a"], [Types.DOUBLE]),
+        lambda: Types.LIST(Types.STRING),
+        lambda: Types.MAP(Types.STRING(), Types.BOOLEAN),
+    ):
+        with pytest.raises(TypeError, match=r"got Types\.[A-Z]+ \(call it: Types\.[A-Z]+\(\)\)"):
+            make()
+    with pytest.raises(TypeError, match=r"got 'int'$"):
+        Types.LIST("int")

@@ -87,3 +87,60 @@ def test_project_picks_tuple_fields():
     assert sorted(ds.execute_and_collect()) == [(0.5, 1), (1.5, 2)]
     with pytest.raises(Exception, match="Only Tuple DataStreams can be projected"):
         env.from_collection([1, 2]).project(0)
+
+
+def flinks_default_max_parallelism(parallelism: int) -> int:
+    """Flink's KeyGroupRangeAssignment.computeDefaultMaxParallelism, written out."""
+    wanted = parallelism + parallelism // 2
+    power = 1
+    while power < wanted:
+        power *= 2
+    return min(max(power, 128), 32768)
+
+
+def test_unset_max_parallelism_follows_the_parallelism_as_in_flink():
+    for parallelism in (1, 85, 86, 200, 341, 342, 30000):
+        env = StreamExecutionEnvironment.get_execution_environment()
+        env.set_parallelism(parallelism)  # Flink accepts any parallelism without a max parallelism
+        assert env.get_max_parallelism() == flinks_default_max_parallelism(parallelism)
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.from_collection([1], Types.LONG()).key_by(lambda x: x).sum(0).set_parallelism(200)
+    assert env.get_max_parallelism() == flinks_default_max_parallelism(200)
+    env.set_parallelism(4)  # the max parallelism never falls below what an operator asked for
+    assert env.get_max_parallelism() == flinks_default_max_parallelism(200)
+    env = StreamExecutionEnvironment.get_execution_environment().set_max_parallelism(64)
+    with pytest.raises(ValueError, match="above the max parallelism 64"):
+        env.set_parallelism(65)  # set, it stays
+
+
+def test_a_job_runs_with_the_key_groups_of_a_large_unset_max_parallelism():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(100)  # 256 key groups; the keyed operator itself runs at 2
+    words = [f"w{i % 37}" for i in range(500)]
+    ds = env.from_collection([(w, 1) for w in words], Types.TUPLE([Types.STRING(), Types.LONG()]))
+    counts = ds.key_by(lambda r: r[0]).sum(1).set_parallelism(2)
+    assert env.get_max_parallelism() == 256
+    with counts.execute_and_collect() as results:
+        final = {}
+        for word, n in results:
+            final[word] = max(n, final.get(word, 0))
+    model = {}
+    for w in words:
+        model[w] = model.get(w, 0) + 1
+    assert final == model
+
+
+def test_buffer_timeout_and_chaining_are_recorded_for_pyflink_programs():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    assert env.get_buffer_timeout() == 100 and env.is_chaining_enabled()  # Flink's defaults
+    assert env.set_buffer_timeout(5).disable_operator_chaining() is env
+    assert env.get_buffer_timeout() == 5 and not env.is_chaining_enabled()
+    with pytest.raises(ValueError):
+        env.set_buffer_timeout(-2)
+    ds = env.from_collection([1, 2, 3], Types.LONG())
+    doubled = ds.map(lambda x: 2 * x, Types.LONG()).set_buffer_timeout(0)
+    with pytest.raises(ValueError):
+        doubled.set_buffer_timeout(-5)
+    with doubled.execute_and_collect() as results:  # the job runs as without them
+        assert sorted(results) == [2 * x for x in (1, 2, 3)]

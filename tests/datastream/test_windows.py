@@ -13,6 +13,7 @@ from stretch.common import Duration, Time, Types, WatermarkStrategy
 from stretch.datastream import (
     AggregateFunction,
     OutputTag,
+    ProcessAllWindowFunction,
     ProcessWindowFunction,
     StreamExecutionEnvironment,
     WindowFunction,
@@ -237,6 +238,31 @@ def test_count_windows():
         want_s += [sum(vals[i - 3 : i + 1]) for i in range(3, len(vals), 2)]
     assert sorted(tumbling_out) == sorted(want_t)
     assert sorted(sliding_out) == sorted(want_s)
+
+
+class SumAll(ProcessAllWindowFunction):
+    def process(self, context, elements):
+        yield sum(r[2] for r in elements)
+
+
+def test_count_window_all():
+    """PyFlink's DataStream.count_window_all: count windows of the whole stream, at one instance."""
+    records = [(f"k{i % 3}", i, i * i) for i in range(23)]
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    ds = env.from_collection(records, RECORD)
+    tumbling_out = ds.count_window_all(5).reduce(lambda a, b: (a[0], a[1], a[2] + b[2]))
+    sliding_out = ds.count_window_all(4, 2).process(SumAll(), Types.LONG())
+    with (
+        tumbling_out.map(lambda r: ("t", r[2]))
+        .union(sliding_out.map(lambda n: ("s", n)))
+        .execute_and_collect() as out
+    ):
+        got = sorted(out)
+    vals = [r[2] for r in records]
+    want = [("t", sum(vals[i : i + 5])) for i in range(0, len(vals) - 4, 5)]  # full windows only
+    want += [("s", sum(vals[i - 3 : i + 1])) for i in range(3, len(vals), 2)]  # as count_window(4, 2)
+    assert got == sorted(want)
 
 
 def test_processing_time_windows_put_every_record_in_one_window():

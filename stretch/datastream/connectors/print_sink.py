@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import decimal
+import math
 import queue
 import sys
 
@@ -21,13 +23,38 @@ _KIND_PREFIX = {
 
 
 def _java_str(value) -> str:
+    """``toString()`` of the Java value a typed field is in PyFlink: ``null``, ``true``, Tuple's
+    ``(a,1)``, List's ``[a, b]``, Map's ``{k=1}``, Row's ``+I[a, 1]``, Double's ``1.0E20``."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, Row):
+        kind = _KIND_PREFIX.get(value.get_row_kind(), "+I")
+        return kind + "[" + ", ".join(_java_str(v) for v in value._values) + "]"
     if isinstance(value, tuple):
         return "(" + ",".join(_java_str(v) for v in value) + ")"
+    if isinstance(value, list):
+        return "[" + ", ".join(_java_str(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_java_str(k)}={_java_str(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, float):
+        return _java_double(value)
     return str(value)
+
+
+def _java_double(x: float) -> str:
+    """Java's ``Double.toString``: plain from 10^-3 to 10^7, else ``d.dddE±n``; both shortest."""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    if x == 0 or 1e-3 <= abs(x) < 1e7:
+        return repr(x)  # Python writes these plainly too, with the same shortest digits
+    d = decimal.Decimal(repr(x))
+    digits = "".join(map(str, d.as_tuple().digits)).rstrip("0") or "0"
+    sign = "-" if x < 0 else ""
+    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{d.adjusted()}"
 
 
 def _row_str(row: Row) -> str:
