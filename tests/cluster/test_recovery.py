@@ -1,0 +1,181 @@
+"""Failures on a cluster with a checkpoint directory: a node killed with SIGKILL while rows stream
+in (or at any point of a key-group handoff) is restored on the surviving nodes from its latest
+checkpoint and journal, and the job's output equals a plain-Python reference: nothing lost,
+nothing twice, replays of Spark micro-batches included."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from stretch.cluster import NodeLost, StretchCluster
+from stretch.common.records import to_batch
+from tests.cluster.jobs import PAIR, count_sum_job, reference
+from tests.cluster.test_cluster import batches, outputs
+
+
+def checkpointed_job(name: str, cluster: StretchCluster):
+    env = count_sum_job()
+    env.enable_checkpointing()  # on demand: the test says when
+    return env.execute_async(name, cluster=cluster)
+
+
+def kill(cluster: StretchCluster, node: str) -> None:
+    os.kill(cluster.launcher.pids()[node], signal.SIGKILL)
+
+
+def wait_for(predicate, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def assert_exactly_once(got, data) -> None:
+    """Every key's running count went 1, 2, ..., n exactly once; its last sum is the reference's."""
+    expected = reference([r for records in data for r in records])
+    by_key: dict[str, list[tuple[int, int]]] = {}
+    for key, count, total in got:
+        by_key.setdefault(key, []).append((count, total))
+    assert {k: sorted(v)[-1] for k, v in by_key.items()} == expected
+    for key, seen in by_key.items():
+        assert sorted(c for c, _ in seen) == list(range(1, expected[key][0] + 1)), key
+
+
+def finish(client, cluster, name: str, data) -> None:
+    client.end("in")
+    assert set(client.wait(120).values()) == {"FINISHED"}
+    assert_exactly_once(outputs(name, ["node-0", "node-1", "node-2"]), data)
+
+
+def test_a_node_killed_mid_stream_is_restored_from_its_checkpoint_and_journal(tmp_path):
+    data = batches(2, 60, 40)
+    with StretchCluster.local(
+        nodes=3, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "checkpoints", private_shm_mb=128
+    ) as cluster:
+        client = checkpointed_job("killed", cluster)
+        with client.writer("in") as writer:
+            for i, records in enumerate(data):
+                writer.write(to_batch(records, PAIR), query="q", batch=i)
+                if i % 10 == 9:  # Spark replays a micro-batch it had already sent
+                    writer.write(to_batch(data[i - 5], PAIR), query="q", batch=i - 5)
+                if i == 20:
+                    reports = client.trigger_checkpoint()
+                    assert all(r["bytes"] > 0 for r in reports.values())
+                if i == 35:  # after the checkpoint: node-1 took batches 21..35 only into its journal
+                    kill(cluster, "node-1")
+            wait_for(lambda: cluster.recoveries)
+            # replays after the restore: dropped by the key groups' restored marks
+            for i in (3, 30, 59):
+                writer.write(to_batch(data[i], PAIR), query="q", batch=i)
+        (recovered,) = cluster.recoveries
+        assert recovered["nodes"] == ["node-1"] and recovered["rows_replayed"] > 0
+        assert cluster.nodes == ["node-0", "node-2"]
+        assert "node-1" not in cluster.table.owners and cluster.table.version == 1
+        assert not cluster.supervisor_errors
+        finish(client, cluster, "killed", data)
+
+
+def test_a_node_killed_before_any_checkpoint_is_restored_from_its_journal(tmp_path):
+    data = batches(3, 20, 30)
+    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck") as cluster:
+        client = checkpointed_job("early", cluster)
+        with client.writer("in") as writer:
+            for i, records in enumerate(data):
+                writer.write(to_batch(records, PAIR), query="q", batch=i)
+                if i == 10:
+                    kill(cluster, "node-0")
+        wait_for(lambda: cluster.recoveries)
+        assert cluster.nodes == ["node-1"]
+        client.end("in")
+        assert set(client.wait(120).values()) == {"FINISHED"}
+        assert_exactly_once(outputs("early", ["node-0", "node-1"]), data)
+
+
+def test_output_shows_only_what_a_checkpoint_covers(tmp_path):
+    from stretch.runtime.channel_log import ChannelLog
+    from stretch.runtime.state_dir import channel_dir
+
+    with StretchCluster.local(nodes=1, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck") as cluster:
+        client = checkpointed_job("committed", cluster)
+        log = channel_dir("committed@node-0", "out", "out")
+        with client.writer("in") as writer:
+            writer.write([("a", 1), ("b", 2)], query="q", batch=0)
+        client.trigger_checkpoint()
+        assert ChannelLog(log, create=False).readable_end >= 1
+        before = ChannelLog(log, create=False).readable_end
+        with client.writer("in") as writer:
+            writer.write([("a", 3)], query="q", batch=1)
+        time.sleep(0.3)
+        assert ChannelLog(log, create=False).readable_end == before  # not yet covered
+        client.trigger_checkpoint()
+        assert ChannelLog(log, create=False).readable_end > before
+        client.end("in")
+        client.wait(60)
+        assert sorted(outputs("committed", ["node-0"])) == [("a", 1, 1), ("a", 2, 4), ("b", 1, 2)]
+
+
+POINTS = ["release", "load", "adopt", "adopted"]
+
+
+@pytest.mark.parametrize("victim", ["src", "dst"])
+@pytest.mark.parametrize("point", POINTS)
+def test_a_node_killed_at_any_point_of_a_handoff_loses_and_repeats_nothing(tmp_path, point, victim):
+    """2 -> 3 nodes, one step of 8 key groups at a time; the old (src) or new (dst) owner of the
+    second step is killed just before the release, the load, the adoption, or just after it."""
+    data = batches(4, 40, 30)
+    name = f"handoff-{point}-{victim}"
+    with StretchCluster.local(
+        nodes=2, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck", step=8
+    ) as cluster:
+        client = checkpointed_job(name, cluster)
+        writer = client.writer("in")
+        for i in range(15):
+            writer.write(to_batch(data[i], PAIR), query="q", batch=i)
+        client.trigger_checkpoint()
+        for i in range(15, 20):
+            writer.write(to_batch(data[i], PAIR), query="q", batch=i)
+        moves = []
+
+        def hook(at, src, dst):
+            moves.append((at, src, dst))
+            if at == point and sum(1 for m in moves if m[0] == point) == 2:
+                kill(cluster, src if victim == "src" else dst)
+
+        cluster._step_hook = hook
+        stop = threading.Event()
+        errors = []
+
+        def stream():  # rows keep coming while the handoff runs and fails
+            try:
+                for i in range(20, 40):
+                    writer.write(to_batch(data[i], PAIR), query="q", batch=i)
+                    if i == 30:
+                        writer.write(to_batch(data[12], PAIR), query="q", batch=12)  # a replay
+            except BaseException as e:
+                errors.append(e)
+            finally:
+                stop.set()
+
+        feeder = threading.Thread(target=stream)
+        feeder.start()
+        try:
+            cluster.add_node()
+            failed = None
+        except NodeLost as e:
+            failed = e
+        feeder.join(300)
+        assert not errors, errors
+        wait_for(lambda: cluster.recoveries)
+        if point != "adopted":  # killed inside the step: the node change stops, saying so
+            assert failed is not None
+        owners = cluster.table.owners
+        assert set(owners) == set(cluster.nodes)  # every key group owned by exactly one live node
+        status = cluster.status()
+        assert sorted(kg for s in status.values() for kg in s["key_groups"]) == list(range(128))
+        writer.close()
+        finish(client, cluster, name, data)
