@@ -35,12 +35,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from stretch.cluster import recovery
 from stretch.cluster.client import ClusterConnection, ClusterWriter
 from stretch.cluster.driver import DriverServer
 from stretch.cluster.elasticity import NodeElasticity
 from stretch.cluster.launchers import LocalNodes, SparkNodes
 from stretch.cluster.node import cluster_inputs
-from stretch.cluster import recovery
 from stretch.cluster.routing import (
     RoutingStore,
     RoutingTable,
@@ -51,7 +51,7 @@ from stretch.cluster.routing import (
 )
 from stretch.cluster.tls import ClusterTLS
 from stretch.common import user_code
-from stretch.runtime.state_dir import channel_dir
+from stretch.runtime.state_dir import channel_dir, job_dir_name, write_private
 from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
 
 
@@ -180,11 +180,9 @@ class StretchCluster:
         owns = directory is None
         path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if checkpoint_dir is None:
-            location_ = spark.conf.get("spark.sql.streaming.checkpointLocation", None)
-            if location_:
-                checkpoint_dir = Path(location_.removeprefix("file:")) / "stretch-cluster"
-        checkpoints = _checkpoint_path(checkpoint_dir)
+        checkpoints = _checkpoint_path(
+            checkpoint_dir if checkpoint_dir is not None else spark_checkpoint_dir(spark)
+        )
         launcher = SparkNodes(spark, path, checkpoint_dir=str(checkpoints) if checkpoints else None)
         cluster = cls(path, max_parallelism, step, owns, launcher, tls=tls, checkpoint_dir=checkpoints)
         try:
@@ -199,13 +197,17 @@ class StretchCluster:
         secret_file = self.directory / "secret"
         secret_file.touch(mode=0o600)
         secret_file.write_text(self._secret)
+        stored = self.store.load()
+        resumed = self._stored_jobs() if stored is not None and self.checkpoint_dir is not None else {}
+        if resumed:
+            self._resume(stored, resumed)
+            return
         self._write("jobs.json", {})
         self._write("nodes.json", {})
         if self.tls is not None:
             self._write_text("tls.json", self.tls.to_json())
         (self.directory / "staging").mkdir(mode=0o700, exist_ok=True)  # Spark executors stage here
         self.connection = ClusterConnection(self.directory)
-        stored = self.store.load()
         if stored is not None and stored.max_parallelism != self.max_parallelism:
             raise ValueError(
                 f"the routing table in {self.directory} has {stored.max_parallelism} key groups, "
@@ -222,9 +224,86 @@ class StretchCluster:
             self.store.save(self.table)
         for node_id in ids:
             self._own(node_id)
+        self._serve()
+
+    def _serve(self) -> None:
         self._driver = DriverServer(self, self._secret, tls=self.tls)
         threading.Thread(target=self._driver.serve, name="stretch-cluster-driver", daemon=True).start()
         self._write("driver.json", {"location": self._driver.location})
+
+    def _stored_jobs(self) -> dict[str, bytes]:
+        """The checkpointed jobs a previous driver ran on this cluster (``jobs/<name>.job``)."""
+        try:
+            jobs = json.loads((self.directory / "jobs.json").read_text())
+        except FileNotFoundError:
+            return {}
+        return {
+            name: (self.directory / "jobs" / entry["spec"]).read_bytes()
+            for name, entry in jobs.items()
+            if entry.get("spec") and (self.directory / "jobs" / entry["spec"]).exists()
+        }
+
+    def _resume(self, stored: RoutingTable, jobs: dict[str, bytes]) -> None:
+        """A driver restarted on a cluster whose previous driver died (its nodes died with it):
+        as many new nodes as the stored table has, the checkpointed jobs again, and every key group
+        restored from the checkpoint directory as if every old node had died, a handoff that was
+        under way included (``handoff.json``)."""
+        if stored.max_parallelism != self.max_parallelism:
+            raise ValueError(
+                f"the routing table in {self.directory} has {stored.max_parallelism} key groups, "
+                f"not {self.max_parallelism}"
+            )
+        if self.tls is not None:
+            self._write_text("tls.json", self.tls.to_json())
+        self._write("nodes.json", {})
+        self.connection = ClusterConnection(self.directory)
+        self.table = stored
+        old = stored.nodes
+        entries = json.loads((self.directory / "jobs.json").read_text())
+        self._next = 1 + max(
+            (
+                int(n.rsplit("-", 1)[1])
+                for e in entries.values()
+                for n in e.get("nodes", [])
+                if n[-1].isdigit()
+            ),
+            default=-1,
+        )
+        fresh = [f"node-{self._next + i}" for i in range(len(old))]
+        self._next += len(old)
+        for node_id in fresh:
+            self._start_node(node_id)
+            self.connection.action(
+                node_id,
+                "own",
+                {"version": stored.version, "key_groups": [], "max_parallelism": self.max_parallelism},
+            )
+        for name, blob in jobs.items():
+            self._jobs[name] = blob
+            self._outputs[name] = entries[name].get("outputs", [])
+            for node_id in fresh:
+                self.connection.action(node_id, "submit", blob)
+            self._ran_on(name, fresh)
+            interval = entries[name].get("interval_ms")
+            if interval:
+                self._interval = min(self._interval or interval / 1000, interval / 1000)
+        pending = None
+        try:
+            step = json.loads((self.directory / "handoff.json").read_text())
+        except FileNotFoundError:
+            step = None
+        if step is not None and step["version"] == stored.version:
+            pending = {int(kg): src for kg, (src, _dst) in step["moves"].items()}
+            for kg, (src, dst) in step["moves"].items():
+                base = str(
+                    recovery.node_dir(self.checkpoint_dir, src) / "checkpoints" / f"h{step['version']}-{src}"
+                )
+                if recovery.adopted_from(self.checkpoint_dir, dst, int(kg), base):
+                    del pending[int(kg)]  # the new owner had it: it restores from there
+        self._recover(old, None, pending, survivors=fresh)
+        (self.directory / "handoff.json").unlink(missing_ok=True)
+        self._serve()
+        self._supervise()
 
     def _write(self, name: str, value) -> None:
         self._write_text(name, json.dumps(value))
@@ -316,6 +395,13 @@ class StretchCluster:
             if channel is not None:
                 types[channel] = type_info.to_json() if type_info is not None else None
         jobs[name] = {"inputs": inputs, "types": types}
+        if checkpointed:  # a restarted driver runs it again, from the checkpoint directory
+            (self.directory / "jobs").mkdir(mode=0o700, exist_ok=True)
+            spec_name = f"{job_dir_name(name)}.job"
+            write_private(self.directory / "jobs" / spec_name, blob)
+            jobs[name].update(
+                spec=spec_name, outputs=self._outputs[name], interval_ms=config.checkpoint.interval_ms
+            )
         self._write("jobs.json", jobs)
         for node_id in self._nodes:
             self.connection.action(node_id, "submit", blob)
@@ -336,15 +422,21 @@ class StretchCluster:
         """Every node checkpoints its key groups of the checkpointed jobs into the checkpoint
         directory now (their outputs commit there); each node's report (path, bytes, duration_ms)."""
         if self.checkpoint_dir is None:
-            raise ValueError("the cluster has no checkpoint directory (StretchCluster.local(checkpoint_dir=...))")
+            raise ValueError(
+                "the cluster has no checkpoint directory (StretchCluster.local(checkpoint_dir=...))"
+            )
         with self._changing():
             self._checkpoint_id += 1
-            return {n: self.connection.action(n, "checkpoint", {"id": self._checkpoint_id}) for n in self.nodes}
+            return {
+                n: self.connection.action(n, "checkpoint", {"id": self._checkpoint_id}) for n in self.nodes
+            }
 
     def _supervise(self) -> None:
         """Start the thread that restores nodes that die and takes the periodic checkpoints."""
         if self._supervisor is None:
-            self._supervisor = threading.Thread(target=self._watch, name="stretch-cluster-supervisor", daemon=True)
+            self._supervisor = threading.Thread(
+                target=self._watch, name="stretch-cluster-supervisor", daemon=True
+            )
             self._supervisor.start()
 
     def _watch(self) -> None:
@@ -364,7 +456,13 @@ class StretchCluster:
                 if not self._stopping.is_set():
                     self.supervisor_errors.append(e)
 
-    def _recover(self, dead: list[str], in_flight: dict | None = None, pending: dict | None = None) -> dict:
+    def _recover(
+        self,
+        dead: list[str],
+        in_flight: dict | None = None,
+        pending: dict | None = None,
+        survivors: list[str] | None = None,
+    ) -> dict:
         """Restore the key groups of nodes that died on the surviving nodes (the caller holds the
         change lock): a new routing version without them; each key group from the checkpoint and
         journal its manifest names (``in_flight``: a move under way, whose key groups restore
@@ -372,7 +470,9 @@ class StretchCluster:
         moves of the step not begun, which go back to their old owner); the dead nodes' outputs
         cut back to their latest checkpoint."""
         if self.checkpoint_dir is None:
-            raise NodeLost(f"nodes {dead} died and the cluster has no checkpoint directory to restore them from")
+            raise NodeLost(
+                f"nodes {dead} died and the cluster has no checkpoint directory to restore them from"
+            )
         t0 = time.monotonic()
         for node in dead:
             self._forget(node)
@@ -386,7 +486,7 @@ class StretchCluster:
             for kg in in_flight["key_groups"]:
                 adopted = base is not None and recovery.adopted_from(self.checkpoint_dir, dst, kg, base)
                 origin[kg] = dst if adopted else src
-        moves = plan_failover(table, dead)
+        moves = plan_failover(table, dead, survivors)
         if moves or pending:
             self.table = table.moved(moves)
             self.store.save(self.table)
@@ -426,6 +526,12 @@ class StretchCluster:
         self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
         self.connection.forget(node_id)
         self.launcher.stop(node_id)
+
+    def job(self, name: str) -> ClusterJobClient:
+        """The client of a job the cluster runs (one a restarted driver resumed, too)."""
+        if name not in self._jobs:
+            raise LookupError(f"the cluster runs no job {name!r} (jobs: {sorted(self._jobs)})")
+        return ClusterJobClient(self, name)
 
     def writer(self, job: str, channel: str, key=None) -> ClusterWriter:
         """A writer into input channel ``channel`` of job ``job`` on every node: each row goes to the
@@ -486,6 +592,9 @@ class StretchCluster:
         for step in parts:
             old = self.table
             self.table = old.moved(step)
+            if self.checkpoint_dir is not None:  # a restarted driver finds where each key group was
+                moving = {kg: [old.owners[kg], dst] for kg, dst in step.items()}
+                self._write("handoff.json", {"version": self.table.version, "moves": moving})
             self.store.save(self.table)  # writers refused from now on find the new owners here
             pairs: dict[tuple[str, str], list[int]] = {}
             for kg, dst in step.items():
@@ -502,6 +611,7 @@ class StretchCluster:
                     started = {kg for done in list(pairs.values())[: index + 1] for kg in done}
                     pending = {kg: old.owners[kg] for kg in step if kg not in started}
                     recovered = self._recover(dead, in_flight, pending)
+                    (self.directory / "handoff.json").unlink(missing_ok=True)
                     raise NodeLost(
                         f"node {' and '.join(dead)} died while key groups moved from {src} to {dst}: "
                         f"{recovered['key_groups']} key groups restored from the checkpoint directory "
@@ -509,6 +619,7 @@ class StretchCluster:
                     ) from e
                 stalls.append((time.monotonic() - s0) * 1000)
                 moved += len(kgs)
+        (self.directory / "handoff.json").unlink(missing_ok=True)
         return HandoffReport(
             elapsed_ms=(time.monotonic() - t0) * 1000,
             key_groups_moved=moved,
@@ -552,7 +663,12 @@ class StretchCluster:
             }
             c.put(dst, command, table)
         self._hook("adopt", src, dst)
-        body = {"version": version, "key_groups": kgs, "marks": released["marks"], "base": released.get("base")}
+        body = {
+            "version": version,
+            "key_groups": kgs,
+            "marks": released["marks"],
+            "base": released.get("base"),
+        }
         c.action(dst, "adopt", body)
         self._in_flight = None
         self._hook("adopted", src, dst)
@@ -655,3 +771,11 @@ def _checkpoint_path(directory: str | os.PathLike | None) -> Path | None:
     path = Path(directory).resolve()
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
+
+
+def spark_checkpoint_dir(spark) -> Path | None:
+    """``stretch-cluster`` inside Spark's checkpoint location, if the session sets one."""
+    location_ = spark.conf.get("spark.sql.streaming.checkpointLocation", None)
+    if not location_:
+        return None
+    return Path(location_.removeprefix("file://").removeprefix("file:")) / "stretch-cluster"

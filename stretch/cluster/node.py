@@ -438,7 +438,12 @@ class NodeServer(flight.FlightServerBase):
 
     # ---- checkpoints and recovery (a cluster with a checkpoint directory) ---------------------
     def _durable(self) -> list[NodeJob]:
-        return [job for job in self.jobs.values() if job.checkpoint_dir is not None]
+        """The checkpointed jobs still running here (a finished job's output is all committed)."""
+        return [
+            job
+            for job in self.jobs.values()
+            if job.checkpoint_dir is not None and job.coordinator.status.name == "RUNNING"
+        ]
 
     def _checkpoint(self, name: str, kgs: list[int]) -> dict:
         """Checkpoint key groups ``kgs`` of every checkpointed job (the caller holds the lock, so

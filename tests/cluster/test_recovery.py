@@ -82,7 +82,9 @@ def test_a_node_killed_mid_stream_is_restored_from_its_checkpoint_and_journal(tm
 
 def test_a_node_killed_before_any_checkpoint_is_restored_from_its_journal(tmp_path):
     data = batches(3, 20, 30)
-    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck") as cluster:
+    with StretchCluster.local(
+        nodes=2, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck"
+    ) as cluster:
         client = checkpointed_job("early", cluster)
         with client.writer("in") as writer:
             for i, records in enumerate(data):
@@ -100,7 +102,9 @@ def test_output_shows_only_what_a_checkpoint_covers(tmp_path):
     from stretch.runtime.channel_log import ChannelLog
     from stretch.runtime.state_dir import channel_dir
 
-    with StretchCluster.local(nodes=1, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck") as cluster:
+    with StretchCluster.local(
+        nodes=1, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck"
+    ) as cluster:
         client = checkpointed_job("committed", cluster)
         log = channel_dir("committed@node-0", "out", "out")
         with client.writer("in") as writer:
@@ -117,6 +121,25 @@ def test_output_shows_only_what_a_checkpoint_covers(tmp_path):
         client.end("in")
         client.wait(60)
         assert sorted(outputs("committed", ["node-0"])) == [("a", 1, 1), ("a", 2, 4), ("b", 1, 2)]
+
+
+def test_on_spark_keeps_checkpoints_next_to_sparks_checkpoint_location():
+    from stretch.cluster.cluster import spark_checkpoint_dir
+
+    class Conf:
+        def __init__(self, value):
+            self.value = value
+
+        def get(self, key, default=None):
+            return self.value if key == "spark.sql.streaming.checkpointLocation" else default
+
+    class Session:
+        def __init__(self, value):
+            self.conf = Conf(value)
+
+    assert str(spark_checkpoint_dir(Session("file:///data/ck"))) == "/data/ck/stretch-cluster"
+    assert str(spark_checkpoint_dir(Session("/data/ck"))) == "/data/ck/stretch-cluster"
+    assert spark_checkpoint_dir(Session(None)) is None
 
 
 POINTS = ["release", "load", "adopt", "adopted"]
@@ -179,3 +202,76 @@ def test_a_node_killed_at_any_point_of_a_handoff_loses_and_repeats_nothing(tmp_p
         assert sorted(kg for s in status.values() for kg in s["key_groups"]) == list(range(128))
         writer.close()
         finish(client, cluster, name, data)
+
+
+DRIVER = """
+import json, os, sys
+from stretch.cluster import StretchCluster
+from stretch.common.records import to_batch
+from tests.cluster.jobs import PAIR, count_sum_job
+from tests.cluster.test_cluster import batches
+
+directory, checkpoints, point = sys.argv[1:4]
+data = batches(5, 30, 30)
+cluster = StretchCluster.local(nodes=2, directory=directory, checkpoint_dir=checkpoints, step=8)
+print(json.dumps(list(cluster.launcher.pids().values())), flush=True)
+env = count_sum_job()
+env.enable_checkpointing()
+client = env.execute_async("restart", cluster=cluster)
+writer = client.writer("in")
+for i in range(15):
+    writer.write(to_batch(data[i], PAIR), query="q", batch=i)
+client.trigger_checkpoint()
+for i in range(15, 20):
+    writer.write(to_batch(data[i], PAIR), query="q", batch=i)
+
+def hook(at, src, dst):
+    if at == point:
+        os.kill(os.getpid(), 9)
+
+cluster._step_hook = hook
+if point == "none":
+    os.kill(os.getpid(), 9)
+cluster.add_node()
+"""
+
+
+@pytest.mark.parametrize("point", ["none", "load", "adopt", "adopted"])
+def test_a_restarted_driver_restores_the_cluster_its_killed_predecessor_ran(tmp_path, point):
+    """The driver is killed (its nodes end with it) mid-stream or at a point of a handoff; a new
+    driver on the same directories starts new nodes, restores every key group from the checkpoint
+    directory, and the job goes on: Spark replays the micro-batches it never saw committed."""
+    import json
+    import subprocess
+    import sys
+
+    from stretch.cluster import job_nodes
+    from stretch.cluster.routing import RoutingStore
+
+    directory, checkpoints = tmp_path / "cluster", tmp_path / "ck"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(directory), str(checkpoints), point],
+        stdout=subprocess.PIPE,
+        cwd=os.getcwd(),
+    )
+    pids = json.loads(proc.stdout.readline())
+    proc.wait(300)
+    proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in pids))
+    before = RoutingStore(directory).load()
+    data = batches(5, 30, 30)
+    with StretchCluster.local(nodes=2, directory=directory, checkpoint_dir=checkpoints) as cluster:
+        assert len(cluster.nodes) == len(before.nodes)  # new nodes, as many as the table had
+        assert not set(cluster.nodes) & set(before.nodes)
+        assert cluster.table.version == before.version + 1
+        assert set(cluster.table.owners) == set(cluster.nodes)
+        client = cluster.job("restart")
+        with client.writer("in") as writer:
+            for i in range(30):  # Spark replays what it never saw committed, then goes on
+                writer.write(to_batch(data[i], PAIR), query="q", batch=i)
+        client.end("in")
+        assert set(client.wait(120).values()) == {"FINISHED"}
+        nodes = job_nodes(cluster.address, "restart")
+        assert nodes[:2] == ["node-0", "node-1"] and nodes[-len(cluster.nodes) :] == cluster.nodes
+        assert_exactly_once(outputs("restart", nodes), data)
