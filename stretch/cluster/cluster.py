@@ -476,7 +476,9 @@ class StretchCluster:
         t0 = time.monotonic()
         for node in dead:
             self._forget(node)
-        table = self.table.moved(pending) if pending else self.table
+        table = self.table
+        if pending:  # the same version: these key groups never left their old owner
+            table = RoutingTable(table.version, tuple(pending.get(kg, o) for kg, o in enumerate(table.owners)))
         origin: dict[int, str] = {}  # key group -> the node whose checkpoint and journal restore it
         for node in dead:
             for kg in table.key_groups_of(node):

@@ -143,10 +143,17 @@ def test_on_spark_keeps_checkpoints_next_to_sparks_checkpoint_location():
 
 
 POINTS = ["release", "load", "adopt", "adopted"]
+QUICK = {("load", "src"), ("adopt", "dst"), ("adopted", "dst")}  # the others run with -m long
 
 
-@pytest.mark.parametrize("victim", ["src", "dst"])
-@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize(
+    "point,victim",
+    [
+        pytest.param(point, victim, marks=() if (point, victim) in QUICK else pytest.mark.long)
+        for point in POINTS
+        for victim in ("src", "dst")
+    ],
+)
 def test_a_node_killed_at_any_point_of_a_handoff_loses_and_repeats_nothing(tmp_path, point, victim):
     """2 -> 3 nodes, one step of 8 key groups at a time; the old (src) or new (dst) owner of the
     second step is killed just before the release, the load, the adoption, or just after it."""
@@ -211,13 +218,13 @@ from stretch.common.records import to_batch
 from tests.cluster.jobs import PAIR, count_sum_job
 from tests.cluster.test_cluster import batches
 
-directory, checkpoints, point = sys.argv[1:4]
+directory, checkpoints, point, name = sys.argv[1:5]
 data = batches(5, 30, 30)
 cluster = StretchCluster.local(nodes=2, directory=directory, checkpoint_dir=checkpoints, step=8)
 print(json.dumps(list(cluster.launcher.pids().values())), flush=True)
 env = count_sum_job()
 env.enable_checkpointing()
-client = env.execute_async("restart", cluster=cluster)
+client = env.execute_async(name, cluster=cluster)
 writer = client.writer("in")
 for i in range(15):
     writer.write(to_batch(data[i], PAIR), query="q", batch=i)
@@ -236,7 +243,13 @@ cluster.add_node()
 """
 
 
-@pytest.mark.parametrize("point", ["none", "load", "adopt", "adopted"])
+@pytest.mark.parametrize(
+    "point",
+    [
+        pytest.param(p, marks=() if p == "adopt" else pytest.mark.long)
+        for p in ("none", "load", "adopt", "adopted")
+    ],
+)
 def test_a_restarted_driver_restores_the_cluster_its_killed_predecessor_ran(tmp_path, point):
     """The driver is killed (its nodes end with it) mid-stream or at a point of a handoff; a new
     driver on the same directories starts new nodes, restores every key group from the checkpoint
@@ -249,8 +262,9 @@ def test_a_restarted_driver_restores_the_cluster_its_killed_predecessor_ran(tmp_
     from stretch.cluster.routing import RoutingStore
 
     directory, checkpoints = tmp_path / "cluster", tmp_path / "ck"
+    name = f"restart-{point}"  # job names are unique in the test session's state directory
     proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, str(directory), str(checkpoints), point],
+        [sys.executable, "-c", DRIVER, str(directory), str(checkpoints), point, name],
         stdout=subprocess.PIPE,
         cwd=os.getcwd(),
     )
@@ -266,12 +280,12 @@ def test_a_restarted_driver_restores_the_cluster_its_killed_predecessor_ran(tmp_
         assert not set(cluster.nodes) & set(before.nodes)
         assert cluster.table.version == before.version + 1
         assert set(cluster.table.owners) == set(cluster.nodes)
-        client = cluster.job("restart")
+        client = cluster.job(name)
         with client.writer("in") as writer:
             for i in range(30):  # Spark replays what it never saw committed, then goes on
                 writer.write(to_batch(data[i], PAIR), query="q", batch=i)
         client.end("in")
         assert set(client.wait(120).values()) == {"FINISHED"}
-        nodes = job_nodes(cluster.address, "restart")
+        nodes = job_nodes(cluster.address, name)
         assert nodes[:2] == ["node-0", "node-1"] and nodes[-len(cluster.nodes) :] == cluster.nodes
-        assert_exactly_once(outputs("restart", nodes), data)
+        assert_exactly_once(outputs(name, nodes), data)
