@@ -478,7 +478,9 @@ class StretchCluster:
             self._forget(node)
         table = self.table
         if pending:  # the same version: these key groups never left their old owner
-            table = RoutingTable(table.version, tuple(pending.get(kg, o) for kg, o in enumerate(table.owners)))
+            table = RoutingTable(
+                table.version, tuple(pending.get(kg, o) for kg, o in enumerate(table.owners))
+            )
         origin: dict[int, str] = {}  # key group -> the node whose checkpoint and journal restore it
         for node in dead:
             for kg in table.key_groups_of(node):

@@ -150,7 +150,10 @@ class NodeJob:
         self.journals: dict[str, ChannelLog] = {}
         if checkpoint_dir is not None:
             for channel in self.inputs:
-                self.journals[channel] = recovery.open_journal(checkpoint_dir, node_id, name, channel)
+                journal = self.journals[channel] = recovery.open_journal(
+                    checkpoint_dir, node_id, name, channel
+                )
+                journal.register("checkpoint", 0)  # keeps what the latest checkpoint does not cover
             for _channel, _runner, log in self.outputs():
                 log.set_committed(log.end_offset)  # nothing shows before a checkpoint covers it
 
@@ -478,6 +481,8 @@ class NodeServer(flight.FlightServerBase):
         for job in durable:
             for channel, _runner, log in job.outputs():
                 log.set_committed(outputs[job.name][channel])
+            for channel, log in job.journals.items():  # whole segments before it go
+                log.commit("checkpoint", journal[job.name][channel])
         # periodic checkpoints replace each other; a release's stays while its adopter needs it
         for old in directory.glob("c*"):
             if old != path and name.startswith("c"):
