@@ -17,6 +17,11 @@ key groups, lets its engine finish the rows it took (a barrier through the keyed
 their state out (Arrow IPC key-group snapshot) and forgets it; the new owner loads it into its
 live arena and only then takes their rows. Writers that meet a refusal reload the table and send
 again, so a key waits at most for its own step.
+
+With a checkpoint directory (``checkpoint_dir``), checkpointed jobs run too: nodes journal what
+they take and checkpoint their key groups there, and a node that dies, at any point of a handoff
+too, is restored on the others; a driver that dies is resumed by the next one started on the same
+directories (see cluster.recovery).
 """
 
 from __future__ import annotations
@@ -242,6 +247,18 @@ class StretchCluster:
             for name, entry in jobs.items()
             if entry.get("spec") and (self.directory / "jobs" / entry["spec"]).exists()
         }
+
+    def _forget_specs(self) -> None:
+        """The cluster's jobs end with it: a driver started later on its directory resumes none."""
+        try:
+            jobs = json.loads((self.directory / "jobs.json").read_text())
+        except FileNotFoundError:
+            return
+        for entry in jobs.values():
+            spec = entry.pop("spec", None)
+            if spec:
+                (self.directory / "jobs" / spec).unlink(missing_ok=True)
+        self._write("jobs.json", jobs)
 
     def _resume(self, stored: RoutingTable, jobs: dict[str, bytes]) -> None:
         """A driver restarted on a cluster whose previous driver died (its nodes died with it):
@@ -701,6 +718,8 @@ class StretchCluster:
         if self._driver is not None:
             self._driver.shutdown()
             (self.directory / "driver.json").unlink(missing_ok=True)
+        if self._jobs and self.checkpoint_dir is not None:  # closed, not died: nothing to resume
+            self._forget_specs()
         for node_id in list(self._nodes):
             self._stop_node(node_id)
         if self.connection is not None:

@@ -289,3 +289,4 @@ def test_a_restarted_driver_restores_the_cluster_its_killed_predecessor_ran(tmp_
         nodes = job_nodes(cluster.address, name)
         assert nodes[:2] == ["node-0", "node-1"] and nodes[-len(cluster.nodes) :] == cluster.nodes
         assert_exactly_once(outputs(name, nodes), data)
+    assert not list((directory / "jobs").glob("*.job"))  # closed, not died: a next driver resumes none
