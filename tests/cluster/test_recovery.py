@@ -246,7 +246,7 @@ cluster.add_node()
 @pytest.mark.parametrize(
     "point",
     [
-        pytest.param(p, marks=() if p == "adopt" else pytest.mark.long)
+        pytest.param(p, marks=() if p == "none" else pytest.mark.long)
         for p in ("none", "load", "adopt", "adopted")
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from stretch.cluster import StretchCluster
 from tests.cluster.jobs import count_sum_job, reference
@@ -59,6 +60,7 @@ def test_spark_streams_into_a_cluster_job_across_a_node_change(spark, tmp_path):
     assert len(got) == len(rows)  # one result per row: nothing twice, nothing lost
 
 
+@pytest.mark.long
 def test_a_checkpointed_cluster_job_fed_by_spark_survives_a_killed_node(spark, tmp_path):
     """Micro-batches Spark committed after the nodes' latest checkpoint live only in the journal
     of the node that took them: killed, its key groups are restored from checkpoint and journal."""
