@@ -80,22 +80,33 @@ def test_a_node_killed_mid_stream_is_restored_from_its_checkpoint_and_journal(tm
         finish(client, cluster, "killed", data)
 
 
-def test_a_node_killed_before_any_checkpoint_is_restored_from_its_journal(tmp_path):
-    data = batches(3, 20, 30)
+def test_nodes_killed_one_after_another_around_a_handoff_are_each_restored(tmp_path):
+    """node-0 dies before any checkpoint (restored from its journal alone onto node-1); node-2
+    joins (node-1 releases key groups it restored, and they move); node-1 dies (restored from its
+    release checkpoint and journal onto node-2)."""
+    data = batches(3, 30, 30)
     with StretchCluster.local(
         nodes=2, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck"
     ) as cluster:
-        client = checkpointed_job("early", cluster)
+        client = checkpointed_job("one-after-another", cluster)
         with client.writer("in") as writer:
             for i, records in enumerate(data):
                 writer.write(to_batch(records, PAIR), query="q", batch=i)
-                if i == 10:
+                if i == 8:
                     kill(cluster, "node-0")
-        wait_for(lambda: cluster.recoveries)
-        assert cluster.nodes == ["node-1"]
+                    wait_for(lambda: len(cluster.recoveries) == 1)
+                    assert cluster.nodes == ["node-1"]
+                if i == 15:
+                    assert cluster.add_node().key_groups_moved == 64
+                    writer.write(to_batch(data[4], PAIR), query="q", batch=4)  # a replay: dropped
+                if i == 22:
+                    kill(cluster, "node-1")
+                    wait_for(lambda: len(cluster.recoveries) == 2)
+                    assert cluster.nodes == ["node-2"] and set(cluster.table.owners) == {"node-2"}
+        assert [r["nodes"] for r in cluster.recoveries] == [["node-0"], ["node-1"]]
         client.end("in")
         assert set(client.wait(120).values()) == {"FINISHED"}
-        assert_exactly_once(outputs("early", ["node-0", "node-1"]), data)
+        assert_exactly_once(outputs("one-after-another", ["node-0", "node-1", "node-2"]), data)
 
 
 def test_output_shows_only_what_a_checkpoint_covers(tmp_path):
