@@ -479,13 +479,15 @@ class StretchCluster:
         in_flight: dict | None = None,
         pending: dict | None = None,
         survivors: list[str] | None = None,
+        origins: dict[int, str] | None = None,
     ) -> dict:
         """Restore the key groups of nodes that died on the surviving nodes (the caller holds the
         change lock): a new routing version without them; each key group from the checkpoint and
         journal its manifest names (``in_flight``: a move under way, whose key groups restore
         from the old owner unless the new one adopted them; ``pending``: key group -> old owner,
-        moves of the step not begun, which go back to their old owner); the dead nodes' outputs
-        cut back to their latest checkpoint."""
+        moves of the step not begun, which go back to their old owner; ``origins``: key group ->
+        node, those a node died restoring); the dead nodes' outputs cut back to their latest
+        checkpoint. A node that dies restoring is restored in turn."""
         if self.checkpoint_dir is None:
             raise NodeLost(
                 f"nodes {dead} died and the cluster has no checkpoint directory to restore them from"
@@ -507,6 +509,7 @@ class StretchCluster:
             for kg in in_flight["key_groups"]:
                 adopted = base is not None and recovery.adopted_from(self.checkpoint_dir, dst, kg, base)
                 origin[kg] = dst if adopted else src
+        origin.update(origins or {})  # key groups a node died restoring: from where they came
         moves = plan_failover(table, dead, survivors)
         if moves or pending:
             self.table = table.moved(moves)
@@ -520,10 +523,6 @@ class StretchCluster:
                 key, {"node": node, "base": base, "journal": journal, "key_groups": []}
             )
             part["key_groups"].append(kg)
-        replayed = 0
-        for target, by_source in parts.items():
-            body = {"version": self.table.version, "parts": list(by_source.values())}
-            replayed += self.connection.action(target, "recover", body)["rows_replayed"]
         for node in dead:
             outputs = recovery.load_manifest(self.checkpoint_dir, node)["outputs"]
             for job, channels_ in self._outputs.items():
@@ -531,6 +530,21 @@ class StretchCluster:
                     log = channel_dir(f"{job}@{node}", channel, "out")
                     offset = outputs.get(job, {}).get(channel)
                     recovery.cut_output(log, offset if offset is not None else 1 << 62)
+        replayed, failed, unfinished = 0, [], {}
+        for target, by_source in parts.items():
+            body = {"version": self.table.version, "parts": list(by_source.values())}
+            self._hook("recover", ",".join(dead), target)
+            try:
+                replayed += self.connection.action(target, "recover", body)["rows_replayed"]
+            except Exception:
+                if not self._dead_among(target):
+                    raise
+                failed.append(target)  # it died restoring: what it had not adopted restores as before
+                adopted = recovery.load_manifest(self.checkpoint_dir, target)["adopted"]
+                for part in by_source.values():
+                    for kg in part["key_groups"]:
+                        if not any(kg in e["key_groups"] and e["base"] == part["base"] for e in adopted):
+                            unfinished[kg] = part["node"]
         report = {
             "nodes": list(dead),
             "key_groups": len(origin),
@@ -539,6 +553,8 @@ class StretchCluster:
             "elapsed_ms": (time.monotonic() - t0) * 1000,
         }
         self.recoveries.append(report)
+        if failed:
+            self._recover(failed, origins=unfinished)
         return report
 
     def _forget(self, node_id: str) -> None:

@@ -109,6 +109,36 @@ def test_nodes_killed_one_after_another_around_a_handoff_are_each_restored(tmp_p
         assert_exactly_once(outputs("one-after-another", ["node-0", "node-1", "node-2"]), data)
 
 
+def test_a_node_that_dies_restoring_another_is_restored_in_turn(tmp_path):
+    data = batches(6, 24, 30)
+    with StretchCluster.local(
+        nodes=3, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck"
+    ) as cluster:
+        client = checkpointed_job("restorer-dies", cluster)
+        killed = []
+
+        def hook(at, dead, target):
+            if at == "recover" and not killed:
+                killed.append(target)
+                kill(cluster, target)
+
+        cluster._step_hook = hook
+        with client.writer("in") as writer:
+            for i, records in enumerate(data):
+                writer.write(to_batch(records, PAIR), query="q", batch=i)
+                if i == 8:
+                    client.trigger_checkpoint()
+                if i == 14:
+                    kill(cluster, "node-0")
+                    wait_for(lambda: len(cluster.recoveries) == 2)
+        (survivor,) = cluster.nodes
+        assert [r["nodes"] for r in cluster.recoveries] == [["node-0"], killed]
+        assert set(cluster.table.owners) == {survivor}
+        client.end("in")
+        assert set(client.wait(120).values()) == {"FINISHED"}
+        assert_exactly_once(outputs("restorer-dies", ["node-0", "node-1", "node-2"]), data)
+
+
 def test_output_shows_only_what_a_checkpoint_covers(tmp_path):
     from stretch.runtime.channel_log import ChannelLog
     from stretch.runtime.state_dir import channel_dir
