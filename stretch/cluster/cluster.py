@@ -46,6 +46,7 @@ from stretch.cluster.driver import DriverServer
 from stretch.cluster.elasticity import NodeElasticity
 from stretch.cluster.launchers import LocalNodes, SparkNodes
 from stretch.cluster.node import cluster_inputs
+from stretch.cluster.recovery import NodeLost
 from stretch.cluster.routing import (
     RoutingStore,
     RoutingTable,
@@ -72,11 +73,6 @@ class HandoffReport:
     version: int = 0
     steps: int = 0
     step_ms: tuple[float, ...] = ()  # each (source, target) move of each step, release to adoption
-
-
-class NodeLost(RuntimeError):
-    """A node died during a node change: its key groups (and those it was handing over) were
-    restored on the surviving nodes from the checkpoint directory, and the change stopped there."""
 
 
 @dataclass

@@ -36,6 +36,12 @@ from stretch.runtime.state_dir import job_dir_name, make_private_dir, write_priv
 from stretch.state.snapshot import SCHEMA as SNAPSHOT_SCHEMA
 from stretch.state.snapshot import write_snapshot
 
+
+class NodeLost(RuntimeError):
+    """A node died during a node change: its key groups (and those it was handing over) were
+    restored on the surviving nodes from the checkpoint directory, and the change stopped there."""
+
+
 QUERY_KEY = b"stretch.cluster.query"
 BATCH_KEY = b"stretch.cluster.batch"
 NO_LIMIT = 1 << 62  # a journal keeps everything (its node's checkpoints say what it still needs)
