@@ -5,7 +5,7 @@ the cluster moves key groups between nodes (copying their state) when nodes come
 """
 
 from stretch.cluster.client import ClusterWriter, NotOwner, job_nodes
-from stretch.cluster.cluster import ClusterJobClient, HandoffReport, StretchCluster
+from stretch.cluster.cluster import ClusterJobClient, HandoffReport, NodeLost, StretchCluster
 from stretch.cluster.routing import RoutingStore, RoutingTable, plan_add_node, plan_remove_node
 from stretch.cluster.tls import ClusterTLS
 
@@ -14,6 +14,7 @@ __all__ = [
     "ClusterTLS",
     "ClusterWriter",
     "HandoffReport",
+    "NodeLost",
     "NotOwner",
     "RoutingStore",
     "RoutingTable",

@@ -17,10 +17,17 @@ key groups, lets its engine finish the rows it took (a barrier through the keyed
 their state out (Arrow IPC key-group snapshot) and forgets it; the new owner loads it into its
 live arena and only then takes their rows. Writers that meet a refusal reload the table and send
 again, so a key waits at most for its own step.
+
+With a checkpoint directory (``checkpoint_dir``), checkpointed jobs run too: nodes journal what
+they take and checkpoint their key groups there, and a node that dies, at any point of a handoff
+too, is restored on the others; a driver that dies is resumed by the next one started on the same
+directories (see cluster.recovery).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -33,14 +40,24 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from stretch.cluster import recovery
 from stretch.cluster.client import ClusterConnection, ClusterWriter
 from stretch.cluster.driver import DriverServer
 from stretch.cluster.elasticity import NodeElasticity
 from stretch.cluster.launchers import LocalNodes, SparkNodes
 from stretch.cluster.node import cluster_inputs
-from stretch.cluster.routing import RoutingStore, RoutingTable, plan_add_node, plan_remove_node, steps
+from stretch.cluster.recovery import NodeLost
+from stretch.cluster.routing import (
+    RoutingStore,
+    RoutingTable,
+    plan_add_node,
+    plan_failover,
+    plan_remove_node,
+    steps,
+)
 from stretch.cluster.tls import ClusterTLS
 from stretch.common import user_code
+from stretch.runtime.state_dir import channel_dir, job_dir_name, write_private
 from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
 
 
@@ -70,9 +87,17 @@ class StretchCluster:
     move with their state), and ``enable_elasticity`` lets it size itself by load."""
 
     def __init__(
-        self, directory: Path, max_parallelism: int, step: int, owns_directory: bool, launcher=None, tls=None
+        self,
+        directory: Path,
+        max_parallelism: int,
+        step: int,
+        owns_directory: bool,
+        launcher=None,
+        tls=None,
+        checkpoint_dir: Path | None = None,
     ):
         self.directory = directory
+        self.checkpoint_dir = checkpoint_dir
         self.tls: ClusterTLS | None = tls
         self.launcher = launcher if launcher is not None else LocalNodes()
         self.max_parallelism = max_parallelism
@@ -88,6 +113,15 @@ class StretchCluster:
         self._driver: DriverServer | None = None
         self._elasticity: NodeElasticity | None = None
         self.closed = False
+        self._outputs: dict[str, list[str]] = {}  # job -> its output channels
+        self._interval: float | None = None  # seconds between checkpoints, the jobs' shortest
+        self._checkpoint_id = 0
+        self._supervisor: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.recoveries: list[dict] = []  # one per node failure: which nodes, key groups, rows replayed
+        self.supervisor_errors: list[BaseException] = []
+        self._in_flight: dict | None = None  # the handoff move under way
+        self._step_hook = None  # tests: called at each point of a move (see _move)
 
     # ---- creation -------------------------------------------------------------------------------
     @classmethod
@@ -99,6 +133,7 @@ class StretchCluster:
         step: int = 8,
         tls: ClusterTLS | None = None,
         private_shm_mb: int | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
     ) -> StretchCluster:
         """``nodes`` node processes on this machine (the default for laptops and tests).
 
@@ -107,12 +142,17 @@ class StretchCluster:
         ``step``: key groups moved per routing version during a node change. ``tls``: mutual TLS
         between every node, the driver and every writer (see cluster.tls). ``private_shm_mb``: each
         node in a mount namespace of its own with a private ``/dev/shm`` of that size (needs root),
-        so that nodes share nothing by accident, as on separate hosts.
+        so that nodes share nothing by accident, as on separate hosts. ``checkpoint_dir``: where
+        nodes checkpoint their key groups and journal what they take, readable by every node, so
+        that checkpointed jobs run on the cluster and a node that dies is restored on the others
+        (see cluster.recovery).
         """
         owns = directory is None
         path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        cluster = cls(path, max_parallelism, step, owns, LocalNodes(private_shm_mb), tls=tls)
+        checkpoints = _checkpoint_path(checkpoint_dir)
+        launcher = LocalNodes(private_shm_mb, str(checkpoints) if checkpoints else None)
+        cluster = cls(path, max_parallelism, step, owns, launcher, tls=tls, checkpoint_dir=checkpoints)
         try:
             cluster._begin(nodes)
         except BaseException:
@@ -129,15 +169,23 @@ class StretchCluster:
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
         step: int = 8,
         tls: ClusterTLS | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
     ) -> StretchCluster:
         """``nodes`` nodes, each a long-running task of a Spark job of ``spark``'s context,
         holding one task slot for as long as it runs (as Ray on Spark does). Spark's executors
         must run on this host for now (the address is a local directory, nodes listen on
-        loopback); leave task slots free for the queries that write into the cluster."""
+        loopback); leave task slots free for the queries that write into the cluster.
+
+        ``checkpoint_dir`` (see ``local``): by default ``stretch-cluster`` inside Spark's
+        checkpoint location (``spark.sql.streaming.checkpointLocation``) when one is set."""
         owns = directory is None
         path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        cluster = cls(path, max_parallelism, step, owns, SparkNodes(spark, path), tls=tls)
+        checkpoints = _checkpoint_path(
+            checkpoint_dir if checkpoint_dir is not None else spark_checkpoint_dir(spark)
+        )
+        launcher = SparkNodes(spark, path, checkpoint_dir=str(checkpoints) if checkpoints else None)
+        cluster = cls(path, max_parallelism, step, owns, launcher, tls=tls, checkpoint_dir=checkpoints)
         try:
             cluster._begin(nodes)
         except BaseException:
@@ -150,13 +198,17 @@ class StretchCluster:
         secret_file = self.directory / "secret"
         secret_file.touch(mode=0o600)
         secret_file.write_text(self._secret)
+        stored = self.store.load()
+        resumed = self._stored_jobs() if stored is not None and self.checkpoint_dir is not None else {}
+        if resumed:
+            self._resume(stored, resumed)
+            return
         self._write("jobs.json", {})
         self._write("nodes.json", {})
         if self.tls is not None:
             self._write_text("tls.json", self.tls.to_json())
         (self.directory / "staging").mkdir(mode=0o700, exist_ok=True)  # Spark executors stage here
         self.connection = ClusterConnection(self.directory)
-        stored = self.store.load()
         if stored is not None and stored.max_parallelism != self.max_parallelism:
             raise ValueError(
                 f"the routing table in {self.directory} has {stored.max_parallelism} key groups, "
@@ -173,9 +225,98 @@ class StretchCluster:
             self.store.save(self.table)
         for node_id in ids:
             self._own(node_id)
+        self._serve()
+
+    def _serve(self) -> None:
         self._driver = DriverServer(self, self._secret, tls=self.tls)
         threading.Thread(target=self._driver.serve, name="stretch-cluster-driver", daemon=True).start()
         self._write("driver.json", {"location": self._driver.location})
+
+    def _stored_jobs(self) -> dict[str, bytes]:
+        """The checkpointed jobs a previous driver ran on this cluster (``jobs/<name>.job``)."""
+        try:
+            jobs = json.loads((self.directory / "jobs.json").read_text())
+        except FileNotFoundError:
+            return {}
+        return {
+            name: (self.directory / "jobs" / entry["spec"]).read_bytes()
+            for name, entry in jobs.items()
+            if entry.get("spec") and (self.directory / "jobs" / entry["spec"]).exists()
+        }
+
+    def _forget_specs(self) -> None:
+        """The cluster's jobs end with it: a driver started later on its directory resumes none."""
+        try:
+            jobs = json.loads((self.directory / "jobs.json").read_text())
+        except FileNotFoundError:
+            return
+        for entry in jobs.values():
+            spec = entry.pop("spec", None)
+            if spec:
+                (self.directory / "jobs" / spec).unlink(missing_ok=True)
+        self._write("jobs.json", jobs)
+
+    def _resume(self, stored: RoutingTable, jobs: dict[str, bytes]) -> None:
+        """A driver restarted on a cluster whose previous driver died (its nodes died with it):
+        as many new nodes as the stored table has, the checkpointed jobs again, and every key group
+        restored from the checkpoint directory as if every old node had died, a handoff that was
+        under way included (``handoff.json``)."""
+        if stored.max_parallelism != self.max_parallelism:
+            raise ValueError(
+                f"the routing table in {self.directory} has {stored.max_parallelism} key groups, "
+                f"not {self.max_parallelism}"
+            )
+        if self.tls is not None:
+            self._write_text("tls.json", self.tls.to_json())
+        self._write("nodes.json", {})
+        self.connection = ClusterConnection(self.directory)
+        self.table = stored
+        old = stored.nodes
+        entries = json.loads((self.directory / "jobs.json").read_text())
+        self._next = 1 + max(
+            (
+                int(n.rsplit("-", 1)[1])
+                for e in entries.values()
+                for n in e.get("nodes", [])
+                if n[-1].isdigit()
+            ),
+            default=-1,
+        )
+        fresh = [f"node-{self._next + i}" for i in range(len(old))]
+        self._next += len(old)
+        for node_id in fresh:
+            self._start_node(node_id)
+            self.connection.action(
+                node_id,
+                "own",
+                {"version": stored.version, "key_groups": [], "max_parallelism": self.max_parallelism},
+            )
+        for name, blob in jobs.items():
+            self._jobs[name] = blob
+            self._outputs[name] = entries[name].get("outputs", [])
+            for node_id in fresh:
+                self.connection.action(node_id, "submit", blob)
+            self._ran_on(name, fresh)
+            interval = entries[name].get("interval_ms")
+            if interval:
+                self._interval = min(self._interval or interval / 1000, interval / 1000)
+        pending = None
+        try:
+            step = json.loads((self.directory / "handoff.json").read_text())
+        except FileNotFoundError:
+            step = None
+        if step is not None and step["version"] == stored.version:
+            pending = {int(kg): src for kg, (src, _dst) in step["moves"].items()}
+            for kg, (src, dst) in step["moves"].items():
+                base = str(
+                    recovery.node_dir(self.checkpoint_dir, src) / "checkpoints" / f"h{step['version']}-{src}"
+                )
+                if recovery.adopted_from(self.checkpoint_dir, dst, int(kg), base):
+                    del pending[int(kg)]  # the new owner had it: it restores from there
+        self._recover(old, None, pending, survivors=fresh)
+        (self.directory / "handoff.json").unlink(missing_ok=True)
+        self._serve()
+        self._supervise()
 
     def _write(self, name: str, value) -> None:
         self._write_text(name, json.dumps(value))
@@ -229,10 +370,10 @@ class StretchCluster:
         """Run a job on every node (what ``env.execute_async(name, cluster=cluster)`` does)."""
         if name in self._jobs:
             raise ValueError(f"the cluster already runs a job {name!r}")
-        if config.checkpointing:
+        if config.checkpointing and self.checkpoint_dir is None:
             raise ValueError(
-                f"job {name!r} enables checkpointing, which a cluster does not support yet: its channels "
-                "would be read from their logs, behind the barrier a key-group handoff relies on"
+                f"job {name!r} enables checkpointing: give the cluster a checkpoint directory every node "
+                "can read (StretchCluster.local(..., checkpoint_dir=...) or on_spark(..., checkpoint_dir=...))"
             )
         broadcast = [
             s.name for s in plan.stages if s.operator is not None and s.operator.kind == "broadcast_process"
@@ -249,8 +390,14 @@ class StretchCluster:
                 f"{self.max_parallelism} key groups: set env.set_max_parallelism({self.max_parallelism})"
             )
         inputs = cluster_inputs(plan)
-        blob = user_code.dumps({"name": name, "plan": plan, "config": config})
+        checkpointed = bool(config.checkpointing)
+        # the nodes checkpoint the job (not its engine): its channels stay fed straight, as the
+        # handoff's barrier needs, and the node journals what it takes
+        node_config = dataclasses.replace(config, checkpointing=False, restore=False)
+        spec = {"name": name, "plan": plan, "config": node_config, "checkpointed": checkpointed}
+        blob = user_code.dumps(spec)
         self._jobs[name] = blob
+        self._outputs[name] = [s.sink.channel_name for s in plan.sinks if hasattr(s.sink, "channel_name")]
         jobs = json.loads((self.directory / "jobs.json").read_text())
         types = {}
         for stage in plan.stages:
@@ -261,10 +408,162 @@ class StretchCluster:
             if channel is not None:
                 types[channel] = type_info.to_json() if type_info is not None else None
         jobs[name] = {"inputs": inputs, "types": types}
+        if checkpointed:  # a restarted driver runs it again, from the checkpoint directory
+            (self.directory / "jobs").mkdir(mode=0o700, exist_ok=True)
+            spec_name = f"{job_dir_name(name)}.job"
+            write_private(self.directory / "jobs" / spec_name, blob)
+            jobs[name].update(
+                spec=spec_name, outputs=self._outputs[name], interval_ms=config.checkpoint.interval_ms
+            )
         self._write("jobs.json", jobs)
         for node_id in self._nodes:
             self.connection.action(node_id, "submit", blob)
         self._ran_on(name, list(self._nodes))
+        if checkpointed:
+            interval = config.checkpoint.interval_ms
+            if interval:
+                self._interval = min(self._interval or interval / 1000, interval / 1000)
+            self._supervise()
+        return ClusterJobClient(self, name)
+
+    # ---- checkpoints and failures -----------------------------------------------------------
+    def _changing(self):
+        """One node change, checkpoint or recovery at a time."""
+        return self._driver.changing if self._driver is not None else contextlib.nullcontext()
+
+    def checkpoint(self) -> dict[str, dict]:
+        """Every node checkpoints its key groups of the checkpointed jobs into the checkpoint
+        directory now (their outputs commit there); each node's report (path, bytes, duration_ms)."""
+        if self.checkpoint_dir is None:
+            raise ValueError(
+                "the cluster has no checkpoint directory (StretchCluster.local(checkpoint_dir=...))"
+            )
+        with self._changing():
+            self._checkpoint_id += 1
+            return {
+                n: self.connection.action(n, "checkpoint", {"id": self._checkpoint_id}) for n in self.nodes
+            }
+
+    def _supervise(self) -> None:
+        """Start the thread that restores nodes that die and takes the periodic checkpoints."""
+        if self._supervisor is None:
+            self._supervisor = threading.Thread(
+                target=self._watch, name="stretch-cluster-supervisor", daemon=True
+            )
+            self._supervisor.start()
+
+    def _watch(self) -> None:
+        last = time.monotonic()
+        while not self._stopping.wait(0.05):
+            try:
+                dead = [n for n in self.nodes if not self.launcher.alive(n)]
+                if dead:
+                    with self._changing():
+                        dead = [n for n in dead if n in self._nodes]
+                        if dead:
+                            self._recover(dead)
+                if self._interval and time.monotonic() - last >= self._interval:
+                    last = time.monotonic()
+                    self.checkpoint()
+            except Exception as e:  # kept for the caller to see; the thread goes on
+                if not self._stopping.is_set():
+                    self.supervisor_errors.append(e)
+
+    def _recover(
+        self,
+        dead: list[str],
+        in_flight: dict | None = None,
+        pending: dict | None = None,
+        survivors: list[str] | None = None,
+        origins: dict[int, str] | None = None,
+    ) -> dict:
+        """Restore the key groups of nodes that died on the surviving nodes (the caller holds the
+        change lock): a new routing version without them; each key group from the checkpoint and
+        journal its manifest names (``in_flight``: a move under way, whose key groups restore
+        from the old owner unless the new one adopted them; ``pending``: key group -> old owner,
+        moves of the step not begun, which go back to their old owner; ``origins``: key group ->
+        node, those a node died restoring); the dead nodes' outputs cut back to their latest
+        checkpoint. A node that dies restoring is restored in turn."""
+        if self.checkpoint_dir is None:
+            raise NodeLost(
+                f"nodes {dead} died and the cluster has no checkpoint directory to restore them from"
+            )
+        t0 = time.monotonic()
+        for node in dead:
+            self._forget(node)
+        table = self.table
+        if pending:  # the same version: these key groups never left their old owner
+            table = RoutingTable(
+                table.version, tuple(pending.get(kg, o) for kg, o in enumerate(table.owners))
+            )
+        origin: dict[int, str] = {}  # key group -> the node whose checkpoint and journal restore it
+        for node in dead:
+            for kg in table.key_groups_of(node):
+                origin[kg] = node
+        if in_flight is not None:
+            src, dst, base = in_flight["src"], in_flight["dst"], in_flight.get("base")
+            for kg in in_flight["key_groups"]:
+                adopted = base is not None and recovery.adopted_from(self.checkpoint_dir, dst, kg, base)
+                origin[kg] = dst if adopted else src
+        origin.update(origins or {})  # key groups a node died restoring: from where they came
+        moves = plan_failover(table, dead, survivors)
+        if moves or pending:
+            self.table = table.moved(moves)
+            self.store.save(self.table)
+        parts: dict[str, dict[tuple, dict]] = {}
+        manifests = {n: recovery.load_manifest(self.checkpoint_dir, n) for n in set(origin.values())}
+        for kg, node in sorted(origin.items()):
+            base, journal = recovery.source_of(self.checkpoint_dir, node, kg, manifests[node])
+            key = (node, base, json.dumps(journal, sort_keys=True))
+            part = parts.setdefault(self.table.owners[kg], {}).setdefault(
+                key, {"node": node, "base": base, "journal": journal, "key_groups": []}
+            )
+            part["key_groups"].append(kg)
+        for node in dead:
+            outputs = recovery.load_manifest(self.checkpoint_dir, node)["outputs"]
+            for job, channels_ in self._outputs.items():
+                for channel in channels_:
+                    log = channel_dir(f"{job}@{node}", channel, "out")
+                    offset = outputs.get(job, {}).get(channel)
+                    recovery.cut_output(log, offset if offset is not None else 1 << 62)
+        replayed, failed, unfinished = 0, [], {}
+        for target, by_source in parts.items():
+            body = {"version": self.table.version, "parts": list(by_source.values())}
+            self._hook("recover", ",".join(dead), target)
+            try:
+                replayed += self.connection.action(target, "recover", body)["rows_replayed"]
+            except Exception:
+                if not self._dead_among(target):
+                    raise
+                failed.append(target)  # it died restoring: what it had not adopted restores as before
+                adopted = recovery.load_manifest(self.checkpoint_dir, target)["adopted"]
+                for part in by_source.values():
+                    for kg in part["key_groups"]:
+                        if not any(kg in e["key_groups"] and e["base"] == part["base"] for e in adopted):
+                            unfinished[kg] = part["node"]
+        report = {
+            "nodes": list(dead),
+            "key_groups": len(origin),
+            "rows_replayed": replayed,
+            "version": self.table.version,
+            "elapsed_ms": (time.monotonic() - t0) * 1000,
+        }
+        self.recoveries.append(report)
+        if failed:
+            self._recover(failed, origins=unfinished)
+        return report
+
+    def _forget(self, node_id: str) -> None:
+        """A node that died: out of the cluster (its process reaped)."""
+        self._nodes.pop(node_id, None)
+        self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
+        self.connection.forget(node_id)
+        self.launcher.stop(node_id)
+
+    def job(self, name: str) -> ClusterJobClient:
+        """The client of a job the cluster runs (one a restarted driver resumed, too)."""
+        if name not in self._jobs:
+            raise LookupError(f"the cluster runs no job {name!r} (jobs: {sorted(self._jobs)})")
         return ClusterJobClient(self, name)
 
     def writer(self, job: str, channel: str, key=None) -> ClusterWriter:
@@ -326,15 +625,34 @@ class StretchCluster:
         for step in parts:
             old = self.table
             self.table = old.moved(step)
+            if self.checkpoint_dir is not None:  # a restarted driver finds where each key group was
+                moving = {kg: [old.owners[kg], dst] for kg, dst in step.items()}
+                self._write("handoff.json", {"version": self.table.version, "moves": moving})
             self.store.save(self.table)  # writers refused from now on find the new owners here
             pairs: dict[tuple[str, str], list[int]] = {}
             for kg, dst in step.items():
                 pairs.setdefault((old.owners[kg], dst), []).append(kg)
-            for (src, dst), kgs in pairs.items():
+            for index, ((src, dst), kgs) in enumerate(pairs.items()):
                 s0 = time.monotonic()
-                size += self._move(src, dst, kgs, self.table.version)
+                try:
+                    size += self._move(src, dst, kgs, self.table.version)
+                except Exception as e:
+                    dead = self._dead_among(src, dst)
+                    if not dead or self.checkpoint_dir is None:
+                        raise
+                    in_flight, self._in_flight = self._in_flight, None
+                    started = {kg for done in list(pairs.values())[: index + 1] for kg in done}
+                    pending = {kg: old.owners[kg] for kg in step if kg not in started}
+                    recovered = self._recover(dead, in_flight, pending)
+                    (self.directory / "handoff.json").unlink(missing_ok=True)
+                    raise NodeLost(
+                        f"node {' and '.join(dead)} died while key groups moved from {src} to {dst}: "
+                        f"{recovered['key_groups']} key groups restored from the checkpoint directory "
+                        f"(routing version {recovered['version']}); the node change stopped there"
+                    ) from e
                 stalls.append((time.monotonic() - s0) * 1000)
                 moved += len(kgs)
+        (self.directory / "handoff.json").unlink(missing_ok=True)
         return HandoffReport(
             elapsed_ms=(time.monotonic() - t0) * 1000,
             key_groups_moved=moved,
@@ -345,10 +663,27 @@ class StretchCluster:
             step_ms=tuple(stalls),
         )
 
+    def _dead_among(self, *nodes: str, wait: float = 10.0) -> list[str]:
+        """Which of ``nodes`` died (a call to one failed: give a killed process time to end)."""
+        deadline = time.monotonic() + wait
+        while True:
+            dead = [n for n in nodes if n in self._nodes and not self.launcher.alive(n)]
+            if dead or time.monotonic() > deadline:
+                return dead
+            time.sleep(0.05)
+
+    def _hook(self, point: str, src: str, dst: str) -> None:
+        if self._step_hook is not None:
+            self._step_hook(point, src, dst)
+
     def _move(self, src: str, dst: str, kgs: list[int], version: int) -> int:
         """Move key groups ``kgs`` from node ``src`` to ``dst``; returns the state bytes shipped."""
         c = self.connection
+        self._in_flight = {"src": src, "dst": dst, "key_groups": kgs, "base": None}
+        self._hook("release", src, dst)
         released = c.action(src, "release", {"version": version, "key_groups": kgs})
+        self._in_flight["base"] = released.get("base")
+        self._hook("load", src, dst)
         size = 0
         for part in released["parts"]:
             table = c.get(src, f"snapshot:{part['ticket']}")
@@ -360,7 +695,16 @@ class StretchCluster:
                 "description": part["description"],
             }
             c.put(dst, command, table)
-        c.action(dst, "adopt", {"version": version, "key_groups": kgs, "marks": released["marks"]})
+        self._hook("adopt", src, dst)
+        body = {
+            "version": version,
+            "key_groups": kgs,
+            "marks": released["marks"],
+            "base": released.get("base"),
+        }
+        c.action(dst, "adopt", body)
+        self._in_flight = None
+        self._hook("adopted", src, dst)
         return size
 
     def _stop_node(self, node_id: str) -> None:
@@ -378,11 +722,16 @@ class StretchCluster:
         if self.closed:
             return
         self.closed = True
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(30)
         if self._elasticity is not None:
             self._elasticity.stop()
         if self._driver is not None:
             self._driver.shutdown()
             (self.directory / "driver.json").unlink(missing_ok=True)
+        if self._jobs and self.checkpoint_dir is not None:  # closed, not died: nothing to resume
+            self._forget_specs()
         for node_id in list(self._nodes):
             self._stop_node(node_id)
         if self.connection is not None:
@@ -434,6 +783,10 @@ class ClusterJobClient:
         """Each node's ``describe()`` of the job."""
         return {node: status["jobs"][self.name] for node, status in self.cluster.status().items()}
 
+    def trigger_checkpoint(self) -> dict[str, dict]:
+        """Checkpoint every node now (``StretchCluster.checkpoint``)."""
+        return self.cluster.checkpoint()
+
     def rescale(self, operator_name: str, parallelism: int, *, node: str) -> dict:
         """A live rescale of ``operator_name`` inside one node (copy-free, as on one machine)."""
         return self.cluster.connection.action(
@@ -445,3 +798,19 @@ class ClusterJobClient:
         tables = [self.cluster.connection.get(n, f"state:{self.name}:{operator}") for n in self.cluster.nodes]
         tables = [t for t in tables if t.num_rows]
         return pa.concat_tables(tables) if tables else None
+
+
+def _checkpoint_path(directory: str | os.PathLike | None) -> Path | None:
+    if directory is None:
+        return None
+    path = Path(directory).resolve()
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def spark_checkpoint_dir(spark) -> Path | None:
+    """``stretch-cluster`` inside Spark's checkpoint location, if the session sets one."""
+    location_ = spark.conf.get("spark.sql.streaming.checkpointLocation", None)
+    if not location_:
+        return None
+    return Path(location_.removeprefix("file://").removeprefix("file:")) / "stretch-cluster"

@@ -7,7 +7,9 @@ measures each node (the busy fraction of its least busy instance over all its jo
 operators: a node is saturated only when every instance is) and hands the policy an
 ``OperatorLoad`` whose parallelism is the number of nodes and whose busy fractions are the
 nodes'; the policy answers with a node count, and the controller adds or removes one node at a
-time (the most recently added goes first). Its node changes are in ``changes``.
+time (the most recently added goes first). Its node changes are in ``changes``; one that a
+node's death cut short (the cluster restored the node's key groups, with a checkpoint directory)
+is in ``lost``, and the controller goes on.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from __future__ import annotations
 import threading
 import time
 
+from pyarrow import flight
+
+from stretch.cluster.recovery import NodeLost
 from stretch.elasticity import OperatorLoad, ThresholdPolicy
 
 
@@ -28,6 +33,7 @@ class NodeElasticity:
         self.interval = interval_ms / 1000
         self.changes: list[tuple[str, str, object]] = []  # ("add" | "remove", node, HandoffReport)
         self.error: BaseException | None = None
+        self.lost: list[BaseException] = []  # node changes a node's death cut short (NodeLost)
         self._stop = threading.Event()
         self._previous: dict[
             str, tuple[dict, int, float]
@@ -42,21 +48,32 @@ class NodeElasticity:
     def _run(self) -> None:
         try:
             while not self._stop.wait(self.interval):
-                load = self.measure()
-                if load is None:
-                    continue
-                wanted = load.clamp(self.policy.decide(load))
-                if wanted > load.parallelism:
-                    report = self.cluster.add_node()
-                    self.changes.append(("add", self.cluster.nodes[-1], report))
-                elif wanted < load.parallelism:
-                    node = self.cluster.nodes[-1]
-                    self.changes.append(("remove", node, self.cluster.remove_node(node)))
-                if wanted != load.parallelism:
-                    self._previous.clear()  # measure the new set of nodes afresh
+                try:
+                    self._round()
+                except NodeLost as e:  # restored from the checkpoint directory: measure afresh
+                    self.lost.append(e)
+                    self._previous.clear()
+                except flight.FlightUnavailableError:
+                    if self.cluster.checkpoint_dir is None:
+                        raise
+                    self._previous.clear()  # a node died: the cluster restores it meanwhile
         except BaseException as e:  # the cluster closed under it, or a node change failed
             if not self._stop.is_set() and not self.cluster.closed:
                 self.error = e
+
+    def _round(self) -> None:
+        load = self.measure()
+        if load is None:
+            return
+        wanted = load.clamp(self.policy.decide(load))
+        if wanted > load.parallelism:
+            report = self.cluster.add_node()
+            self.changes.append(("add", self.cluster.nodes[-1], report))
+        elif wanted < load.parallelism:
+            node = self.cluster.nodes[-1]
+            self.changes.append(("remove", node, self.cluster.remove_node(node)))
+        if wanted != load.parallelism:
+            self._previous.clear()  # measure the new set of nodes afresh
 
     def measure(self) -> OperatorLoad | None:
         """The nodes' load over the last interval (None on the first look at a set of nodes)."""

@@ -36,12 +36,18 @@ def node_environment(secret: str, tls: ClusterTLS | None = None) -> dict:
 
 
 def spawn_node(
-    node_id: str, secret: str, tls: ClusterTLS | None = None, private_shm_mb: int | None = None
+    node_id: str,
+    secret: str,
+    tls: ClusterTLS | None = None,
+    private_shm_mb: int | None = None,
+    checkpoint_dir: str | None = None,
 ) -> tuple[subprocess.Popen, int]:
     """Start one node process; returns it and the port it listens on. ``private_shm_mb``: run it
     in a mount namespace of its own with a private ``/dev/shm`` of that size (``unshare -m``;
     needs root), as a node on another host would be: nothing can be shared with it by accident."""
     command = [sys.executable, "-c", NODE_COMMAND, "--node-id", node_id]
+    if checkpoint_dir is not None:
+        command += ["--checkpoint-dir", str(checkpoint_dir)]
     if private_shm_mb is not None:
         mount = f'mount -t tmpfs -o size={int(private_shm_mb)}m tmpfs /dev/shm && exec "$0" "$@"'
         command = ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, *command]
@@ -72,17 +78,22 @@ class LocalNodes:
     """Node processes that are children of this (the driver's) process; ``private_shm_mb``: each
     with a private ``/dev/shm`` (see spawn_node)."""
 
-    def __init__(self, private_shm_mb: int | None = None):
+    def __init__(self, private_shm_mb: int | None = None, checkpoint_dir: str | None = None):
         self._procs: dict[str, subprocess.Popen] = {}
         self.private_shm_mb = private_shm_mb
+        self.checkpoint_dir = checkpoint_dir
 
     def pids(self) -> dict[str, int]:
         return {node: proc.pid for node, proc in self._procs.items()}
 
     def start(self, node_id: str, secret: str, tls: ClusterTLS | None = None) -> str:
-        proc, port = spawn_node(node_id, secret, tls, self.private_shm_mb)
+        proc, port = spawn_node(node_id, secret, tls, self.private_shm_mb, self.checkpoint_dir)
         self._procs[node_id] = proc
         return location("127.0.0.1", port, tls)
+
+    def alive(self, node_id: str) -> bool:
+        proc = self._procs.get(node_id)
+        return proc is not None and proc.poll() is None
 
     def stop(self, node_id: str) -> None:
         proc = self._procs.pop(node_id, None)
@@ -90,12 +101,14 @@ class LocalNodes:
             reap(proc)
 
 
-def _run_node_task(node_id: str, secret: str, ports: str, tls: ClusterTLS | None):
+def _run_node_task(
+    node_id: str, secret: str, ports: str, tls: ClusterTLS | None, checkpoint_dir: str | None = None
+):
     """The body of a node's Spark task: run the node until it is shut down (or the task is
     killed), after telling the driver its port through the cluster's directory."""
 
     def run(_partition):
-        proc, port = spawn_node(node_id, secret, tls)
+        proc, port = spawn_node(node_id, secret, tls, checkpoint_dir=checkpoint_dir)
         path = Path(ports) / f"{node_id}.json"
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps({"port": port}))
@@ -117,8 +130,9 @@ class SparkNodes:
     shuts the node down and its task ends. Executors must be on this host (the cluster's address
     is a local directory, and nodes listen on loopback)."""
 
-    def __init__(self, spark, directory: Path, start_timeout: float = 300):
+    def __init__(self, spark, directory: Path, start_timeout: float = 300, checkpoint_dir: str | None = None):
         self.spark = spark
+        self.checkpoint_dir = checkpoint_dir
         self.ports = directory / "ports"
         self.ports.mkdir(mode=0o700, exist_ok=True)
         self.start_timeout = start_timeout
@@ -129,7 +143,7 @@ class SparkNodes:
         sc = self.spark.sparkContext
         path = self.ports / f"{node_id}.json"
         path.unlink(missing_ok=True)
-        task = _run_node_task(node_id, secret, str(self.ports), tls)
+        task = _run_node_task(node_id, secret, str(self.ports), tls, self.checkpoint_dir)
 
         def job() -> None:
             try:
@@ -156,6 +170,11 @@ class SparkNodes:
                 )
             time.sleep(0.05)
         return location("127.0.0.1", json.loads(path.read_text())["port"], tls)
+
+    def alive(self, node_id: str) -> bool:
+        """A node's Spark task runs as long as its process does."""
+        thread = self._threads.get(node_id)
+        return thread is not None and thread.is_alive()
 
     def stop(self, node_id: str) -> None:
         thread = self._threads.pop(node_id, None)

@@ -34,6 +34,7 @@ import hmac
 import itertools
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -44,9 +45,11 @@ import pyarrow as pa
 from pyarrow import flight
 
 from stretch.channels import open_writer
+from stretch.cluster import recovery
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
 from stretch.datastream.job_client import JobClient
 from stretch.jobs import find
+from stretch.runtime.channel_log import ChannelLog
 from stretch.runtime.coordinator import Coordinator
 from stretch.state.arena import Arena
 from stretch.state.key_groups import key_groups_of
@@ -125,18 +128,71 @@ def cluster_inputs(plan) -> dict[str, object]:
 
 class NodeJob:
     """One job as this node runs it: under the name ``<job>@<node>`` so that nodes on one host
-    keep apart their control sockets and output logs."""
+    keep apart their control sockets and output logs.
 
-    def __init__(self, name: str, node_id: str, plan, config):
+    ``checkpoint_dir`` (a checkpointed job on a cluster with one): the node journals every batch
+    it takes before the job sees it, and its output channels show only what a checkpoint of the
+    node covers (``commit``), so that another node can restore its key groups exactly."""
+
+    def __init__(self, name: str, node_id: str, plan, config, checkpoint_dir: str | None = None):
         self.name = name
+        self.node_id = node_id
         self.inputs = cluster_inputs(plan)
         self.max_parallelism = plan.max_parallelism
         self.keyed = [s.name for s in plan.stages if s.kind == "keyed"]
-        self.client = JobClient(Coordinator(plan, f"{name}@{node_id}", config))._start()
+        self.checkpoint_dir = checkpoint_dir
+        self.coordinator = Coordinator(plan, f"{name}@{node_id}", config)
+        self.client = JobClient(self.coordinator)._start()
         self.job = find(self.client)
         self.writers: dict = {}
         self.marks: dict[tuple[str, str], np.ndarray] = {}  # (channel, query) -> last batch per key group
         self._arenas: dict[str, Arena] = {}
+        self.journals: dict[str, ChannelLog] = {}
+        if checkpoint_dir is not None:
+            for channel in self.inputs:
+                journal = self.journals[channel] = recovery.open_journal(
+                    checkpoint_dir, node_id, name, channel
+                )
+                journal.register("checkpoint", 0)  # keeps what the latest checkpoint does not cover
+            for _channel, _runner, log in self.outputs():
+                log.set_committed(log.end_offset)  # nothing shows before a checkpoint covers it
+
+    def outputs(self) -> list:
+        """(channel, sink runner, log) of each output channel the job writes itself."""
+        return [
+            (r.spec.sink.channel_name, r, r.writer.log)
+            for r in self.coordinator._sink_runners
+            if getattr(r.writer, "log", None) is not None
+        ]
+
+    def take(self, channel: str, rows: pa.RecordBatch, query, batch_id) -> None:
+        """Rows into the job: journaled first (a checkpointed job), so that a node restoring this
+        node's key groups finds every row the job was given."""
+        journal = self.journals.get(channel)
+        if journal is not None:
+            journal.append(recovery.tagged(rows, query, batch_id))
+        self.writer(channel).write(rows)
+
+    def flush(self, timeout: float = 60.0) -> None:
+        """Return once every row taken is processed (a barrier through each keyed gate) and each
+        output channel's log holds all it produced."""
+        barrier_all(self)
+        deadline = time.monotonic() + timeout
+        for _channel, runner, _log in self.outputs():
+            tail = runner.gate.tail
+            while runner.gate.cursor(0) < tail and not runner.finished:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"output {runner.spec.name!r} of job {self.name!r} did not catch up")
+                time.sleep(0.001)
+
+    def journal_offsets(self) -> dict[str, int]:
+        return {channel: log.end_offset for channel, log in self.journals.items()}
+
+    def marks_of(self, kgs) -> list:
+        return [
+            [channel, query, {int(kg): int(mark[kg]) for kg in kgs if mark[kg] >= 0}]
+            for (channel, query), mark in self.marks.items()
+        ]
 
     def writer(self, channel: str):
         w = self.writers.get(channel)
@@ -164,11 +220,19 @@ class NodeJob:
         for a in self._arenas.values():
             a.close()
         self._arenas.clear()
+        for log in self.journals.values():
+            log.close()
 
 
 class NodeServer(flight.FlightServerBase):
     def __init__(
-        self, node_id: str, secret: str, host: str = "127.0.0.1", port: int = 0, tls: ClusterTLS | None = None
+        self,
+        node_id: str,
+        secret: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        tls: ClusterTLS | None = None,
+        checkpoint_dir: str | None = None,
     ):
         super().__init__(
             location(host, port, tls),
@@ -183,6 +247,10 @@ class NodeServer(flight.FlightServerBase):
         self.parked: dict[str, list[pa.RecordBatch]] = {}  # released state awaiting its do_get
         self._tickets = itertools.count()
         self.max_parallelism: int | None = None
+        self.checkpoint_dir = checkpoint_dir
+        if checkpoint_dir is not None:  # a node id starts afresh: nothing of an earlier node of that id
+            shutil.rmtree(recovery.node_dir(checkpoint_dir, node_id), ignore_errors=True)
+            recovery.save_manifest(checkpoint_dir, node_id, recovery.load_manifest(checkpoint_dir, node_id))
 
     # ---- rows ---------------------------------------------------------------------------------
     def do_put(self, context, descriptor, reader, writer):
@@ -218,27 +286,29 @@ class NodeServer(flight.FlightServerBase):
                     f"{foreign[:8].tolist()}{'...' if foreign.size > 8 else ''}; reload the routing table"
                 )
             if query is None:
-                job.writer(cmd["channel"]).write(batch)
+                job.take(cmd["channel"], batch, None, None)
                 return
             mark = job.mark(cmd["channel"], query)
             fresh = mark[kgs] < batch_id
             rows = batch if fresh.all() else batch.filter(pa.array(fresh))
             if rows.num_rows:
-                job.writer(cmd["channel"]).write(rows)
+                job.take(cmd["channel"], rows, query, batch_id)
                 mark[np.unique(kgs[fresh])] = batch_id
 
     def _load(self, cmd: dict, batches: list[pa.RecordBatch]) -> None:
-        job = self._job(cmd["job"])
-        arena = job.arena(cmd["operator"])
-        description = cmd["description"]
+        self._load_into(self._job(cmd["job"]), cmd["operator"], cmd["description"], batches)
+
+    @staticmethod
+    def _load_into(job: NodeJob, operator: str, description: dict, batches) -> None:
+        arena = job.arena(operator)
         if description["key_mode"] and arena.key_mode() not in (0, description["key_mode"]):
-            raise flight.FlightServerError(f"operator {cmd['operator']!r} holds keys of another type here")
+            raise flight.FlightServerError(f"operator {operator!r} holds keys of another type here")
         prepare_arena(arena, description)
         names = [e["name"] for e in arena.registry()]
         wanted = [e["name"] for e in description["registry"]]
         if names[: len(wanted)] != wanted:
             raise flight.FlightServerError(
-                f"operator {cmd['operator']!r} declared its states in another order here ({names}) than "
+                f"operator {operator!r} declared its states in another order here ({names}) than "
                 f"on the node the key groups come from ({wanted})"
             )
         load_key_groups(arena, batches)
@@ -281,7 +351,14 @@ class NodeServer(flight.FlightServerBase):
                 raise flight.FlightServerError(
                     "every job of a cluster must have the cluster's max parallelism"
                 )
-            job = self.jobs[spec["name"]] = NodeJob(spec["name"], self.node_id, spec["plan"], spec["config"])
+            durable = self.checkpoint_dir if spec.get("checkpointed") else None
+            job = NodeJob(spec["name"], self.node_id, spec["plan"], spec["config"], durable)
+            self.jobs[spec["name"]] = job
+            if durable is not None:  # where its output starts, should the node die before a checkpoint
+                manifest = recovery.load_manifest(durable, self.node_id)
+                manifest["outputs"][job.name] = {c: log.end_offset for c, _r, log in job.outputs()}
+                manifest["journal"][job.name] = job.journal_offsets()
+                recovery.save_manifest(durable, self.node_id, manifest)
             for operator in job.keyed:  # now, not in the first handoff's stall
                 KeyedTable(job.arena(operator))
             barrier_all(job)
@@ -300,12 +377,22 @@ class NodeServer(flight.FlightServerBase):
     def _act_release(self, body: bytes) -> dict:
         """Give up key groups: refuse their rows from now on, let the job process every row of
         them it took (a barrier through each keyed operator's gate), copy their state out for a
-        ``do_get``, and forget it here."""
+        ``do_get``, and forget it here.
+
+        With checkpointed jobs the node first checkpoints everything it held, these key groups
+        included (its outputs commit there): from that moment until the new owner adopts them,
+        that checkpoint is where they restore from, whichever of the two nodes dies."""
         msg = json.loads(body)
         kgs = np.asarray(msg["key_groups"], dtype=np.int64)
+        durable = self._durable()
         with self.lock:  # no write is under way: each either came before this or will be refused
+            before = self.owned.copy()
             self.owned[kgs] = False
             self.version = msg["version"]
+            base = None
+            if durable:  # writes wait meanwhile: the checkpoint, its journal offsets and marks agree
+                covered = np.flatnonzero(before | self.owned).tolist()
+                base = self._checkpoint(f"h{msg['version']}-{self.node_id}", covered)["path"]
         parts, marks = [], {}
         for job in self.jobs.values():
             barrier_all(job)
@@ -326,14 +413,13 @@ class NodeServer(flight.FlightServerBase):
                         "bytes": size,
                     }
                 )
-            marks[job.name] = [
-                [channel, query, {int(kg): int(mark[kg]) for kg in kgs if mark[kg] >= 0}]
-                for (channel, query), mark in job.marks.items()
-            ]
-        return {"parts": parts, "marks": marks}
+            marks[job.name] = job.marks_of(kgs)
+        return {"parts": parts, "marks": marks, "base": base}
 
     def _act_adopt(self, body: bytes) -> dict:
-        """Own key groups whose state was loaded: their rows are taken from now on."""
+        """Own key groups whose state was loaded: their rows are taken from now on. With
+        checkpointed jobs, the manifest says first where they restore from (the old owner's
+        release checkpoint, and this node's journal from here on)."""
         msg = json.loads(body)
         with self.lock:
             for job_name, entries in msg.get("marks", {}).items():
@@ -342,9 +428,146 @@ class NodeServer(flight.FlightServerBase):
                     mark = job.mark(channel, query)
                     for kg, batch in by_kg.items():
                         mark[int(kg)] = max(mark[int(kg)], batch)
+            durable = self._durable()
+            if durable and msg.get("base"):
+                manifest = recovery.load_manifest(self.checkpoint_dir, self.node_id)
+                journal = {job.name: job.journal_offsets() for job in durable}
+                entry = {"key_groups": list(msg["key_groups"]), "base": msg["base"], "journal": journal}
+                manifest["adopted"].append(entry)
+                recovery.save_manifest(self.checkpoint_dir, self.node_id, manifest)
             self.owned[msg["key_groups"]] = True
             self.version = msg["version"]
         return {"ok": True}
+
+    # ---- checkpoints and recovery (a cluster with a checkpoint directory) ---------------------
+    def _durable(self) -> list[NodeJob]:
+        """The checkpointed jobs still running here (a finished job's output is all committed)."""
+        return [
+            job
+            for job in self.jobs.values()
+            if job.checkpoint_dir is not None and job.coordinator.status.name == "RUNNING"
+        ]
+
+    def _checkpoint(self, name: str, kgs: list[int]) -> dict:
+        """Checkpoint key groups ``kgs`` of every checkpointed job (the caller holds the lock, so
+        no row comes in meanwhile), then commit the outputs it covers."""
+        durable = self._durable()
+        operators, marks, journal, outputs = {}, {}, {}, {}
+        for job in durable:
+            job.flush()
+            for operator in job.keyed:
+                table = KeyedTable(job.arena(operator))
+                operators.setdefault(job.name, {})[operator] = (
+                    copy_key_groups(table, kgs),
+                    describe_arena(table.arena),
+                )
+            marks[job.name] = job.marks_of(kgs)
+            journal[job.name] = job.journal_offsets()
+            outputs[job.name] = {c: log.end_offset for c, _r, log in job.outputs()}
+        directory = recovery.node_dir(self.checkpoint_dir, self.node_id) / "checkpoints"
+        path = directory / name
+        size = recovery.write_checkpoint(
+            path, operators, marks, {"key_groups": kgs, "version": self.version, "node": self.node_id}
+        )
+        owned = np.flatnonzero(self.owned).tolist()
+        manifest = {
+            "checkpoint": str(path),
+            "key_groups": owned,
+            "journal": journal,
+            "outputs": outputs,
+            "adopted": [],
+        }
+        recovery.save_manifest(self.checkpoint_dir, self.node_id, manifest)
+        for job in durable:
+            for channel, _runner, log in job.outputs():
+                log.set_committed(outputs[job.name][channel])
+            for channel, log in job.journals.items():  # whole segments before it go
+                log.commit("checkpoint", journal[job.name][channel])
+        # periodic checkpoints replace each other; a release's stays while its adopter needs it
+        for old in directory.glob("c*"):
+            if old != path and name.startswith("c"):
+                shutil.rmtree(old, ignore_errors=True)
+        return {"path": str(path), "bytes": size, "key_groups": len(kgs)}
+
+    def _act_checkpoint(self, body: bytes) -> dict:
+        """Checkpoint the key groups this node owns (every checkpointed job's) into the cluster's
+        checkpoint directory; rows wait meanwhile."""
+        msg = json.loads(body)
+        if self.checkpoint_dir is None:
+            raise flight.FlightServerError(f"node {self.node_id} has no checkpoint directory")
+        with self.lock:
+            if not self._durable():
+                return {"path": None, "bytes": 0, "key_groups": 0}
+            t0 = time.monotonic()
+            owned = np.flatnonzero(self.owned).tolist() if self.owned is not None else []
+            report = self._checkpoint(f"c{int(msg['id'])}", owned)
+            return {**report, "duration_ms": (time.monotonic() - t0) * 1000}
+
+    def _act_recover(self, body: bytes) -> dict:
+        """Own key groups of a node that died: load their state from its checkpoint (the part's
+        ``base``), take again the rows its journal holds of them since (``journal``: per job and
+        channel, the offset to start from), with their (query, micro-batch) marks, then own them.
+
+        The rows go through this node's own journal, so the manifest can say: they restore from
+        the same base and this node's journal from here."""
+        msg = json.loads(body)
+        durable = self._durable()
+        with self.lock:
+            at = {job.name: job.journal_offsets() for job in durable}
+            taken = 0
+            for part in msg["parts"]:
+                kgs = np.asarray(part["key_groups"], dtype=np.int64)
+                base = part["base"]
+                meta = recovery.read_metadata(base) if base else {"operators": {}, "marks": {}}
+                for job in durable:
+                    layouts = meta["operators"].get(job.name, {})
+                    for operator in job.keyed:
+                        release_key_groups(KeyedTable(job.arena(operator)), kgs)  # a half-done load
+                        if operator in layouts:
+                            batches = recovery.read_key_groups(base, job.name, operator, kgs)
+                            self._load_into(job, operator, layouts[operator], batches)
+                    for channel, query, by_kg in meta["marks"].get(job.name, []):
+                        mark = job.mark(channel, query)
+                        for kg in kgs.tolist():
+                            mark[kg] = max(mark[kg], int(by_kg.get(str(kg), -1)))
+                    for channel, start in part["journal"].get(job.name, {}).items():
+                        taken += self._replay(job, channel, part["node"], int(start), kgs)
+            if durable:
+                manifest = recovery.load_manifest(self.checkpoint_dir, self.node_id)
+                for part in msg["parts"]:
+                    entry = {"key_groups": list(part["key_groups"]), "base": part["base"], "journal": at}
+                    manifest["adopted"].append(entry)
+                recovery.save_manifest(self.checkpoint_dir, self.node_id, manifest)
+            for part in msg["parts"]:
+                self.owned[part["key_groups"]] = True
+            self.version = msg["version"]
+        return {"rows_replayed": taken}
+
+    def _replay(self, job: NodeJob, channel: str, node: str, start: int, kgs: np.ndarray) -> int:
+        try:
+            log = ChannelLog(recovery.journal_dir(self.checkpoint_dir, node, job.name, channel), create=False)
+        except LookupError:
+            return 0
+        wanted = np.zeros(job.max_parallelism, dtype=bool)
+        wanted[kgs] = True
+        taken = 0
+        try:
+            for batch in log.read(start, log.end_offset):
+                keys = key_groups_of(column_of(batch, job.inputs[channel]), job.max_parallelism)
+                keep = wanted[keys]
+                if not keep.any():
+                    continue
+                query, batch_id = recovery.tag_of(batch)
+                rows = (batch if keep.all() else batch.filter(pa.array(keep))).replace_schema_metadata(None)
+                job.take(channel, rows, query, batch_id)
+                taken += rows.num_rows
+                if query is not None:
+                    mark = job.mark(channel, query)
+                    hit = np.unique(keys[keep])
+                    mark[hit] = np.maximum(mark[hit], batch_id)
+        finally:
+            log.close()
+        return taken
 
     def _act_status(self, body: bytes) -> dict:
         return {
@@ -439,6 +662,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--node-id", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--checkpoint-dir", default=None)
     args = parser.parse_args(argv)
     secret = os.environ.pop(SECRET_ENV, None)
     if not secret:
@@ -446,7 +670,7 @@ def main(argv: list[str] | None = None) -> None:
     tls_json = os.environ.pop(TLS_ENV, None)
     tls = ClusterTLS.from_json(tls_json) if tls_json else None
     warm_up()
-    server = NodeServer(args.node_id, secret, args.host, args.port, tls)
+    server = NodeServer(args.node_id, secret, args.host, args.port, tls, args.checkpoint_dir)
     threading.Thread(target=_exit_with_parent, args=(server, os.getppid()), daemon=True).start()
     print(json.dumps({"port": server.port}), flush=True)
     server.serve()

@@ -134,3 +134,23 @@ class RoutingStore:
             return RoutingTable.from_json(self.path.read_text())
         except FileNotFoundError:
             return None
+
+
+def plan_failover(table: RoutingTable, dead: list[str], survivors: list[str] | None = None) -> dict[int, str]:
+    """Where the key groups of nodes that died go: each to the surviving node holding the fewest
+    at that point (as ``plan_remove_node``, for several nodes at once). ``survivors``: the nodes
+    to restore on (default: the owners that did not die; new nodes after a driver restart)."""
+    gone = set(dead)
+    counts = Counter(o for o in table.owners if o not in gone)
+    for node in survivors or []:
+        counts.setdefault(node, 0)
+    counts = Counter({n: c for n, c in counts.items() if survivors is None or n in survivors})
+    if not counts:
+        raise ValueError(f"no node of the cluster survives ({sorted(gone)} died): nowhere to restore")
+    moves: dict[int, str] = {}
+    for kg, owner in enumerate(table.owners):
+        if owner in gone:
+            taker = min(counts, key=lambda n: (counts[n], n))
+            counts[taker] += 1
+            moves[kg] = taker
+    return moves

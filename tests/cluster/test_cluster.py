@@ -168,11 +168,11 @@ def test_a_micro_batch_in_several_chunks_reaches_every_key_group_whole(tmp_path)
     assert len(got) == len(records)
 
 
-def test_a_checkpointed_job_is_refused_before_any_node_is_asked(tmp_path):
+def test_a_checkpointed_job_is_refused_by_a_cluster_without_a_checkpoint_directory(tmp_path):
     env = count_sum_job()
     env.enable_checkpointing(1000)
     cluster = StretchCluster(tmp_path, 128, 8, owns_directory=False)  # no node: none may be asked
-    with pytest.raises(ValueError, match="checkpointing"):
+    with pytest.raises(ValueError, match="enables checkpointing: give the cluster a checkpoint directory"):
         env.execute_async("checkpointed", cluster=cluster)
 
 

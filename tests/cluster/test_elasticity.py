@@ -52,3 +52,42 @@ def test_the_controller_adds_and_removes_nodes_as_the_policy_decides(tmp_path):
     assert first.parallelism == 2 and len(first.busy) == 2 and all(0 <= b <= 1.5 for b in first.busy)
     assert any(load.parallelism == 3 and len(load.busy) == 3 for load in policy.loads)
     assert state == reference([r for b in rows for r in b])
+
+
+def test_a_node_change_cut_short_by_a_nodes_death_does_not_end_the_controller(tmp_path):
+    """The node the controller adds dies while it adopts key groups: the cluster restores them
+    from its checkpoint directory, the controller notes the loss and adds a node again."""
+    import os
+    import signal
+
+    rows = [[(f"k{(b * 7 + i) % 53}", i % 5) for i in range(100)] for b in range(30)]
+    policy = Scripted([3, 3])
+    with StretchCluster.local(nodes=2, directory=tmp_path / "c", checkpoint_dir=tmp_path / "ck") as cluster:
+        env = count_sum_job()
+        env.enable_checkpointing()
+        client = env.execute_async("elastic-lost", cluster=cluster)
+        killed = []
+
+        def hook(at, src, dst):
+            if at == "adopt" and not killed:
+                killed.append(dst)
+                os.kill(cluster.launcher.pids()[dst], signal.SIGKILL)
+
+        cluster._step_hook = hook
+        with client.writer("in") as w:
+            for b, batch in enumerate(rows[:10]):
+                w.write(to_batch(batch, PAIR), query="q", batch=b)
+            elasticity = cluster.enable_elasticity(policy, min_nodes=1, max_nodes=3, interval_ms=200)
+            for b, batch in enumerate(rows[10:], start=10):
+                w.write(to_batch(batch, PAIR), query="q", batch=b)
+                time.sleep(0.05)
+            deadline = time.monotonic() + 120
+            while not elasticity.changes and time.monotonic() < deadline:
+                time.sleep(0.05)
+        elasticity.stop()
+        assert elasticity.error is None and len(elasticity.lost) == 1
+        assert killed == ["node-2"] and [(k, n) for k, n, _ in elasticity.changes] == [("add", "node-3")]
+        assert cluster.nodes == ["node-0", "node-1", "node-3"]
+        state = {r["key"]: (r["count"], r["sum"]) for r in client.query_state("counts").to_pylist()}
+        client.cancel()
+    assert state == reference([r for b in rows for r in b])

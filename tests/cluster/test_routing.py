@@ -7,7 +7,14 @@ from collections import Counter
 
 import pytest
 
-from stretch.cluster.routing import RoutingStore, RoutingTable, plan_add_node, plan_remove_node, steps
+from stretch.cluster.routing import (
+    RoutingStore,
+    RoutingTable,
+    plan_add_node,
+    plan_failover,
+    plan_remove_node,
+    steps,
+)
 
 
 def test_initial_table_is_contiguous_ranges():
@@ -86,3 +93,15 @@ def test_store_keeps_the_latest_version_across_restarts(tmp_path):
     assert RoutingStore(tmp_path).load() == newer  # a new driver reads what the old one wrote
     with pytest.raises(ValueError, match="not newer"):
         store.save(table)
+
+
+def test_failover_gives_dead_nodes_key_groups_to_the_survivors_evenly():
+    table = RoutingTable.initial(["a", "b", "c", "d"], 128)
+    moves = plan_failover(table, ["b", "d"])
+    assert set(moves) == set(table.key_groups_of("b")) | set(table.key_groups_of("d"))
+    after = table.moved(moves)
+    assert set(after.owners) == {"a", "c"} and balanced(after)
+    fresh = table.moved(plan_failover(table, ["a", "b", "c", "d"], survivors=["x", "y", "z"]))
+    assert set(fresh.owners) == {"x", "y", "z"} and balanced(fresh)
+    with pytest.raises(ValueError, match="no node of the cluster survives"):
+        plan_failover(table, ["a", "b", "c", "d"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from stretch.cluster import StretchCluster
 from tests.cluster.jobs import count_sum_job, reference
@@ -52,6 +53,43 @@ def test_spark_streams_into_a_cluster_job_across_a_node_change(spark, tmp_path):
         assert set(client.wait(120).values()) == {"FINISHED"}
         got = outputs("spark-cluster", cluster.nodes)
         assert not list((tmp_path / "cluster" / "staging").iterdir())  # committed files are gone
+    final = {}
+    for key, count, total in got:
+        final[key] = max(final.get(key, (0, 0)), (count, total))
+    assert final == reference(rows)
+    assert len(got) == len(rows)  # one result per row: nothing twice, nothing lost
+
+
+@pytest.mark.long
+def test_a_checkpointed_cluster_job_fed_by_spark_survives_a_killed_node(spark, tmp_path):
+    """Micro-batches Spark committed after the nodes' latest checkpoint live only in the journal
+    of the node that took them: killed, its key groups are restored from checkpoint and journal."""
+    import os
+    import signal
+    import time
+
+    source = tmp_path / "in"
+    with StretchCluster.local(
+        nodes=2, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ckpt" / "stretch-cluster"
+    ) as cluster:
+        env = count_sum_job()
+        env.enable_checkpointing()
+        client = env.execute_async("spark-checkpointed", cluster=cluster)
+        rows = files(source, parts=2, rows=300, seed=3)
+        stream_into(spark, cluster, "spark-checkpointed", source, tmp_path / "ckpt")
+        client.trigger_checkpoint()
+        rows += files(source, parts=1, rows=300, seed=4)
+        stream_into(spark, cluster, "spark-checkpointed", source, tmp_path / "ckpt")
+        os.kill(cluster.launcher.pids()["node-1"], signal.SIGKILL)
+        rows += files(source, parts=2, rows=300, seed=5)  # the writer waits for the restore
+        stream_into(spark, cluster, "spark-checkpointed", source, tmp_path / "ckpt")
+        deadline = time.monotonic() + 120
+        while not cluster.recoveries:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        client.end("in")
+        assert set(client.wait(120).values()) == {"FINISHED"}
+        got = outputs("spark-checkpointed", ["node-0", "node-1"])
     final = {}
     for key, count, total in got:
         final[key] = max(final.get(key, (0, 0)), (count, total))

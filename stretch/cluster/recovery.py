@@ -1,0 +1,156 @@
+"""What lets any node restore any key group of a node that died: the checkpoint directory.
+
+A cluster given ``checkpoint_dir`` (a directory every node can read, next to Spark's checkpoint
+location on Spark) keeps, per node, under ``nodes/<node>/``:
+
+- ``journal/<job>/<channel>/``: every row batch the node took for a checkpointed job, in the order
+  it took them, before the job sees them (a channel log, ``runtime.channel_log``), each batch
+  tagged with its Spark (query, micro-batch). Spark replays only a micro-batch it never
+  committed, so what a node took must be kept by the cluster until a checkpoint covers it.
+- ``checkpoints/<name>/``: a checkpoint of the key groups the node owns: per job and keyed
+  operator one Arrow IPC file of key-group snapshots (``<job>/<operator>.arrow``, rows tagged by
+  key group, so any node loads any key group of it), and ``_metadata.json`` (each state's layout
+  and the dedup marks of every (channel, query) per key group), written last.
+- ``manifest.json``, replaced atomically: how to restore each key group the node owns, its latest
+  checkpoint with the journal offsets and output offsets it covers, and the key groups adopted
+  since (each with the snapshot it came from and the journal offset from which its rows are here).
+
+A key group restores from its base (a checkpoint, None: empty) plus the journal's rows of it from
+the base's offsets on; its dedup marks from the base's marks plus the journal's tags. A dead
+node's output logs are cut back to what its latest checkpoint committed: the restored key groups
+produce the rest again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from stretch.runtime.channel_log import ChannelLog
+from stretch.runtime.state_dir import job_dir_name, make_private_dir, write_private
+from stretch.state.snapshot import SCHEMA as SNAPSHOT_SCHEMA
+from stretch.state.snapshot import write_snapshot
+
+
+class NodeLost(RuntimeError):
+    """A node died during a node change: its key groups (and those it was handing over) were
+    restored on the surviving nodes from the checkpoint directory, and the change stopped there."""
+
+
+QUERY_KEY = b"stretch.cluster.query"
+BATCH_KEY = b"stretch.cluster.batch"
+NO_LIMIT = 1 << 62  # a journal keeps everything (its node's checkpoints say what it still needs)
+
+
+def node_dir(checkpoint_dir: str | os.PathLike, node: str) -> Path:
+    return Path(checkpoint_dir) / "nodes" / node
+
+
+def journal_dir(checkpoint_dir, node: str, job: str, channel: str) -> Path:
+    return node_dir(checkpoint_dir, node) / "journal" / job_dir_name(job) / channel
+
+
+def open_journal(checkpoint_dir, node: str, job: str, channel: str) -> ChannelLog:
+    return ChannelLog(journal_dir(checkpoint_dir, node, job, channel), max_bytes=NO_LIMIT)
+
+
+def tagged(batch: pa.RecordBatch, query: str | None, batch_id: int | None) -> pa.RecordBatch:
+    """``batch`` with its (query, micro-batch) in its schema's metadata, as the journal keeps it."""
+    if query is None:
+        return batch.replace_schema_metadata(None)
+    return batch.replace_schema_metadata({QUERY_KEY: query.encode(), BATCH_KEY: str(batch_id).encode()})
+
+
+def tag_of(batch: pa.RecordBatch) -> tuple[str | None, int | None]:
+    meta = batch.schema.metadata or {}
+    if QUERY_KEY not in meta:
+        return None, None
+    return meta[QUERY_KEY].decode(), int(meta[BATCH_KEY])
+
+
+# ---- snapshots ----------------------------------------------------------------------------------
+def write_checkpoint(path: Path, operators: dict, marks: dict, extra: dict) -> int:
+    """A checkpoint directory: ``operators`` {job: {operator: (batches, description)}}, ``marks``
+    {job: [[channel, query, {kg: batch}]]}; ``_metadata.json`` last. Returns the bytes written."""
+    if path.exists():  # a checkpoint of that name that never completed (its node died)
+        shutil.rmtree(path)
+    make_private_dir(path)
+    size, layouts = 0, {}
+    for job, by_operator in operators.items():
+        make_private_dir(path / job_dir_name(job))
+        for operator, (batches, description) in by_operator.items():
+            size += write_snapshot(batches, path / job_dir_name(job) / f"{operator}.arrow")
+            layouts.setdefault(job, {})[operator] = description
+    write_private(path / "_metadata.json", json.dumps({"operators": layouts, "marks": marks, **extra}))
+    return size
+
+
+def read_metadata(path: str | os.PathLike) -> dict:
+    return json.loads((Path(path) / "_metadata.json").read_text())
+
+
+def read_key_groups(path: str | os.PathLike, job: str, operator: str, key_groups) -> list[pa.RecordBatch]:
+    """The snapshot rows of ``key_groups`` of a job's operator in a checkpoint directory."""
+    file = Path(path) / job_dir_name(job) / f"{operator}.arrow"
+    if not file.exists():
+        return []
+    with pa.memory_map(str(file)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    wanted = np.zeros(max(int(max(key_groups, default=0)) + 1, 1), dtype=bool)
+    wanted[list(key_groups)] = True
+    column = table.column(0).to_numpy()
+    keep = np.zeros(len(column), dtype=bool)
+    inside = column < len(wanted)
+    keep[inside] = wanted[column[inside]]
+    return pa.Table.from_batches(table.filter(pa.array(keep)).to_batches(), SNAPSHOT_SCHEMA).to_batches()
+
+
+# ---- the manifest -------------------------------------------------------------------------------
+def load_manifest(checkpoint_dir, node: str) -> dict:
+    path = node_dir(checkpoint_dir, node) / "manifest.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"checkpoint": None, "key_groups": [], "journal": {}, "outputs": {}, "adopted": []}
+
+
+def save_manifest(checkpoint_dir, node: str, manifest: dict) -> None:
+    directory = node_dir(checkpoint_dir, node)
+    make_private_dir(directory)
+    write_private(directory / "manifest.json", json.dumps(manifest))
+
+
+def source_of(checkpoint_dir, node: str, key_group: int, manifest: dict | None = None) -> tuple:
+    """Where key group ``key_group`` of node ``node`` restores from: (base checkpoint or None,
+    {job: {channel: journal offset}}), the latest adoption of it, else the node's checkpoint."""
+    manifest = manifest if manifest is not None else load_manifest(checkpoint_dir, node)
+    for entry in reversed(manifest["adopted"]):
+        if key_group in entry["key_groups"]:
+            return entry["base"], entry["journal"]
+    return manifest["checkpoint"], manifest["journal"]
+
+
+def adopted_from(checkpoint_dir, node: str, key_group: int, base: str) -> bool:
+    """Whether ``node`` adopted ``key_group`` from ``base`` (a handoff reached its last step)."""
+    manifest = load_manifest(checkpoint_dir, node)
+    return any(key_group in e["key_groups"] and e["base"] == base for e in manifest["adopted"])
+
+
+def cut_output(log_dir: Path, offset: int) -> None:
+    """A dead node's output log ends where its latest checkpoint committed it: what came after is
+    produced again by the node that restores its key groups."""
+    try:
+        log = ChannelLog(log_dir, create=False)
+    except LookupError:
+        return
+    try:
+        log.truncate(offset)
+        log.set_committed(None)
+        log.end()
+    finally:
+        log.close()
