@@ -278,6 +278,7 @@ class Coordinator:
         self._dataplane.append(self.control)
         res = JobResources(prefix, self.control.segment.name, len(keyed), plan.max_parallelism)
         res.dead_letter_sink = plan.dead_letter_sink
+        res.job_parameters = dict(plan.job_parameters)
         res.code = str(self.updater.history.dir)
         if self.checkpointer is not None:
             res.checkpoints = str(self.checkpointer.store.dir)

@@ -144,7 +144,12 @@ class SourceTask(Task):
         chain = Chain(self.stage.chain, self.stage.name, outputs)
         chain.open(
             InstanceRuntimeContext(
-                self.stage.name, 0, lambda: 1, self.stage.max_parallelism, metrics=self.metrics
+                self.stage.name,
+                0,
+                lambda: 1,
+                self.stage.max_parallelism,
+                metrics=self.metrics,
+                job_parameters=self.res.job_parameters,
             )
         )
         source_type = getattr(self.stage.source, "type_info", None)
@@ -199,7 +204,12 @@ class SourceTask(Task):
         chain.update_step(
             updated_step(self.stage),
             InstanceRuntimeContext(
-                self.stage.name, 0, lambda: 1, self.stage.max_parallelism, metrics=self.metrics
+                self.stage.name,
+                0,
+                lambda: 1,
+                self.stage.max_parallelism,
+                metrics=self.metrics,
+                job_parameters=self.res.job_parameters,
             ),
         )
         cb = self.attached.control
@@ -351,6 +361,7 @@ class KeyedInstanceTask(Task):
             self.stage.max_parallelism,
             operator.backend,
             self.metrics,
+            self.res.job_parameters,
         )
 
     def _update(self, version: int, old, chain: Chain):
