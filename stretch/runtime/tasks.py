@@ -23,7 +23,7 @@ from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTr
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
 from stretch.runtime.operators.broadcast import SAVER_GROUP
-from stretch.runtime.outputs import Outputs
+from stretch.runtime.outputs import Outputs, open_function
 from stretch.runtime.resources import JobResources
 from stretch.runtime.state_dir import write_private
 from stretch.runtime.transactions import MarkCounter, round_of, txn_of
@@ -270,7 +270,7 @@ class KeyedInstanceTask(Task):
         if self.board is not None:  # the broadcast state in force where this instance starts
             self._bind_board(operator, gate)
             operator.load_broadcast(self.board.before(gate.cursor(index)))
-        operator.open(self._context(operator))
+        open_function(operator, self._context(operator), stage.name)
         chain.open(self._context(operator))
         fused = hasattr(operator, "process_owned")
         marks = MarkCounter()
