@@ -68,6 +68,7 @@ from stretch.common.typeinfo import (
     misplaced_type_repr,
     type_expr,
 )
+from stretch.common.user_code import SCRIPT_MARK, dumps_value
 
 __all__ = [
     "RECORD_KIND_KEY",
@@ -261,34 +262,17 @@ def _pickle_values(values: Sequence) -> list:
         out = [None if v is None else dumps(v, PICKLE_PROTOCOL) for v in values]
     except Exception:
         return [None if v is None else _dumps_any(v) for v in values]
-    if _MAIN in b"".join(filter(None, out)):  # one scan of all, not one per record
-        return [b if b is None or _MAIN not in b else _dumps_any(v) for v, b in zip(values, out)]
+    if SCRIPT_MARK in b"".join(filter(None, out)):  # one scan of all, not one per record
+        return [b if b is None or SCRIPT_MARK not in b else _dumps_any(v) for v, b in zip(values, out)]
     return out
 
 
-_MAIN = b"__main__"
-"""A pickle that names ``__main__`` refers to a class or function of the user's script, which a
-worker cannot import (its ``__main__`` is not the script): such values are pickled by value."""
-
-
 def _dumps_any(v: Any) -> bytes:
-    """pickle, or cloudpickle for what pickle cannot send to a worker by reference: lambdas, local
-    classes and everything defined in the user's script (loads with pickle)."""
+    """``user_code.dumps_value``: pickle, or by value what a worker could not import."""
     try:
-        pickled = pickle.dumps(v, PICKLE_PROTOCOL)
-        if _MAIN not in pickled:
-            return pickled
-        exc = None
-    except Exception as e:
-        exc = e
-    try:
-        import cloudpickle
-    except ImportError:
+        return dumps_value(v)
+    except Exception as exc:
         raise _MismatchError from exc
-    try:
-        return cloudpickle.dumps(v, protocol=PICKLE_PROTOCOL)
-    except Exception as exc2:
-        raise _MismatchError from exc2
 
 
 def _encode(values: Sequence, t: TypeInformation, seen: set | None = None) -> pa.Array:

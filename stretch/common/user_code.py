@@ -1,4 +1,4 @@
-"""Shipping user functions to workers: cloudpickle, keeping where their code was written.
+"""Shipping user functions and values to workers: cloudpickle, keeping where code was written.
 
 cloudpickle sends the functions of a script (and of anything it pickles by value) as code objects,
 and since 3.1.3 renames their file ``<dynamic-code>`` to make the bytes deterministic. A user's
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copyreg
 import io
+import pickle
 import types
 
 import cloudpickle
@@ -35,3 +36,22 @@ def dumps(obj) -> bytes:
     buffer = io.BytesIO()
     _Pickler(buffer).dump(obj)
     return buffer.getvalue()
+
+
+SCRIPT_MARK = b"__main__"
+"""A pickle that names ``__main__`` refers to a class or function of the user's script, which a
+worker cannot import (its ``__main__`` is not the script): such values are pickled by value."""
+
+
+def dumps_value(value) -> bytes:
+    """A record or state value as bytes that ``pickle.loads`` reads in any process of the job:
+    pickle, or cloudpickle (by value) for what pickle could only name and a worker cannot import,
+    i.e. classes and functions of the user's script (``__main__``; a worker's is not the script)
+    and local classes. Pickle first: it is fast and small, and most values are plain."""
+    try:
+        pickled = pickle.dumps(value, protocol=5)
+        if SCRIPT_MARK not in pickled:
+            return pickled
+    except (pickle.PicklingError, AttributeError, TypeError):
+        pass
+    return dumps(value)

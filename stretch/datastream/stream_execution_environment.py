@@ -350,6 +350,7 @@ class StreamExecutionEnvironment:
         plan = compile_plan(sinks, self._parallelism, self._max_parallelism, dead_letters)
         for stage in plan.stages:
             stage.batch = batch
+        plan.job_parameters = self._execution_config.get_global_job_parameters()
         if restore is None:
             restore = os.environ.get(RESTORE_ENV) == "1"
         if restore and not self.engine_config.checkpointing:

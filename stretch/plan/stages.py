@@ -94,6 +94,7 @@ class JobPlan:
     gate_producers: dict[int, list[int]]  # gate id -> producing stage ids
     max_parallelism: int
     dead_letter_sink: int | None = None  # under the dead-letter policy: the sink every stage may feed
+    job_parameters: dict[str, str] = field(default_factory=dict)  # RuntimeContext.get_job_parameter
 
     def stage(self, name: str) -> StageSpec:
         for s in self.stages:

@@ -18,7 +18,7 @@ from stretch.plan.stages import KeySpec, Step
 from stretch.runtime.batch import Records, resolve_field, split_outputs, take
 from stretch.runtime.event_time import MAX_WATERMARK, WatermarkGenerator, timestamps_of
 from stretch.runtime.gate import Kind
-from stretch.runtime.outputs import NO_KEY, Outputs, StepError, call_of, per_record
+from stretch.runtime.outputs import NO_KEY, Outputs, StepError, call_of, open_function, per_record
 from stretch.runtime.routing import keyed_by_field, keyed_by_selector, not_null
 
 
@@ -32,8 +32,9 @@ class Chain:
         self.nodes = [n for r in self.roots for n in r.walk()]
 
     def open(self, runtime_context) -> None:
-        for f in self.functions:
-            f.open(runtime_context)
+        for n in self.nodes:
+            if isinstance(n.step.fn, Function):
+                open_function(n.step.fn, runtime_context, n.operator)
         for n in self.nodes:
             n.open()
 

@@ -36,6 +36,7 @@ FREE, RUNNING, DONE = 0, 1, 2
 _OP_HEADER = 64  # epoch, parallelism, switch futex...
 _WM_BYTES = 64 * 1024  # the watermark tracking state saved at the latest epoch marker
 O_EPOCH, O_PARALLELISM, O_SWITCH_FUTEX = 0, 1, 2
+O_KEY_GROUPS = 3  # the operator's own max parallelism (its tables' length), if not the job's
 # Job-wide words after the operators' areas: checkpoint barriers (see runtime.checkpointing).
 _JOB_WORDS = 1024
 J_REQUEST, J_FUTEX, _J_STAGES = 0, 1, 16
@@ -111,7 +112,7 @@ class ControlBlock:
     def table(self, op: int, epoch: int) -> np.ndarray:
         """The ownership table (int16 instance index per key group) of an epoch."""
         off = self._base(op) + _OP_HEADER * 8 + (epoch % TABLE_RING) * self.max_parallelism * 2
-        return self.segment.view(np.int16, off, self.max_parallelism)
+        return self.segment.view(np.int16, off, int(self.header(op)[O_KEY_GROUPS]) or self.max_parallelism)
 
     def instances(self, op: int) -> np.ndarray:
         """Per-instance words, shape (MAX_INSTANCES, I_WORDS); row i is written by instance i."""

@@ -137,6 +137,7 @@ class Coordinator:
         self.user_metrics: dict[tuple[str, int], list] = {}
         self.job_dir: JobDir | None = None  # held while the job runs, if it keeps logs or checkpoints
         self._dataplane: list = []  # segments rebuilt by a recovery (see _build_dataplane)
+        self.prefix: str | None = None  # of the job's shared-memory segments, once it starts
         self._metrics = None  # (server, thread, port) of the Prometheus endpoint
         self._server: ControlServer | None = None
         self._zygote: Zygote | None = None
@@ -274,10 +275,15 @@ class Coordinator:
         cfg, plan, prefix = self.config, self.plan, self.prefix
         self._dataplane = []
         keyed = [s for s in plan.stages if s.kind == "keyed"]
-        self.control = ControlBlock.create(prefix, len(keyed), plan.max_parallelism)
+        # an operator may have key groups of its own (set_max_parallelism): tables hold the most
+        tables = max([plan.max_parallelism, *(s.max_parallelism for s in keyed)])
+        self.control = ControlBlock.create(prefix, len(keyed), tables)
         self._dataplane.append(self.control)
-        res = JobResources(prefix, self.control.segment.name, len(keyed), plan.max_parallelism)
+        for op, stage in enumerate(keyed):
+            self.control.header(op)[cbk.O_KEY_GROUPS] = stage.max_parallelism
+        res = JobResources(prefix, self.control.segment.name, len(keyed), tables)
         res.dead_letter_sink = plan.dead_letter_sink
+        res.job_parameters = dict(plan.job_parameters)
         res.code = str(self.updater.history.dir)
         if self.checkpointer is not None:
             res.checkpoints = str(self.checkpointer.store.dir)
@@ -945,8 +951,8 @@ class Coordinator:
         for seg in (*self._segments, *self._dataplane):
             with contextlib.suppress(Exception):
                 seg.close()
-        if self.resources is not None:
-            shm.unlink_prefix(self.resources.prefix)
+        if self.prefix is not None:  # also what a start that failed halfway had made
+            shm.unlink_prefix(self.prefix)
         with contextlib.suppress(FileNotFoundError):
             self.info_path.unlink()
         self.updater.close()

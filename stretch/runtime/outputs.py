@@ -31,10 +31,21 @@ class StepError(Exception):
 def describe_failure(operator: str, record, key, cause: BaseException, what: str = "user function") -> str:
     key_part = "" if key is NO_KEY else f", key {short(key)}"
     reason = f"{type(cause).__name__}: {exception_text(cause)}"
+    if record is NO_RECORD:
+        return f"{what} of operator {operator!r} failed: {reason}"
     return f"{what} of operator {operator!r} failed on record {short(record)}{key_part}: {reason}"
 
 
 NO_KEY = object()
+NO_RECORD = object()  # a failure outside any record: open()
+
+
+def open_function(fn, runtime_context, operator: str) -> None:
+    """``fn.open(runtime_context)``; its failure names the operator and says it was open()."""
+    try:
+        fn.open(runtime_context)
+    except Exception as e:
+        raise StepError(operator, NO_RECORD, NO_KEY, e, what="open()") from e
 
 
 def exception_text(e: BaseException) -> str:

@@ -26,3 +26,4 @@ class JobResources:
     code: str = ""  # directory of the keyed operators' code versions (runtime.code_update)
     channel_logs: dict[str, tuple[str, str]] = field(default_factory=dict)  # input channel -> (log, tail)
     aborted_txns: set[int] = field(default_factory=set)  # stage transactions a restored run skips
+    job_parameters: dict[str, str] = field(default_factory=dict)  # the plan's global job parameters

@@ -43,6 +43,7 @@ def _describe_live(job) -> dict:
                 "name": stage.name,
                 "kind": stage.operator.kind,  # process | aggregate | vector_window (vectorized)
                 "parallelism": p,
+                "max_parallelism": stage.max_parallelism,  # its key groups
                 "epoch": epoch,
                 "code_version": stage.code_version,  # 0: the script's code; more: live updates
                 "gate_depth": job.gates[stage.input_gate].depth(),

@@ -23,7 +23,7 @@ from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTr
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
 from stretch.runtime.operators.broadcast import SAVER_GROUP
-from stretch.runtime.outputs import Outputs
+from stretch.runtime.outputs import Outputs, open_function
 from stretch.runtime.resources import JobResources
 from stretch.runtime.state_dir import write_private
 from stretch.runtime.transactions import MarkCounter, round_of, txn_of
@@ -144,7 +144,12 @@ class SourceTask(Task):
         chain = Chain(self.stage.chain, self.stage.name, outputs)
         chain.open(
             InstanceRuntimeContext(
-                self.stage.name, 0, lambda: 1, self.stage.max_parallelism, metrics=self.metrics
+                self.stage.name,
+                0,
+                lambda: 1,
+                self.stage.max_parallelism,
+                metrics=self.metrics,
+                job_parameters=self.res.job_parameters,
             )
         )
         source_type = getattr(self.stage.source, "type_info", None)
@@ -199,7 +204,12 @@ class SourceTask(Task):
         chain.update_step(
             updated_step(self.stage),
             InstanceRuntimeContext(
-                self.stage.name, 0, lambda: 1, self.stage.max_parallelism, metrics=self.metrics
+                self.stage.name,
+                0,
+                lambda: 1,
+                self.stage.max_parallelism,
+                metrics=self.metrics,
+                job_parameters=self.res.job_parameters,
             ),
         )
         cb = self.attached.control
@@ -260,7 +270,7 @@ class KeyedInstanceTask(Task):
         if self.board is not None:  # the broadcast state in force where this instance starts
             self._bind_board(operator, gate)
             operator.load_broadcast(self.board.before(gate.cursor(index)))
-        operator.open(self._context(operator))
+        open_function(operator, self._context(operator), stage.name)
         chain.open(self._context(operator))
         fused = hasattr(operator, "process_owned")
         marks = MarkCounter()
@@ -351,6 +361,7 @@ class KeyedInstanceTask(Task):
             self.stage.max_parallelism,
             operator.backend,
             self.metrics,
+            self.res.job_parameters,
         )
 
     def _update(self, version: int, old, chain: Chain):

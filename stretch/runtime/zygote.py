@@ -24,7 +24,10 @@ from stretch._native import set_parent_death_signal
 
 # Run by ``python -c`` with argv [package root, cmd fd, resp fd]: the package root goes first on
 # the path before anything of stretch is imported (``-m`` would put the current directory first).
+# Ctrl-C in a terminal reaches the whole process group: only the user's program answers it (and
+# ends the job); the zygote and its workers ignore it rather than print tracebacks of their own.
 _BOOT = (
+    "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
     "import sys; sys.path.insert(0, sys.argv[1]); "
     "from stretch.runtime.zygote import main; sys.exit(main(int(sys.argv[2]), int(sys.argv[3])))"
 )

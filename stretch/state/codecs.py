@@ -3,7 +3,7 @@
 Numeric and boolean values live in fixed-width columns (Arrow layout: values plus validity);
 everything else is a variable-length value in the column's heap, encoded as UTF-8 (STRING), raw
 bytes (BYTES) or pickle (composite and PICKLED_BYTE_ARRAY types: written and read only by the
-job's own processes). List elements are a concatenable stream, so appends never rewrite a list.
+job's own processes; classes of the user's script by value, ``user_code.dumps_value``). List elements are a concatenable stream, so appends never rewrite a list.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from stretch.common.typeinfo import TypeInformation, Types
+from stretch.common.user_code import dumps_value
 
 _LEN = struct.Struct("<I")
 
@@ -60,7 +61,7 @@ class ValueCodec:
             if not isinstance(value, (bytes, bytearray, memoryview)):
                 raise TypeError(f"expected bytes, got {type(value).__name__} {value!r}")
             return bytes(value)
-        return pickle.dumps(value, protocol=5)
+        return dumps_value(value)
 
     def decode(self, data) -> object:
         if self.name == "utf8":

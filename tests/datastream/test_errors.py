@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stretch.common import Types
-from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment
+from stretch.datastream import KeyedProcessFunction, MapFunction, StreamExecutionEnvironment
 from stretch.datastream.state import ValueStateDescriptor
 from stretch.errors import JobCancellationError, UserFunctionError
 
@@ -159,3 +159,40 @@ def test_cancel_of_a_running_job_leaves_nothing_behind():
     assert client.get_job_status().result().name == "CANCELED"
     with pytest.raises(JobCancellationError, match="was cancelled"):  # as Flink's result does
         client.get_job_execution_result().result(10)
+
+
+class CannotConnect(MapFunction):
+    def open(self, runtime_context):
+        raise ConnectionError("lookup service unreachable")
+
+    def map(self, value):
+        return value
+
+
+class BadConfig(KeyedProcessFunction):
+    def open(self, runtime_context):
+        raise ValueError("no such setting")
+
+    def process_element(self, value, ctx):
+        yield value
+
+
+@pytest.mark.parametrize(
+    ("build", "operator", "cause"),
+    [
+        (lambda s: s.map(CannotConnect(), Types.LONG()).name("lookup"), "lookup", ConnectionError),
+        (
+            lambda s: s.key_by(lambda v: v % 3).process(BadConfig()).name("configured"),
+            "configured",
+            ValueError,
+        ),
+    ],
+)
+def test_an_open_that_raises_names_its_operator_and_says_open(build, operator, cause):
+    e = env()
+    build(e.from_collection(list(range(10)), Types.LONG())).print()
+    with pytest.raises(UserFunctionError) as info:
+        e.execute("open fails")
+    assert str(info.value).startswith(f"open() of operator {operator!r} failed: {cause.__name__}")
+    assert isinstance(info.value.__cause__, cause)
+    assert "raise" in str(info.value)  # the user's own source line, from the worker's traceback

@@ -80,8 +80,8 @@ def rescale_randomly(
     for _ in range(count):
         reports.append(job.client.rescale(operator, rng.randint(1, 8)))
         time.sleep(rng.random() * 0.02)
-    for r in reports:
-        assert r.state_bytes_copied == 0 and r.epoch > 0
+    for r in reports:  # a rescale to the parallelism in force publishes nothing (no new epoch)
+        assert r.state_bytes_copied == 0 and (r.epoch > 0 or r.new_parallelism == r.old_parallelism)
     return reports
 
 
@@ -141,6 +141,29 @@ def test_vectorized_sum_under_random_rescales():
     for k, v in got:
         have[k].append(v)
     assert have == want
+
+
+@pytest.mark.parametrize("key_groups", [16, 512])
+def test_an_operator_with_key_groups_of_its_own_rescales(key_groups):
+    """``set_max_parallelism`` on one operator: fewer or more key groups than the job's 128."""
+    rng = random.Random(key_groups)
+    records = every_state_records(3000, key_groups)
+    job = Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", RECORD), None, "in")
+            .key_by(lambda r: r[0])
+            .process(EveryState())
+            .name("own")
+            .set_max_parallelism(key_groups)
+        ),
+        f"own key groups {key_groups}",
+    )
+    assert job.client.describe()["operators"][0]["max_parallelism"] == key_groups
+    writer = feed(job, records, rng, chunks=30)
+    reports = rescale_randomly(job, "own", rng, 12)
+    writer.join()
+    assert by_key(job.finish()) == by_key(reference(records, lambda r: r[0]))
+    assert len(reports) == 12
 
 
 class SlowSum(KeyedProcessFunction):

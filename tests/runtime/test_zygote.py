@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,37 @@ def test_an_installed_stretch_runs_from_a_source_checkout_and_from_elsewhere(tmp
         where, result = _run(script, cwd, site)
         assert where == str(site / "stretch" / "__init__.py")
         assert result == expected
+
+
+def test_ctrl_c_is_the_programs_alone_the_zygote_and_workers_ignore_it(capfd):
+    """A terminal's Ctrl-C reaches the whole process group; the job's own processes must neither
+    die of it nor print tracebacks: the user's program decides (its KeyboardInterrupt ends the job)."""
+    from stretch import channels
+    from stretch.common import Types
+    from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+
+    record = Types.TUPLE([Types.LONG(), Types.LONG()])
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.from_source(ChannelSource("in", record), None, "in").key_by(lambda r: r[0]).sum(1).sink_to(
+        ChannelSink("out")
+    )
+    client = env.execute_async("ctrl-c")
+    try:
+        co = client._coordinator
+        pids = [co._zygote.process.pid] + [w.pid for w in co._workers.values() if w.pid]
+        for pid in pids:
+            os.kill(pid, signal.SIGINT)
+        sent = [(i % 5, i) for i in range(1000)]
+        with channels.open_writer(client, "in") as writer:
+            writer.write(sent)
+        results = list(channels.open_reader(client, "out"))
+    finally:
+        client.wait(60)
+    sums: dict[int, int] = {}
+    expected = []
+    for k, v in sent:  # the rolling sum, per key
+        sums[k] = sums.get(k, 0) + v
+        expected.append((k, sums[k]))
+    assert sorted(results) == sorted(expected)
+    assert "KeyboardInterrupt" not in capfd.readouterr().err

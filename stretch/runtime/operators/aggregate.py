@@ -9,6 +9,7 @@ import pickle
 import numpy as np
 import pyarrow as pa
 
+from stretch.common.user_code import dumps_value
 from stretch.plan.stages import OperatorSpec
 from stretch.runtime.batch import KEY_COLUMN, Records, resolve_field
 from stretch.runtime.operators.base import KeyedOperator
@@ -169,7 +170,7 @@ class AggregateOperator(KeyedOperator):
             for i, v in zip(new, picked):
                 values[i] = v
             idx = np.array(new, dtype=np.int64)
-            self.table.write_var(sid, ukgs[idx], urows[idx], [pickle.dumps(v, protocol=5) for v in picked])
+            self.table.write_var(sid, ukgs[idx], urows[idx], [dumps_value(v) for v in picked])
         return pa.array([values[u] for u in uidx.tolist()], type=column.type)
 
 

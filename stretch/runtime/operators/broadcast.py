@@ -206,6 +206,7 @@ class BroadcastProcessOperator(ProcessOperator):
                 rc._parallelism,
                 rc._max_parallelism,
                 metrics=rc.get_metrics_group(),
+                job_parameters=rc._job_parameters,
             )
         self.user.open(runtime_context)
 

@@ -14,10 +14,18 @@ class InstanceRuntimeContext(RuntimeContext):
     """What a user function learns about its instance in open(): names, parallelism, state."""
 
     def __init__(
-        self, task_name: str, index: int, parallelism, max_parallelism: int, backend=None, metrics=None
+        self,
+        task_name: str,
+        index: int,
+        parallelism,
+        max_parallelism: int,
+        backend=None,
+        metrics=None,
+        job_parameters: dict | None = None,
     ):
         if metrics is not None:  # the task's own group: the worker reports it (runtime.user_metrics)
             self.__dict__["_metrics_group"] = metrics
+        self._job_parameters = job_parameters or {}
         self._task_name = task_name
         self._index = index
         self._parallelism = parallelism  # a callable: parallelism changes with rescales
@@ -35,6 +43,10 @@ class InstanceRuntimeContext(RuntimeContext):
 
     def get_index_of_this_subtask(self) -> int:
         return self._index
+
+    def get_job_parameter(self, key: str, default_value: str):
+        """A global job parameter (``env.get_config().set_global_job_parameters``), as in PyFlink."""
+        return self._job_parameters.get(key, default_value)
 
     def _state(self, descriptor, cls):
         if self._backend is None:
