@@ -12,10 +12,11 @@ owner-only). A writer in another process of this host opens it by that path. The
 the routing table there, so it survives the driver's restart.
 
 A node change moves the fewest key groups (``routing.plan_add_node``/``plan_remove_node``), in
-steps of a few key groups, each step one routing version: the old owner stops taking the step's
-key groups, lets its engine finish the rows it took (a barrier through the keyed gates), copies
-their state out (Arrow IPC key-group snapshot) and forgets it; the new owner loads it into its
-live arena and only then takes their rows. Writers that meet a refusal reload the table and send
+steps of a few key groups (at most ``step``, and about ``STEP_BYTES`` of state), each step one
+routing version: the old owner stops taking the step's key groups, lets its engine finish the
+rows it took (a barrier through the keyed gates), copies their state out (Arrow IPC key-group
+snapshot) and forgets it; the new owner loads it into its live arena and only then takes their
+rows. Writers that meet a refusal reload the table and send
 again, so a key waits at most for its own step.
 
 With a checkpoint directory (``checkpoint_dir``), checkpointed jobs run too: nodes journal what
@@ -59,6 +60,10 @@ from stretch.cluster.tls import ClusterTLS
 from stretch.common import user_code
 from stretch.runtime.state_dir import channel_dir, job_dir_name, write_private
 from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
+
+STEP_BYTES = 4 << 20
+"""About the state a handoff step moves: its key groups wait while it is copied, so a step of a
+large state holds fewer key groups (at least one; a finer max parallelism makes finer steps)."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +144,8 @@ class StretchCluster:
 
         ``directory`` holds the cluster's routing table; given one that a previous driver used,
         the cluster goes on from the routing version stored there (with fresh, empty nodes).
-        ``step``: key groups moved per routing version during a node change. ``tls``: mutual TLS
+        ``step``: the most key groups moved per routing version during a node change (fewer
+        where their state is large: a step moves about ``STEP_BYTES``). ``tls``: mutual TLS
         between every node, the driver and every writer (see cluster.tls). ``private_shm_mb``: each
         node in a mount namespace of its own with a private ``/dev/shm`` of that size (needs root),
         so that nodes share nothing by accident, as on separate hosts. ``checkpoint_dir``: where
@@ -617,11 +623,25 @@ class StretchCluster:
         self._stop_node(node)
         return report
 
+    def _state_bytes_per_key_group(self, moves: dict[int, str]) -> dict[int, float]:
+        """Each moving key group's share of its node's state (the nodes' jobs' state bytes over
+        the key groups the node owns): what cuts a node change into steps of similar size."""
+        shares: dict[int, float] = {}
+        for node in {self.table.owners[kg] for kg in moves}:
+            status = self.connection.action(node, "status")
+            total = sum(
+                op["state_bytes"] for job in status["jobs"].values() for op in job.get("operators", ())
+            )
+            owned = status["key_groups"]
+            for kg in owned:
+                shares[kg] = total / len(owned)
+        return shares
+
     def _handoff(self, moves: dict[int, str]) -> HandoffReport:
         t0 = time.monotonic()
         moved = size = 0
         stalls: list[float] = []
-        parts = steps(moves, self.step)
+        parts = steps(moves, self.step, self._state_bytes_per_key_group(moves), STEP_BYTES)
         for step in parts:
             old = self.table
             self.table = old.moved(step)

@@ -101,11 +101,25 @@ def plan_remove_node(table: RoutingTable, node: str) -> dict[int, str]:
     return moves
 
 
-def steps(moves: dict[int, str], size: int) -> list[dict[int, str]]:
-    """Moves cut into small steps of at most ``size`` key groups (Megaphone's fluid migration):
-    each step is one version, so a key waits only for its own step's copy."""
-    items = sorted(moves.items())
-    return [dict(items[i : i + size]) for i in range(0, len(items), size)]
+def steps(
+    moves: dict[int, str], size: int, state_bytes: dict[int, float] | None = None, budget: float = 0
+) -> list[dict[int, str]]:
+    """Moves cut into small steps (Megaphone's fluid migration) of at most ``size`` key groups
+    and, given each key group's ``state_bytes``, at most ``budget`` bytes of state (but at least
+    one key group): each step is one version, so a key waits only for its own step's copy."""
+    out: list[dict[int, str]] = []
+    step: dict[int, str] = {}
+    held = 0.0
+    for kg, node in sorted(moves.items()):
+        weight = state_bytes.get(kg, 0.0) if state_bytes else 0.0
+        if step and (len(step) == size or (budget and held + weight > budget)):
+            out.append(step)
+            step, held = {}, 0.0
+        step[kg] = node
+        held += weight
+    if step:
+        out.append(step)
+    return out
 
 
 class RoutingStore:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from stretch.cluster.routing import (
@@ -81,6 +82,24 @@ def test_steps_cut_moves_into_small_versions():
     parts = steps(moves, 8)
     assert [len(p) for p in parts] == [8, 8, 4]
     assert {k: v for p in parts for k, v in p.items()} == moves
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_steps_of_large_key_groups_hold_fewer_of_them(seed):
+    """Each step stays within the byte budget unless it is a single key group, holds at most
+    ``size`` key groups, and the steps together are the moves, in key group order."""
+    rng = np.random.default_rng(seed)
+    moves = {int(kg): f"n{kg % 3}" for kg in rng.choice(128, 60, replace=False)}
+    weights = {kg: float(rng.integers(0, 5 << 20)) for kg in range(128)}
+    budget = 6 << 20
+    parts = steps(moves, 8, weights, budget)
+    assert [kg for p in parts for kg in p] == sorted(moves)
+    assert {k: v for p in parts for k, v in p.items()} == moves
+    for i, p in enumerate(parts):
+        held = sum(weights[kg] for kg in p)
+        assert len(p) <= 8 and (held <= budget or len(p) == 1)
+        if i + 1 < len(parts) and len(p) < 8:  # cut early only because the next would not fit
+            assert held + weights[next(iter(parts[i + 1]))] > budget
 
 
 def test_store_keeps_the_latest_version_across_restarts(tmp_path):
