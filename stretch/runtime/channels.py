@@ -226,6 +226,7 @@ class JobChannels:
                     "type": t.to_json() if t else None,
                     "key_field": step.key.field,
                     "max_parallelism": step.key.max_parallelism,
+                    "runs": step.key.runs,
                     "producer": producer_id(stage.id, 0),
                     "pid": os.getpid(),
                 }

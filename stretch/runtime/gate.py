@@ -178,6 +178,10 @@ class Gate:
         c = self._cursors
         return c[c >= 0]
 
+    def readers(self) -> int:
+        """How many readers have an active cursor (the instances reading the gate)."""
+        return int(np.count_nonzero(self._cursors >= 0))
+
     def depth(self) -> int:
         """Entries appended but not yet read by the slowest active reader."""
         active = self.active_cursors()
