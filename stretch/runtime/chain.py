@@ -389,7 +389,7 @@ class _ToGate(_Node):
 
     def _runs(self) -> bool:
         """Lay the batch out in runs of key groups: when several instances read the gate."""
-        return self.key.runs and self.gate.readers() > 1
+        return self.key.runs and self.gate.instance_readers() > 1
 
     def push(self, records: Records) -> None:
         key = self.key

@@ -91,7 +91,7 @@ class ChannelAppender:
     def _append(self, batch: pa.RecordBatch, txn: int, round: str | None) -> None:
         if self._key_field is not None:  # straight into a keyed gate: no watermarks made here
             _refuse_null_keys(batch, self._key_field, self.name)
-            runs = self._runs and self._gate.readers() > 1
+            runs = self._runs and self._gate.instance_readers() > 1
             batch = keyed_by_field(batch, self._key_field, self._max_parallelism, runs=runs)
         elif txn or round is not None:
             batch = tagged(batch, txn, round)

@@ -127,6 +127,27 @@ def test_parallelism_1_emits_in_input_order_and_parallelism_3_keeps_each_keys_or
             assert per_key == {k: [s for k2, s in want if k2 == k] for k in per_key} and len(got) == n
 
 
+def test_a_logged_input_channel_at_parallelism_1_keeps_the_input_order():
+    """The job's input logger reads the gate too; it is not an instance: the batches stay as written."""
+    rng = np.random.default_rng(8)
+    n = 40_000
+    keys, values = rng.integers(0, 3000, n), rng.integers(-50, 50, n)
+    job = Job(
+        lambda env: env.from_source(ChannelSource("in", PAIR, durable=True), None, "in").key_by(0).sum(1),
+        "runs p1 logged",
+        parallelism=1,
+    )
+    for start in range(0, n, 5000):
+        job.writer.write(
+            pa.record_batch({"f0": keys[start : start + 5000], "f1": values[start : start + 5000]})
+        )
+    acc, want = defaultdict(int), []
+    for k, v in zip(keys.tolist(), values.tolist()):
+        acc[k] += v
+        want.append((k, acc[k]))
+    assert [tuple(r) for r in job.finish()] == want
+
+
 class Running(KeyedProcessFunction):
     """The per-record path: a running count and sum per key in ValueState."""
 
