@@ -230,7 +230,7 @@ def test_laid_out_batches_across_a_kill_9_recovery(trial):
     src = DataGeneratorSource(
         batch_function=_spread,
         count=n,
-        rate_limiter_strategy=RateLimiterStrategy.per_second(1_000_000),
+        rate_limiter_strategy=RateLimiterStrategy.per_second(400_000),  # half a second of input
         batch_rows=4000,
         type_info=PAIR,
     )
