@@ -16,24 +16,31 @@ order but not the order between keys of one batch (Flink promises no order betwe
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pyarrow as pa
 
 from stretch.runtime.batch import KG_COLUMN
-from stretch.state.key_groups import in_key_group_order
+from stretch.state.key_groups import LayoutScratch, in_key_group_order
 
 RUNS_META = {b"stretch.kg_runs": b"1"}
 KG_FIELD = pa.field(KG_COLUMN, pa.uint16())
 RUNS_FIELD = pa.field(KG_COLUMN, pa.uint16(), metadata=RUNS_META)
 MIN_ROWS = 256  # smaller batches cost more to sort than their readers save
+_scratch = threading.local()  # each producing thread lays its batches out into memory of its own
 
 
 def in_runs(batch: pa.RecordBatch, kgs: np.ndarray, max_parallelism: int):
     """(batch, kgs, ``__kg`` field): the batch and its rows' key groups in key-group order, and the
-    field that says so; a small batch as it is."""
+    field that says so; a small batch as it is. A laid-out batch lives in memory this thread reuses
+    for its next one: the producer appends it to the gate (a copy) before it lays out another."""
     if batch.num_rows < MIN_ROWS:
         return batch, kgs, KG_FIELD
-    ordered = in_key_group_order(batch, kgs, max_parallelism)
+    scratch = getattr(_scratch, "memory", None)
+    if scratch is None:
+        scratch = _scratch.memory = LayoutScratch()
+    ordered = in_key_group_order(batch, kgs, max_parallelism, scratch)
     if ordered is not None:
         batch, kgs = ordered
     return batch, kgs, RUNS_FIELD

@@ -3,7 +3,8 @@
 A gate batch gets ``__kg`` (and ``__key`` where the operator needs the key as a column of its own)
 here, whoever produces it: a stage's ``to_gate`` step or an outside writer of a channel that the
 job keys by a field right away. With ``runs``, the batch is laid out in runs of key groups
-(:mod:`stretch.runtime.key_group_runs`).
+(:mod:`stretch.runtime.key_group_runs`), in memory the thread reuses for its next layout: the
+producer appends it to the gate before it keys another.
 """
 
 from __future__ import annotations
