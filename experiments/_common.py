@@ -54,8 +54,8 @@ def log(*args) -> None:
 
 class CpuSampler:
     """CPU seconds used from now until ``stop()`` by this process and by each process under it (a
-    job's workers), read from /proc (Linux) every 2 ms by a helper process, since workers exit
-    with their job. ``stop()`` returns {"writer": this process's seconds (the benchmark's writer
+    job's workers), read from /proc (Linux) every 5 ms by a helper process (itself not counted),
+    since workers exit with their job. ``stop()`` returns {"writer": this process's seconds (the benchmark's writer
     and the job's coordinator thread), "workers": each worker's that used any, busiest first}."""
 
     def __init__(self):
@@ -102,8 +102,8 @@ def _sample(root: int) -> None:
     pids: list[int] = []
     rescan = 0.0
     while True:
-        if time.monotonic() >= rescan:  # the process tree every 50 ms, their CPU time every 2 ms
-            pids, rescan = _tree(root), time.monotonic() + 0.05
+        if time.monotonic() >= rescan:  # the process tree every 250 ms, their CPU time every 5 ms
+            pids, rescan = [p for p in _tree(root) if p != os.getpid()], time.monotonic() + 0.25
         for pid in pids:
             if (s := _cpu_seconds(pid)) is not None:
                 first.setdefault(pid, s[1])
@@ -111,7 +111,7 @@ def _sample(root: int) -> None:
         if rescan and not first.get(-1):
             first[-1] = 1.0
             print("ready", flush=True)
-        if select.select([sys.stdin], [], [], 0.002)[0] and not sys.stdin.readline():
+        if select.select([sys.stdin], [], [], 0.005)[0] and not sys.stdin.readline():
             break
     used = {pid: round(last[pid] - first[pid], 3) for pid in last}
     workers = sorted((v for pid, v in used.items() if pid != root and v > 0.005), reverse=True)
