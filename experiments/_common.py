@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import select
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,3 +50,73 @@ def emit(result: dict, as_json: bool) -> None:
 
 def log(*args) -> None:
     print(*args, file=sys.stderr, flush=True)
+
+
+class CpuSampler:
+    """CPU seconds used from now until ``stop()`` by this process and by each process under it (a
+    job's workers), read from /proc (Linux) every 5 ms by a helper process (itself not counted),
+    since workers exit with their job. ``stop()`` returns {"writer": this process's seconds (the benchmark's writer
+    and the job's coordinator thread), "workers": each worker's that used any, busiest first}."""
+
+    def __init__(self):
+        self._proc = subprocess.Popen(
+            [sys.executable, __file__, str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._proc.stdout.readline()  # it has read the first sample
+
+    def stop(self) -> dict:
+        self._proc.stdin.close()
+        used = json.loads(self._proc.stdout.read())
+        self._proc.wait()
+        return used
+
+
+def _cpu_seconds(pid: int) -> tuple[int, float] | None:
+    """(parent pid, user + system CPU seconds) of a process, None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (s := _cpu_seconds(int(name))) is not None:
+            children.setdefault(s[0], []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        out.append(todo.pop())
+        todo += children.get(out[-1], [])
+    return out
+
+
+def _sample(root: int) -> None:
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    pids: list[int] = []
+    rescan = 0.0
+    while True:
+        if time.monotonic() >= rescan:  # the process tree every 250 ms, their CPU time every 5 ms
+            pids, rescan = [p for p in _tree(root) if p != os.getpid()], time.monotonic() + 0.25
+        for pid in pids:
+            if (s := _cpu_seconds(pid)) is not None:
+                first.setdefault(pid, s[1])
+                last[pid] = s[1]
+        if rescan and not first.get(-1):
+            first[-1] = 1.0
+            print("ready", flush=True)
+        if select.select([sys.stdin], [], [], 0.005)[0] and not sys.stdin.readline():
+            break
+    used = {pid: round(last[pid] - first[pid], 3) for pid in last}
+    workers = sorted((v for pid, v in used.items() if pid != root and v > 0.005), reverse=True)
+    print(json.dumps({"writer": used.get(root, 0.0), "workers": workers}), flush=True)
+
+
+if __name__ == "__main__":
+    _sample(int(sys.argv[1]))

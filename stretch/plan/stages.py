@@ -26,6 +26,7 @@ class KeySpec:
     field: str | int | None = None  # field name or position (vectorized path)
     key_type: TypeInformation | None = None
     max_parallelism: int = 128
+    runs: bool = True  # batches may be laid out in runs of key groups (runtime.key_group_runs)
 
 
 @dataclass
@@ -144,7 +145,7 @@ def compile_plan(
             if p > mp:
                 raise ValueError(f"operator {t.name!r}: parallelism {p} exceeds max parallelism {mp}")
             gate_of[t.id] = len(gate_of)
-            key = _key_spec(key_by, mp)
+            key = _key_spec(key_by, mp, t.kind)
             op = OperatorSpec(
                 t.kind,
                 t.spec.get("fn"),
@@ -180,7 +181,7 @@ def compile_plan(
                         Step(
                             "to_gate",
                             gate=gate_of[k.id],
-                            key=_key_spec(c, stages[stage_of[k.id]].max_parallelism),
+                            key=_key_spec(c, stages[stage_of[k.id]].max_parallelism, k.kind),
                             name=stages[stage_of[k.id]].name,  # the key selector feeds that operator
                         )
                     )
@@ -224,9 +225,18 @@ def compile_plan(
     return plan
 
 
-def _key_spec(key_by: Transformation, max_parallelism: int) -> KeySpec:
+# Operators whose records of one batch are read in their order across keys: every instance
+# probes every record of a band join, and a broadcast element applies before the records after it.
+IN_ORDER = ("band_join", "broadcast_process")
+
+
+def _key_spec(key_by: Transformation, max_parallelism: int, operator_kind: str) -> KeySpec:
     return KeySpec(
-        key_by.spec.get("selector"), key_by.spec.get("field"), key_by.spec.get("key_type"), max_parallelism
+        key_by.spec.get("selector"),
+        key_by.spec.get("field"),
+        key_by.spec.get("key_type"),
+        max_parallelism,
+        runs=operator_kind not in IN_ORDER,
     )
 
 

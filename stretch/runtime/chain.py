@@ -388,13 +388,19 @@ class _ToGate(_Node):
     def control(self, kind, value: int = 0) -> None:
         self.gate.append_control(kind, self.outputs.producer_id, value)
 
+    def _runs(self) -> bool:
+        """Lay the batch out in runs of key groups: when several instances read the gate."""
+        return self.key.runs and self.gate.instance_readers() > 1
+
     def push(self, records: Records) -> None:
         key = self.key
         if key.field is not None:
             records = self._without_null_keys(records, key.field)
             if not len(records):
                 return
-            batch = keyed_by_field(records.data_batch(), key.field, key.max_parallelism, records.timestamps())
+            batch = keyed_by_field(
+                records.data_batch(), key.field, key.max_parallelism, records.timestamps(), self._runs()
+            )
         else:
             items = records.items()
             keys, kept = self._keys(items)
@@ -413,6 +419,7 @@ class _ToGate(_Node):
                 key.max_parallelism,
                 self.operator,
                 records.timestamps(),
+                self._runs(),
             )
         self.outputs.count_out(batch.num_rows)
         self.gate.append_batch(batch, producer=self.outputs.producer, txn=self.outputs.txn)

@@ -40,6 +40,7 @@ class ChannelAppender:
         self._key_field = reply.get("key_field")
         self._max_parallelism = reply.get("max_parallelism")
         self._producer = reply.get("producer", 0)
+        self._runs = reply.get("runs", False)  # the operator reads batches in runs of key groups
         if self._key_field is not None:
             warm_key_groups()  # compile (or load) the key-group kernels now, not on the first write
 
@@ -90,7 +91,8 @@ class ChannelAppender:
     def _append(self, batch: pa.RecordBatch, txn: int, round: str | None) -> None:
         if self._key_field is not None:  # straight into a keyed gate: no watermarks made here
             _refuse_null_keys(batch, self._key_field, self.name)
-            batch = keyed_by_field(batch, self._key_field, self._max_parallelism)
+            runs = self._runs and self._gate.instance_readers() > 1
+            batch = keyed_by_field(batch, self._key_field, self._max_parallelism, runs=runs)
         elif txn or round is not None:
             batch = tagged(batch, txn, round)
         try:

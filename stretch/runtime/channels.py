@@ -165,9 +165,7 @@ class JobChannels:
             if getattr(stage.source, "durable", False):
                 gate = gates[stage.chain[0].gate]
                 log = self.log(name, "in")
-                self.loggers.append(
-                    InputLogger(name, gate, gate.max_readers - 1, log, producer_id(stage.id, 0))
-                )
+                self.loggers.append(InputLogger(name, gate, gate.logger_slot, log, producer_id(stage.id, 0)))
 
     def writer_for(self, sink) -> ChannelLogWriter | None:
         """The job's writer of an output channel sink (None: the sink is not a channel)."""
@@ -226,6 +224,7 @@ class JobChannels:
                     "type": t.to_json() if t else None,
                     "key_field": step.key.field,
                     "max_parallelism": step.key.max_parallelism,
+                    "runs": step.key.runs,
                     "producer": producer_id(stage.id, 0),
                     "pid": os.getpid(),
                 }

@@ -178,6 +178,15 @@ class Gate:
         c = self._cursors
         return c[c >= 0]
 
+    @property
+    def logger_slot(self) -> int:
+        """The reader slot of the job's input logger, if it logs this gate: the last one."""
+        return self.max_readers - 1
+
+    def instance_readers(self) -> int:
+        """How many operator instances read the gate: active cursors, not counting the logger's."""
+        return int(np.count_nonzero(self._cursors[: self.logger_slot] >= 0))
+
     def depth(self) -> int:
         """Entries appended but not yet read by the slowest active reader."""
         active = self.active_cursors()

@@ -2,7 +2,9 @@
 
 A gate batch gets ``__kg`` (and ``__key`` where the operator needs the key as a column of its own)
 here, whoever produces it: a stage's ``to_gate`` step or an outside writer of a channel that the
-job keys by a field right away.
+job keys by a field right away. With ``runs``, the batch is laid out in runs of key groups
+(:mod:`stretch.runtime.key_group_runs`), in memory the thread reuses for its next layout: the
+producer appends it to the gate before it keys another.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from stretch.common.typeinfo import Types
-from stretch.runtime.batch import CANONICAL_META, KEY_COLUMN, KG_COLUMN, TS_COLUMN, resolve_field
+from stretch.runtime.batch import CANONICAL_META, KEY_COLUMN, TS_COLUMN, resolve_field
+from stretch.runtime.key_group_runs import KG_FIELD, in_runs
 from stretch.runtime.outputs import short
 from stretch.state.key_codec import encode_key
 from stretch.state.key_groups import key_groups_of, key_groups_of_keys, stable_hash
@@ -63,7 +66,9 @@ def _stored_canonically(t: pa.DataType) -> bool:
     )
 
 
-def keyed_by_field(batch: pa.RecordBatch, field, max_parallelism: int, timestamps=None) -> pa.RecordBatch:
+def keyed_by_field(
+    batch: pa.RecordBatch, field, max_parallelism: int, timestamps=None, runs: bool = False
+) -> pa.RecordBatch:
     """A gate batch of records keyed by one of their fields: ``__key`` where the field's values are
     stored canonically, ``__ts`` if the records have event timestamps, and ``__kg``."""
     column = batch.column(resolve_field(batch.schema, field))
@@ -71,7 +76,7 @@ def keyed_by_field(batch: pa.RecordBatch, field, max_parallelism: int, timestamp
     if _stored_canonically(column.type):
         keys = pa.array([encode_key(k) for k in column.to_pylist()], pa.large_binary())
         batch = batch.append_column(pa.field(KEY_COLUMN, pa.large_binary(), metadata=CANONICAL_META), keys)
-    return _stamped(batch, kgs, timestamps)
+    return _stamped(batch, kgs, timestamps, max_parallelism if runs else 0)
 
 
 def keyed_by_selector(
@@ -82,17 +87,22 @@ def keyed_by_selector(
     max_parallelism: int,
     operator: str,
     timestamps=None,
+    runs: bool = False,
 ) -> pa.RecordBatch:
     """A gate batch of records whose keys a selector computed (``keys[i]`` of ``items[i]``)."""
     kgs = _selector_key_groups(items, keys, max_parallelism, operator)
     batch = batch.append_column(*key_column(keys, key_type))
-    return _stamped(batch, kgs, timestamps)
+    return _stamped(batch, kgs, timestamps, max_parallelism if runs else 0)
 
 
-def _stamped(batch: pa.RecordBatch, kgs, timestamps) -> pa.RecordBatch:
+def _stamped(batch: pa.RecordBatch, kgs, timestamps, runs_of: int) -> pa.RecordBatch:
+    """``__ts`` and ``__kg`` appended; in runs of key groups if ``runs_of`` (the max parallelism)."""
     if timestamps is not None:
         batch = batch.append_column(TS_COLUMN, pa.array(timestamps, type=pa.int64()))
-    return batch.append_column(KG_COLUMN, pa.array(kgs, type=pa.uint16()))
+    field = KG_FIELD
+    if runs_of:
+        batch, kgs, field = in_runs(batch, kgs, runs_of)
+    return batch.append_column(field, pa.array(kgs, type=pa.uint16()))
 
 
 def _selector_key_groups(items: list, keys: list, max_parallelism: int, operator: str):

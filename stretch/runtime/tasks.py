@@ -21,6 +21,7 @@ from stretch.runtime.code_update import load_version, updated_step
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker, producer_id
 from stretch.runtime.gate import Gate, Kind
+from stretch.runtime.key_group_runs import laid_out, owned_ranges, owns_all, spans
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
 from stretch.runtime.operators.broadcast import SAVER_GROUP
 from stretch.runtime.outputs import Outputs, open_function
@@ -217,7 +218,8 @@ class SourceTask(Task):
 
 
 class KeyedInstanceTask(Task):
-    """One instance of a keyed operator: reads every gate entry, processes the rows it owns."""
+    """One instance of a keyed operator: reads every gate entry, processes the rows it owns (of a
+    batch in runs of key groups, only those rows: ``runtime.key_group_runs``)."""
 
     retired = False  # set when a rescale removed this instance (it ended at the epoch marker)
     _parts = None
@@ -258,6 +260,8 @@ class KeyedInstanceTask(Task):
         epoch = self.a.epoch
         owners = cb.table(op, epoch).copy()
         operator.owned = np.flatnonzero(owners == index)
+        ranges = owned_ranges(owners, index)
+        everything = owns_all(ranges, stage.max_parallelism)
         stats = self.stats = cb.instances(op)[index]
         self._records_out = int(stats[cbk.I_RECORDS_OUT])  # a slot used before: continue its count
         stats[cbk.I_STATE] = cbk.RUNNING
@@ -294,25 +298,29 @@ class KeyedInstanceTask(Task):
                 outputs.txn = entry.arg1
                 t0 = time.perf_counter_ns()
                 batch = entry.batch
-                kgs = writable(batch.column(KG_COLUMN).to_numpy())
-                if fused:
-                    operator.position = seq  # where a broadcast operator's versions are placed
-                    out = operator.process_owned(batch, kgs, owners, index)
-                    if isinstance(out, list):  # results in order, of runs of the batch
-                        for part in out:
-                            chain.push(part)
-                    elif out is not None:
-                        chain.push(out)
-                    n = operator.rows_in
+                kgs = batch.column(KG_COLUMN).to_numpy()
+                select = not everything  # rows of others to leave out
+                if select and laid_out(batch):  # read only the runs of the key groups it owns
+                    parts = [(batch.slice(a, b - a), writable(kgs[a:b])) for a, b in spans(kgs, ranges)]
+                    select = False
                 else:
-                    mine = owners[kgs] == index
-                    n = int(np.count_nonzero(mine))
-                    if n:
-                        if n != batch.num_rows:
-                            sel = np.flatnonzero(mine)
-                            batch = batch.take(sel)
-                            kgs = kgs[sel]
-                        chain.push(operator.process(batch, kgs))
+                    parts = [(batch, writable(kgs))]
+                n = 0
+                for batch, kgs in parts:
+                    if fused:
+                        operator.position = seq  # where a broadcast operator's versions are placed
+                        out = operator.process_owned(batch, kgs, owners, index)
+                        if isinstance(out, list):  # results in order, of runs of the batch
+                            for part in out:
+                                chain.push(part)
+                        elif out is not None:
+                            chain.push(out)
+                        n += operator.rows_in
+                        continue
+                    own, own_kgs = _own_rows(batch, kgs, owners, index) if select else (batch, kgs)
+                    if own.num_rows:
+                        n += own.num_rows
+                        chain.push(operator.process(own, own_kgs))
                 stats[cbk.I_RECORDS_IN] += n
                 stats[cbk.I_RECORDS_OUT] = self._records_out
                 stats[cbk.I_BATCHES] += 1
@@ -326,6 +334,8 @@ class KeyedInstanceTask(Task):
             elif entry.kind is Kind.EPOCH:
                 owners = self._switch(cb, op, index, owners, entry.arg0, gate, chain, operator)
                 operator.owned = np.flatnonzero(owners == index)
+                ranges = owned_ranges(owners, index)
+                everything = owns_all(ranges, stage.max_parallelism)
                 if self.retired:
                     chain.emit(Kind.LEAVE)  # downstream stops waiting for this producer's watermark
                     break
@@ -473,6 +483,15 @@ class KeyedInstanceTask(Task):
         stats[cbk.I_LAST_GAINED] = int(gained.any())
         cb.announce(op, index, cbk.I_ACTIVE, epoch)
         return new
+
+
+def _own_rows(batch, kgs: np.ndarray, owners: np.ndarray, index: int):
+    """The rows of a batch (not in runs) whose key groups ``index`` owns, and their key groups."""
+    mine = owners[kgs] == index
+    if mine.all():
+        return batch, kgs
+    sel = np.flatnonzero(mine)
+    return batch.take(sel), kgs[sel]
 
 
 def make_task(assignment: Assignment, attached: _Attached, should_stop) -> Task:
