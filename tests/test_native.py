@@ -345,7 +345,6 @@ def _hold_lock(r, hold_for=60.0):
     return holder
 
 
-
 def test_a_woken_waiter_keeps_the_waiters_bit_for_those_still_asleep(seg, forked):
     """Two processes sleep on a held lock; unlock wakes one. While the other still sleeps, the
     lock word must say so (its waiters bit), or the woken one's unlock wakes nobody and the other
@@ -375,6 +374,7 @@ def test_a_woken_waiter_keeps_the_waiters_bit_for_those_still_asleep(seg, forked
     r.store64(RESULTS + 64 * (1 - first) + 16, 1)
     forked.join(procs, timeout=10)
     assert r.load32(LOCK) == 0
+
 
 def test_lock_times_out_while_another_process_holds_it(seg, forked):
     r = seg.region
