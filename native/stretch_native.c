@@ -193,7 +193,12 @@ static PyObject *Region_wake32(Region *self, PyObject *args) {
 
 /* Robust mutex: the 32-bit lock word holds 0 (free) or the owner's pid, with the top bit set
    while others wait. A waiter that times out checks whether the owner is still alive and takes
-   the lock over if it is not. */
+   the lock over if it is not.
+
+   A waiter that slept takes the lock with the waiters bit set (as in Drepper's "Futexes Are
+   Tricky", mutex 3): unlock wakes only one sleeper and clears the bit, so the woken one cannot
+   know whether others still sleep, and must assume they do. Taking it as a bare pid would let its
+   own unlock skip the wake, and the next sleeper would lie until its 50 ms slice ran out. */
 #define WAITERS 0x80000000u
 
 static int pid_alive(uint32_t pid) {
@@ -224,11 +229,12 @@ static PyObject *Region_lock(Region *self, PyObject *args) {
     }
     uint32_t *addr = WORD32(self, off);
     uint32_t me = (uint32_t)getpid();
+    uint32_t want = me; /* me | WAITERS once this caller has slept (see above) */
     struct timespec start, now, slice = {0, 50 * 1000 * 1000};
     clock_gettime(CLOCK_MONOTONIC, &start);
     for (;;) {
         uint32_t cur = 0;
-        if (__atomic_compare_exchange_n(addr, &cur, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) Py_RETURN_TRUE;
+        if (__atomic_compare_exchange_n(addr, &cur, want, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) Py_RETURN_TRUE;
         uint32_t owner = cur & ~WAITERS;
         if (owner == me) {
             PyErr_SetString(PyExc_RuntimeError, "mutex already held by this process");
@@ -244,6 +250,7 @@ static PyObject *Region_lock(Region *self, PyObject *args) {
         rc = futex_call(addr, FUTEX_WAIT, cur, &slice);
         err = errno;
         Py_END_ALLOW_THREADS
+        want = me | WAITERS;
         if (rc == -1 && err == EINTR && PyErr_CheckSignals() < 0) return NULL;
         if (rc == -1 && err == ETIMEDOUT && !pid_alive(owner)) {
             /* The owner died holding the lock: take it over (waiters bit kept so unlock wakes others). */

@@ -345,6 +345,37 @@ def _hold_lock(r, hold_for=60.0):
     return holder
 
 
+def test_a_woken_waiter_keeps_the_waiters_bit_for_those_still_asleep(seg, forked):
+    """Two processes sleep on a held lock; unlock wakes one. While the other still sleeps, the
+    lock word must say so (its waiters bit), or the woken one's unlock wakes nobody and the other
+    lies asleep until its 50 ms slice runs out (the stall that rescales of 8 instances hit)."""
+    r = seg.region
+    assert r.lock(LOCK) is True
+
+    def waiter(i):
+        r.store64(RESULTS + 64 * i, 1)  # about to wait
+        assert r.lock(LOCK, 30.0) is True
+        r.store64(RESULTS + 64 * i + 8, 1)  # holds it
+        _await(lambda: r.load64(RESULTS + 64 * i + 16) == 1, what="the release")
+        r.unlock(LOCK)
+
+    procs = [forked.start(waiter, i) for i in range(2)]
+    _await(lambda: all(r.load64(RESULTS + 64 * i) == 1 for i in range(2)), what="both waiters to start")
+    _await(lambda: all(_proc_state(p.pid) == "S" for p in procs), what="both waiters to sleep")
+    assert r.load32(LOCK) & WAITERS_BIT
+    r.unlock(LOCK)
+    _await(lambda: any(r.load64(RESULTS + 64 * i + 8) == 1 for i in range(2)), what="a waiter to take it")
+    first = next(i for i in range(2) if r.load64(RESULTS + 64 * i + 8) == 1)
+    assert _owner(r.load32(LOCK)) == procs[first].pid
+    assert r.load64(RESULTS + 64 * (1 - first) + 8) == 0, "both hold the lock"
+    assert r.load32(LOCK) & WAITERS_BIT, "the other waiter sleeps, but the lock word does not say so"
+    r.store64(RESULTS + 64 * first + 16, 1)
+    _await(lambda: r.load64(RESULTS + 64 * (1 - first) + 8) == 1, what="the second waiter to take it")
+    r.store64(RESULTS + 64 * (1 - first) + 16, 1)
+    forked.join(procs, timeout=10)
+    assert r.load32(LOCK) == 0
+
+
 def test_lock_times_out_while_another_process_holds_it(seg, forked):
     r = seg.region
     p = forked.start(_hold_lock(r))

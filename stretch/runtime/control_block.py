@@ -85,6 +85,8 @@ class ControlBlock:
         """
         r = self.segment.region
         base = self._wm_area(op)
+        if r.load64(base) >= epoch:  # written already: the others need not queue for the lock
+            return
         r.lock(base + 24)
         try:
             if r.load64(base) >= epoch:
