@@ -141,9 +141,11 @@ def load_key_groups(arena: Arena, batches) -> int:
                 if headers[kg, K.H_NKEYS]:
                     raise ValueError(f"key group {kg} already holds keys here: it cannot be loaded over them")
                 header = np.frombuffer(raw, dtype=np.int64).copy()
-                header[K.H_VERSION] = 0
                 header[K.H_INDEX_OFF] = 0
-                headers[kg] = header
+                # all but the version word: it is this arena's seqlock for queryable readers, and a
+                # live instance may be inside a write of every key group it owns right now; over-
+                # writing it could leave it odd for good (a reader would never see it settle)
+                headers[kg, K.H_VERSION + 1 :] = header[K.H_VERSION + 1 :]
                 restored += 1
                 loaded.append(kg)
                 continue
@@ -177,7 +179,7 @@ def release_key_groups(table: KeyedTable, key_groups) -> None:
         header = table.headers[kg]
         for word, cap, _live in _blocks(table, kg, registry):
             arena.free(int(header[word]), cap)
-        table.headers[kg] = 0
+        table.headers[kg, K.H_VERSION + 1 :] = 0  # the version word stays (see load_key_groups)
 
 
 def describe_arena(arena: Arena) -> dict:

@@ -138,3 +138,31 @@ def test_key_groups_move_between_two_live_arenas(shm_prefix):
     finally:
         source.close()
         target.close()
+
+
+def test_a_move_leaves_queryable_readers_a_settled_version_while_instances_write(shm_prefix):
+    """The instances of both nodes mark every key group they own as being written around each
+    batch (an odd seqlock version), also the ones moving: a copy taken, released or loaded inside
+    such a write must not leave a version odd for good, or queryable reads would never settle."""
+    source = Arena.create(shm_prefix, MAXP)
+    target = Arena.create(shm_prefix, MAXP)
+    try:
+        model = _fill(source, "int", random.Random(5))
+        src, dst = KeyedTable(source), KeyedTable(target)
+        prepare_arena(target, describe_arena(source))
+        moving = np.arange(0, MAXP, 2, dtype=np.int64)
+        everything = np.arange(MAXP, dtype=np.int64)
+        src.begin_write(everything)  # the source's instance is inside a batch of other key groups
+        batches = copy_key_groups(src, moving)
+        release_key_groups(src, moving)
+        dst.begin_write(everything)  # and so is the target's, while the key groups load
+        load_key_groups(target, batches)
+        dst.end_write(everything)
+        src.end_write(everything)
+        assert not (src.headers[:, 0] % 2).any() and not (dst.headers[:, 0] % 2).any()
+        state = pa.concat_tables([read_state(dst), read_state(src)])  # retries only while odd
+        counts = dict(zip(state.column("key").to_pylist(), state.column("count").to_pylist()))
+        assert counts == {k: m["count"] for k, m in model.items()}
+    finally:
+        source.close()
+        target.close()
