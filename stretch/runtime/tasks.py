@@ -143,16 +143,7 @@ class SourceTask(Task):
         outputs = self.outputs(producer=1)
         outputs.producer_id = producer_id(self.stage.id, 0)
         chain = Chain(self.stage.chain, self.stage.name, outputs)
-        chain.open(
-            InstanceRuntimeContext(
-                self.stage.name,
-                0,
-                lambda: 1,
-                self.stage.max_parallelism,
-                metrics=self.metrics,
-                job_parameters=self.res.job_parameters,
-            )
-        )
+        chain.open(self._context())
         source_type = getattr(self.stage.source, "type_info", None)
         position = self.position = self.a.position
         source = self.stage.source
@@ -199,20 +190,21 @@ class SourceTask(Task):
         chain.finish()  # a bounded input ended: its watermark goes to the maximum
         chain.close()
 
+    def _context(self) -> InstanceRuntimeContext:
+        """What the chained steps of a source see: one instance, no keyed state."""
+        return InstanceRuntimeContext(
+            self.stage.name,
+            0,
+            lambda: 1,
+            self.stage.max_parallelism,
+            metrics=self.metrics,
+            job_parameters=self.res.job_parameters,
+        )
+
     def _update(self, version: int, chain: Chain) -> None:
         """Between two items: the chained step of the new code version takes over."""
         self.stage = load_version(self.res.code, self.stage.id, version)
-        chain.update_step(
-            updated_step(self.stage),
-            InstanceRuntimeContext(
-                self.stage.name,
-                0,
-                lambda: 1,
-                self.stage.max_parallelism,
-                metrics=self.metrics,
-                job_parameters=self.res.job_parameters,
-            ),
-        )
+        chain.update_step(updated_step(self.stage), self._context())
         cb = self.attached.control
         cb.signal(cb.stage_word(self.stage.id, cbk.S_CODE_DONE), version)
 
