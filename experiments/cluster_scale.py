@@ -18,8 +18,9 @@ query, so replays would be dropped per key group) while the nodes go 2 -> 3 -> 2
 - ``cluster_meps`` (2 nodes, through the cluster writer) against ``single_node_meps`` (the same
   job and writer path on one node engine, ``channels.open_writer``).
 
-About 100 MB of state: ``--keys 2500000 --events 5000000``; about 1 GB: ``--keys 25000000
---events 30000000``. ``--plot`` saves each step's move time (experiments/out/cluster_scale.png).
+About 70 MB of state: ``--keys 2500000 --events 5000000``; about 0.5 GB: ``--keys 25000000
+--events 30000000``; about 1 GB: ``--keys 50000000 --events 55000000``. ``--plot`` saves each
+step's move time (experiments/out/cluster_scale.png).
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def plot(added, removed, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(range(len(added.step_ms)), added.step_ms, "o-", label="2 -> 3 (add a node)")
     ax.plot(range(len(removed.step_ms)), removed.step_ms, "s-", label="3 -> 2 (remove a node)")
-    ax.set_xlabel("step (8 key groups, one routing version)")
+    ax.set_xlabel("step (one routing version: at most 8 key groups, about 4 MB of state)")
     ax.set_ylabel("move: release to adoption (ms)")
     ax.set_title("key-group handoff under a steady W1 load")
     ax.legend()
