@@ -359,8 +359,7 @@ class NodeServer(flight.FlightServerBase):
                 manifest["outputs"][job.name] = {c: log.end_offset for c, _r, log in job.outputs()}
                 manifest["journal"][job.name] = job.journal_offsets()
                 recovery.save_manifest(durable, self.node_id, manifest)
-            for operator in job.keyed:  # now, not in the first handoff's stall
-                KeyedTable(job.arena(operator))
+            self._place(job)  # its tables now, not in the first handoff's stall
             barrier_all(job)
         return {"job_id": self.jobs[spec["name"]].client.get_job_id()}
 
@@ -372,7 +371,18 @@ class NodeServer(flight.FlightServerBase):
             owned = np.zeros(self.max_parallelism, dtype=bool)
             owned[msg["key_groups"]] = True
             self.owned, self.version = owned, msg["version"]
+            for job in self.jobs.values():
+                self._place(job)
         return {"ok": True}
+
+    def _place(self, job: NodeJob) -> None:
+        """Tell the job's instances which key groups' state is on this node: the others are
+        away, and stay so while a handoff loads them (see KeyedTable.set_away)."""
+        owned = self.owned if self.owned is not None else np.zeros(job.max_parallelism, bool)
+        for operator in job.keyed:
+            table = KeyedTable(job.arena(operator))
+            table.set_away(np.flatnonzero(~owned), True)
+            table.set_away(np.flatnonzero(owned), False)
 
     def _act_release(self, body: bytes) -> dict:
         """Give up key groups: refuse their rows from now on, let the job process every row of
@@ -395,6 +405,8 @@ class NodeServer(flight.FlightServerBase):
                 base = self._checkpoint(f"h{msg['version']}-{self.node_id}", covered)["path"]
         parts, marks = [], {}
         for job in self.jobs.values():
+            for operator in job.keyed:  # timers and windows leave them alone once past the barrier
+                KeyedTable(job.arena(operator)).set_away(kgs, True)
             barrier_all(job)
             for operator in job.keyed:
                 table = KeyedTable(job.arena(operator))
@@ -435,6 +447,9 @@ class NodeServer(flight.FlightServerBase):
                 entry = {"key_groups": list(msg["key_groups"]), "base": msg["base"], "journal": journal}
                 manifest["adopted"].append(entry)
                 recovery.save_manifest(self.checkpoint_dir, self.node_id, manifest)
+            for job in self.jobs.values():  # loaded whole: the instances may fire their timers
+                for operator in job.keyed:
+                    KeyedTable(job.arena(operator)).set_away(msg["key_groups"], False)
             self.owned[msg["key_groups"]] = True
             self.version = msg["version"]
         return {"ok": True}
@@ -522,10 +537,12 @@ class NodeServer(flight.FlightServerBase):
                 for job in durable:
                     layouts = meta["operators"].get(job.name, {})
                     for operator in job.keyed:
-                        release_key_groups(KeyedTable(job.arena(operator)), kgs)  # a half-done load
+                        table = KeyedTable(job.arena(operator))
+                        release_key_groups(table, kgs)  # a half-done load
                         if operator in layouts:
                             batches = recovery.read_key_groups(base, job.name, operator, kgs)
                             self._load_into(job, operator, layouts[operator], batches)
+                        table.set_away(kgs, False)  # before the replay: its rows may set timers
                     for channel, query, by_kg in meta["marks"].get(job.name, []):
                         mark = job.mark(channel, query)
                         for kg in kgs.tolist():
