@@ -36,6 +36,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,6 +127,7 @@ class StretchCluster:
         self.recoveries: list[dict] = []  # one per node failure: which nodes, key groups, rows replayed
         self.supervisor_errors: list[BaseException] = []
         self._in_flight: dict | None = None  # the handoff move under way
+        self._writers: weakref.WeakSet[ClusterWriter] = weakref.WeakSet()  # closed with the cluster
         self._step_hook = None  # tests: called at each point of a move (see _move)
 
     # ---- creation -------------------------------------------------------------------------------
@@ -575,7 +577,9 @@ class StretchCluster:
     def writer(self, job: str, channel: str, key=None) -> ClusterWriter:
         """A writer into input channel ``channel`` of job ``job`` on every node: each row goes to the
         node owning its key group (``key``: the field, by default the one the job keys by)."""
-        return ClusterWriter(self.address, job, channel, key)
+        writer = ClusterWriter(self.address, job, channel, key)
+        self._writers.add(writer)
+        return writer
 
     # ---- node changes ---------------------------------------------------------------------------
     def enable_elasticity(
@@ -752,6 +756,8 @@ class StretchCluster:
             (self.directory / "driver.json").unlink(missing_ok=True)
         if self._jobs and self.checkpoint_dir is not None:  # closed, not died: nothing to resume
             self._forget_specs()
+        for writer in list(self._writers):  # their shared-memory segments go too
+            writer.close()
         for node_id in list(self._nodes):
             self._stop_node(node_id)
         if self.connection is not None:

@@ -46,6 +46,7 @@ from pyarrow import flight
 
 from stretch.channels import open_writer
 from stretch.cluster import recovery
+from stretch.cluster.shm_transport import NotVisible, staged_batches
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
 from stretch.datastream.job_client import JobClient
 from stretch.jobs import find
@@ -294,6 +295,18 @@ class NodeServer(flight.FlightServerBase):
             if rows.num_rows:
                 job.take(cmd["channel"], rows, query, batch_id)
                 mark[np.unique(kgs[fresh])] = batch_id
+
+    def _act_write_shared(self, body: bytes) -> dict:
+        """Rows a writer on this host staged in shared memory (see cluster.shm_transport): taken
+        as a ``write`` put takes them, before the call returns (the writer reuses the segment)."""
+        cmd = json.loads(body)
+        try:
+            with staged_batches(cmd["segment"], int(cmd["size"])) as batches:
+                self._write(cmd, batches)
+                del batches
+        except NotVisible as e:
+            raise flight.FlightServerError(str(e)) from None
+        return {"ok": True}
 
     def _load(self, cmd: dict, batches: list[pa.RecordBatch]) -> None:
         self._load_into(self._job(cmd["job"]), cmd["operator"], cmd["description"], batches)
