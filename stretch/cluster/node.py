@@ -570,6 +570,8 @@ class NodeServer(flight.FlightServerBase):
                 recovery.save_manifest(self.checkpoint_dir, self.node_id, manifest)
             for part in msg["parts"]:
                 self.owned[part["key_groups"]] = True
+            for job in self.jobs.values():  # jobs without checkpoints too: their new keys are here
+                self._place(job)
             self.version = msg["version"]
         return {"rows_replayed": taken}
 
