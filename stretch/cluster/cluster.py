@@ -314,9 +314,8 @@ class StretchCluster:
         if step is not None and step["version"] == stored.version:
             pending = {int(kg): src for kg, (src, _dst) in step["moves"].items()}
             for kg, (src, dst) in step["moves"].items():
-                base = str(
-                    recovery.node_dir(self.checkpoint_dir, src) / "checkpoints" / f"h{step['version']}-{src}"
-                )
+                name = f"h{step['version']}-{src}-{dst}"  # its release checkpoint (node._act_release)
+                base = str(recovery.node_dir(self.checkpoint_dir, src) / "checkpoints" / name)
                 if recovery.adopted_from(self.checkpoint_dir, dst, int(kg), base):
                     del pending[int(kg)]  # the new owner had it: it restores from there
         self._recover(old, None, pending, survivors=fresh)
@@ -701,7 +700,7 @@ class StretchCluster:
         c = self.connection
         self._in_flight = {"src": src, "dst": dst, "key_groups": kgs, "base": None}
         self._hook("release", src, dst)
-        released = c.action(src, "release", {"version": version, "key_groups": kgs})
+        released = c.action(src, "release", {"version": version, "key_groups": kgs, "to": dst})
         self._in_flight["base"] = released.get("base")
         self._hook("load", src, dst)
         size = 0
