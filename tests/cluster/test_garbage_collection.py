@@ -90,14 +90,11 @@ def test_handoffs_leave_only_release_checkpoints_their_adopters_still_need(tmp_p
 
             client.trigger_checkpoint()  # covers every key group: every release checkpoint goes
             settle(ck, live("node-1") | {checkpoint_of("node-1", "c2")})
-            assert cluster.add_node().key_groups_moved == 64
-            kill(cluster, "node-1")
-            wait_for(lambda: len(cluster.recoveries) == 2)
             for i in range(30, 40):
                 writer.write(to_batch(data[i], PAIR), query="q", batch=i)
         client.end("in")
         assert set(client.wait(120).values()) == {"FINISHED"}
-        assert_exactly_once(outputs("gc-handoffs", [f"node-{i}" for i in range(4)]), data)
+        assert_exactly_once(outputs("gc-handoffs", ["node-0", "node-1", "node-2"]), data)
     assert layout(ck) == set()  # closed: nothing resumes it, so nothing of it is kept
 
 
