@@ -316,13 +316,13 @@ class StretchCluster:
         if step is not None and step["version"] == stored.version:
             pending = {int(kg): src for kg, (src, _dst) in step["moves"].items()}
             for kg, (src, dst) in step["moves"].items():
-                base = str(
-                    recovery.node_dir(self.checkpoint_dir, src) / "checkpoints" / f"h{step['version']}-{src}"
-                )
+                name = f"h{step['version']}-{src}-{dst}"  # its release checkpoint (node._act_release)
+                base = str(recovery.node_dir(self.checkpoint_dir, src) / "checkpoints" / name)
                 if recovery.adopted_from(self.checkpoint_dir, dst, int(kg), base):
                     del pending[int(kg)]  # the new owner had it: it restores from there
         self._recover(old, None, pending, survivors=fresh)
         (self.directory / "handoff.json").unlink(missing_ok=True)
+        self._collect_garbage()
         self._serve()
         self._supervise()
 
@@ -448,9 +448,18 @@ class StretchCluster:
             )
         with self._changing():
             self._checkpoint_id += 1
-            return {
+            reports = {
                 n: self.connection.action(n, "checkpoint", {"id": self._checkpoint_id}) for n in self.nodes
             }
+            self._collect_garbage()
+            return reports
+
+    def _collect_garbage(self) -> None:
+        """Delete from the checkpoint directory what no manifest of a current node names (see
+        recovery.collect_garbage); the caller holds the change lock, so none changes meanwhile."""
+        if self.checkpoint_dir is not None:
+            nodes = [*self._nodes, *(self.table.nodes if self.table is not None else [])]
+            recovery.collect_garbage(self.checkpoint_dir, nodes, lambda path: self._hook("collect", path, ""))
 
     def _supervise(self) -> None:
         """Start the thread that restores nodes that die and takes the periodic checkpoints."""
@@ -470,6 +479,7 @@ class StretchCluster:
                         dead = [n for n in dead if n in self._nodes]
                         if dead:
                             self._recover(dead)
+                            self._collect_garbage()
                 if self._interval and time.monotonic() - last >= self._interval:
                     last = time.monotonic()
                     self.checkpoint()
@@ -625,6 +635,7 @@ class StretchCluster:
         report = self._handoff(plan_remove_node(self.table, node))
         self.connection.action(node, "retire")
         self._stop_node(node)
+        self._collect_garbage()  # its journal: its key groups' new owners journal them now
         return report
 
     def _state_bytes_per_key_group(self, moves: dict[int, str]) -> dict[int, float]:
@@ -669,6 +680,7 @@ class StretchCluster:
                     pending = {kg: old.owners[kg] for kg in step if kg not in started}
                     recovered = self._recover(dead, in_flight, pending)
                     (self.directory / "handoff.json").unlink(missing_ok=True)
+                    self._collect_garbage()
                     raise NodeLost(
                         f"node {' and '.join(dead)} died while key groups moved from {src} to {dst}: "
                         f"{recovered['key_groups']} key groups restored from the checkpoint directory "
@@ -677,6 +689,7 @@ class StretchCluster:
                 stalls.append((time.monotonic() - s0) * 1000)
                 moved += len(kgs)
         (self.directory / "handoff.json").unlink(missing_ok=True)
+        self._collect_garbage()  # checkpoints the release checkpoints superseded
         return HandoffReport(
             elapsed_ms=(time.monotonic() - t0) * 1000,
             key_groups_moved=moved,
@@ -705,7 +718,7 @@ class StretchCluster:
         c = self.connection
         self._in_flight = {"src": src, "dst": dst, "key_groups": kgs, "base": None}
         self._hook("release", src, dst)
-        released = c.action(src, "release", {"version": version, "key_groups": kgs})
+        released = c.action(src, "release", {"version": version, "key_groups": kgs, "to": dst})
         self._in_flight["base"] = released.get("base")
         self._hook("load", src, dst)
         size = 0
@@ -760,6 +773,9 @@ class StretchCluster:
             writer.close()
         for node_id in list(self._nodes):
             self._stop_node(node_id)
+        if self.checkpoint_dir is not None and self._driver is not None:
+            # closed after it started (not a start that failed): nothing resumes it, its files go
+            recovery.collect_garbage(self.checkpoint_dir, [])
         if self.connection is not None:
             self.connection.close()
         if self._owns_directory:

@@ -404,7 +404,10 @@ class NodeServer(flight.FlightServerBase):
 
         With checkpointed jobs the node first checkpoints everything it held, these key groups
         included (its outputs commit there): from that moment until the new owner adopts them,
-        that checkpoint is where they restore from, whichever of the two nodes dies."""
+        that checkpoint is where they restore from, whichever of the two nodes dies. It is named
+        by version, node and new owner (``h<version>-<node>-<to>``): a node giving key groups to
+        two nodes in one step must not overwrite the first release's checkpoint, which the first
+        new owner restores from."""
         msg = json.loads(body)
         kgs = np.asarray(msg["key_groups"], dtype=np.int64)
         durable = self._durable()
@@ -415,7 +418,8 @@ class NodeServer(flight.FlightServerBase):
             base = None
             if durable:  # writes wait meanwhile: the checkpoint, its journal offsets and marks agree
                 covered = np.flatnonzero(before | self.owned).tolist()
-                base = self._checkpoint(f"h{msg['version']}-{self.node_id}", covered)["path"]
+                name = "-".join(filter(None, [f"h{msg['version']}", self.node_id, msg.get("to")]))
+                base = self._checkpoint(name, covered)["path"]
         parts, marks = [], {}
         for job in self.jobs.values():
             for operator in job.keyed:  # timers and windows leave them alone once past the barrier

@@ -289,13 +289,14 @@ cluster.add_node()
     "point",
     [
         pytest.param(p, marks=() if p == "none" else pytest.mark.long)
-        for p in ("none", "load", "adopt", "adopted")
+        for p in ("none", "load", "adopt", "adopted", "collect")
     ],
 )
 def test_a_restarted_driver_restores_the_cluster_its_killed_predecessor_ran(tmp_path, point):
-    """The driver is killed (its nodes end with it) mid-stream or at a point of a handoff; a new
-    driver on the same directories starts new nodes, restores every key group from the checkpoint
-    directory, and the job goes on: Spark replays the micro-batches it never saw committed."""
+    """The driver is killed (its nodes end with it) mid-stream or at a point of a handoff, or in
+    the middle of the collection of checkpoints the handoff superseded; a new driver on the same
+    directories starts new nodes, restores every key group from the checkpoint directory, and the
+    job goes on: Spark replays the micro-batches it never saw committed."""
     import json
     import subprocess
     import sys
