@@ -320,7 +320,10 @@ class StretchCluster:
                 base = str(recovery.node_dir(self.checkpoint_dir, src) / "checkpoints" / name)
                 if recovery.adopted_from(self.checkpoint_dir, dst, int(kg), base):
                     del pending[int(kg)]  # the new owner had it: it restores from there
-        self._recover(old, None, pending, survivors=fresh)
+        # a node being removed owns nothing in the stored table after its last step began, but the
+        # key groups of that step it had not handed over are still its own: it is dead too
+        dead = list(dict.fromkeys([*old, *(pending or {}).values()]))
+        self._recover(dead, None, pending, survivors=fresh)
         (self.directory / "handoff.json").unlink(missing_ok=True)
         self._collect_garbage()
         self._serve()

@@ -278,6 +278,11 @@ def hook(at, src, dst):
     if at == point:
         os.kill(os.getpid(), 9)
 
+if point.startswith("remove-"):  # killed in the last step of a node's removal
+    cluster.add_node()
+    point = point[len("remove-"):]
+    cluster._step_hook = lambda at, src, dst: not cluster.table.key_groups_of("node-0") and hook(at, src, dst)
+    cluster.remove_node("node-0")
 cluster._step_hook = hook
 if point == "none":
     os.kill(os.getpid(), 9)
@@ -289,7 +294,7 @@ cluster.add_node()
     "point",
     [
         pytest.param(p, marks=() if p == "none" else pytest.mark.long)
-        for p in ("none", "load", "adopt", "adopted", "collect")
+        for p in ("none", "load", "adopt", "adopted", "collect", "remove-load")
     ],
 )
 def test_a_restarted_driver_restores_the_cluster_its_killed_predecessor_ran(tmp_path, point):
