@@ -308,6 +308,17 @@ class StretchCluster:
             interval = entries[name].get("interval_ms")
             if interval:
                 self._interval = min(self._interval or interval / 1000, interval / 1000)
+        try:
+            self._restore_all(stored, old, fresh)
+        except BaseException:  # nothing ran on the fresh nodes: readers must not look for them
+            entries = json.loads((self.directory / "jobs.json").read_text())
+            for entry in entries.values():
+                entry["nodes"] = [n for n in entry.get("nodes", []) if n not in fresh]
+            self._write("jobs.json", entries)
+            raise
+
+    def _restore_all(self, stored: RoutingTable, old: list[str], fresh: list[str]) -> None:
+        """Every key group of the stored table (and of a handoff under way) onto the fresh nodes."""
         pending = None
         try:
             step = json.loads((self.directory / "handoff.json").read_text())
@@ -770,8 +781,8 @@ class StretchCluster:
         if self._driver is not None:
             self._driver.shutdown()
             (self.directory / "driver.json").unlink(missing_ok=True)
-        if self._jobs and self.checkpoint_dir is not None:  # closed, not died: nothing to resume
-            self._forget_specs()
+        if self._jobs and self.checkpoint_dir is not None and self._driver is not None:
+            self._forget_specs()  # closed after it started, not died nor failed to: nothing to resume
         for writer in list(self._writers):  # their shared-memory segments go too
             writer.close()
         for node_id in list(self._nodes):

@@ -368,3 +368,42 @@ def test_a_job_without_checkpoints_goes_on_in_a_dead_nodes_key_groups_from_empty
 
 def _state(client) -> dict:
     return {r["key"]: (r["count"], r["sum"]) for r in client.query_state("counts").to_pylist()}
+
+
+@pytest.mark.long
+def test_a_driver_whose_resume_fails_leaves_the_jobs_to_the_next_one(tmp_path, monkeypatch):
+    """A restarted driver that fails while restoring (here: its recovery raises) must not forget
+    the checkpointed jobs it was resuming: the driver started after it resumes them, exactly."""
+    import json
+    import subprocess
+    import sys
+
+    from stretch.cluster import job_nodes
+
+    directory, checkpoints, name = tmp_path / "cluster", tmp_path / "ck", "resume-fails"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(directory), str(checkpoints), "none", name],
+        stdout=subprocess.PIPE,
+        cwd=os.getcwd(),
+    )
+    pids = json.loads(proc.stdout.readline())
+    proc.wait(300)
+    proc.stdout.close()
+    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in pids))
+
+    def broken(self, *args, **kwargs):
+        raise OSError("the checkpoint directory is not mounted")
+
+    with monkeypatch.context() as m:
+        m.setattr(StretchCluster, "_recover", broken)
+        with pytest.raises(OSError, match="not mounted"):
+            StretchCluster.local(nodes=2, directory=directory, checkpoint_dir=checkpoints)
+    data = batches(5, 30, 30)
+    with StretchCluster.local(nodes=2, directory=directory, checkpoint_dir=checkpoints) as cluster:
+        client = cluster.job(name)
+        with client.writer("in") as writer:
+            for i in range(30):
+                writer.write(to_batch(data[i], PAIR), query="q", batch=i)
+        client.end("in")
+        assert set(client.wait(120).values()) == {"FINISHED"}
+        assert_exactly_once(outputs(name, job_nodes(cluster.address, name)), data)
