@@ -93,6 +93,18 @@ _GC_PAUSE_MIN = 2048  # records; below this, pausing the collector costs more th
 _REPR_LIMIT = 200
 
 
+class RecordTypeError(TypeError):
+    """A record that does not fit the declared type (or cannot be pickled): the message names its
+    index among the records converted; ``record`` and ``reason`` let a caller to whom that index
+    means nothing (a batch of an operator's outputs) say it its own way."""
+
+    def __init__(self, index: int, record: Any, reason: str):
+        self.index = index
+        self.record = record
+        self.reason = reason  # e.g. "does not match Types.LONG(): expected LONG, got str 'x'"
+        super().__init__(f"record {index} {_short_repr(record)} {reason}")
+
+
 class _MismatchError(Exception):
     """A column does not fit its declared type; the caller finds the culprit record."""
 
@@ -534,9 +546,7 @@ def _raise_mismatch(records: list, t: TypeInformation, kind: str, exc: BaseExcep
         if found is not None:
             path, reason = found
             where = f"field {_format_path(path)} " if path else ""
-            raise TypeError(
-                f"record {i} {_short_repr(record)} does not match {expr}: {where}{reason}"
-            ) from None
+            raise RecordTypeError(i, record, f"does not match {expr}: {where}{reason}") from None
     cause = exc.__cause__ or exc
     raise TypeError(f"records do not match {expr}: {cause}") from cause
 
@@ -580,9 +590,7 @@ def _raise_unpicklable(records: list, exc: _MismatchError) -> NoReturn:
         try:
             _dumps_any(record)
         except _MismatchError as found:
-            raise TypeError(
-                f"record {i} {_short_repr(record)} cannot be pickled: {found.__cause__!r}"
-            ) from None
+            raise RecordTypeError(i, record, f"cannot be pickled: {found.__cause__!r}") from None
     raise TypeError(f"records cannot be pickled: {exc.__cause__!r}") from exc
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from stretch.common.records import from_batch, to_batch
+from stretch.common.records import RecordTypeError, from_batch, to_batch
 from stretch.contracts.output_tag import OutputTag
+from stretch.runtime.outputs import short
 
 KEY_COLUMN = "__key"
 KG_COLUMN = "__kg"
@@ -22,9 +23,11 @@ INFERRED_META = b"stretch.inferred"
 
 class Records:
     """Records in flight: an Arrow batch, a Python list, or both (each made on demand), and the
-    records' event timestamps (epoch ms; the batch's ``__ts`` column in gates) if they have any."""
+    records' event timestamps (epoch ms; the batch's ``__ts`` column in gates) if they have any.
+    ``producer`` names the operator whose outputs the records are, for the error a record that
+    does not fit ``type_info`` (its declared output type) raises."""
 
-    __slots__ = ("_batch", "_items", "_ts", "side", "type_info")
+    __slots__ = ("_batch", "_items", "_ts", "producer", "side", "type_info")
 
     def __init__(
         self,
@@ -33,12 +36,14 @@ class Records:
         type_info=None,
         timestamps: np.ndarray | None = None,
         side: dict | None = None,
+        producer: str | None = None,
     ):
         self._batch = batch
         self._items = items
         self.type_info = type_info
         self._ts = timestamps
         self.side = side  # side outputs: tag id -> Records
+        self.producer = producer
 
     def timestamps(self) -> np.ndarray | None:
         if self._ts is None and self._batch is not None and TS_COLUMN in self._batch.schema.names:
@@ -55,7 +60,14 @@ class Records:
 
     def batch(self) -> pa.RecordBatch:
         if self._batch is None:
-            batch = to_batch(self._items, self.type_info)
+            try:
+                batch = to_batch(self._items, self.type_info)
+            except RecordTypeError as e:  # its index in this batch would mean nothing to the user
+                if self.producer is None:
+                    raise
+                raise TypeError(
+                    f"operator {self.producer!r}: its output {short(e.record)} {e.reason}"
+                ) from None
             if self.type_info is None:  # remembered so print() can show the records as Python does
                 batch = batch.replace_schema_metadata({**(batch.schema.metadata or {}), INFERRED_META: b"1"})
             self._batch = batch
@@ -83,9 +95,12 @@ def resolve_field(schema: pa.Schema, field: str | int) -> int:
     return schema.get_field_index(field)
 
 
-def split_outputs(items: list, stamps: list | None, timestamped: bool, type_info) -> Records:
-    """A keyed operator's outputs as Records: ``(tag, value)`` pairs go to their side outputs,
-    and for functions that emit ``(value, timestamp)`` pairs the timestamps are taken apart."""
+def split_outputs(
+    items: list, stamps: list | None, timestamped: bool, type_info, producer: str | None = None
+) -> Records:
+    """An operator's outputs as Records: ``(tag, value)`` pairs go to their side outputs, and for
+    functions that emit ``(value, timestamp)`` pairs the timestamps are taken apart. ``producer``:
+    the operator's name, for errors."""
     if timestamped:
         stamps = [ts for _, ts in items]
         items = [v for v, _ in items]
@@ -103,11 +118,16 @@ def split_outputs(items: list, stamps: list | None, timestamped: bool, type_info
         items, stamps = main, (main_ts if stamps is not None else None)
         side = {
             tid: Records(
-                items=v, type_info=tag.type_info, timestamps=_stamps(t) if stamps is not None else None
+                items=v,
+                type_info=tag.type_info,
+                timestamps=_stamps(t) if stamps is not None else None,
+                producer=producer,
             )
             for tid, (v, t, tag) in side.items()
         }
-    return Records(items=items, type_info=type_info, timestamps=_stamps(stamps), side=side or None)
+    return Records(
+        items=items, type_info=type_info, timestamps=_stamps(stamps), side=side or None, producer=producer
+    )
 
 
 def _stamps(stamps) -> np.ndarray | None:

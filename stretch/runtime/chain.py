@@ -140,7 +140,9 @@ class _Map(_Node):
         except Exception:
             out, kept = per_record(items, f, self.operator, "map function", self.outputs)
             ts = take(ts, kept)
-        self.forward(Records(items=out, type_info=self.step.output_type, timestamps=ts))
+        self.forward(
+            Records(items=out, type_info=self.step.output_type, timestamps=ts, producer=self.operator)
+        )
 
 
 class _FlatMap(_Node):
@@ -158,7 +160,9 @@ class _FlatMap(_Node):
             ts = records.timestamps()
             out = [x for res in results for x in res]
             out_ts = np.repeat(take(ts, kept), [len(res) for res in results]) if ts is not None else None
-            flat = Records(items=out, type_info=self.step.output_type, timestamps=out_ts)
+            flat = Records(
+                items=out, type_info=self.step.output_type, timestamps=out_ts, producer=self.operator
+            )
         self.forward(flat)
 
     def _flat_mapped(self, records: Records, f) -> Records:
@@ -180,7 +184,7 @@ class _FlatMap(_Node):
         except Exception as e:
             raise StepError(self.operator, record, NO_KEY, e, "flat_map function") from e
         out_ts = np.repeat(ts, counts) if ts is not None else None
-        return Records(items=out, type_info=self.step.output_type, timestamps=out_ts)
+        return Records(items=out, type_info=self.step.output_type, timestamps=out_ts, producer=self.operator)
 
 
 class _Filter(_Node):
@@ -200,12 +204,18 @@ class _Filter(_Node):
         keep_ts = ts[np.array(mask, dtype=bool)] if ts is not None else None
         if records._batch is not None:
             out = Records(
-                batch=records._batch.filter(pa.array(mask)), type_info=records.type_info, timestamps=keep_ts
+                batch=records._batch.filter(pa.array(mask)),
+                type_info=records.type_info,
+                timestamps=keep_ts,
+                producer=records.producer,
             )
             out._items = [r for r, m in zip(items, mask) if m]
         else:
             out = Records(
-                items=[r for r, m in zip(items, mask) if m], type_info=records.type_info, timestamps=keep_ts
+                items=[r for r, m in zip(items, mask) if m],
+                type_info=records.type_info,
+                timestamps=keep_ts,
+                producer=records.producer,  # the records' type is still the one it declared
             )
         self.forward(out)
 
@@ -271,7 +281,9 @@ class _Process(_Node):
                 continue
             out.extend(produced)
             out_ts.extend([ctx.ts] * len(produced))
-        result = split_outputs(out, out_ts if ts is not None else None, False, self.step.output_type)
+        result = split_outputs(
+            out, out_ts if ts is not None else None, False, self.step.output_type, self.operator
+        )
         for c in self.children:
             if isinstance(c, _Side):
                 part = result.side.get(c.tag.tag_id) if result.side else None
@@ -409,7 +421,10 @@ class _ToGate(_Node):
                     return
                 items = [items[i] for i in kept]
                 records = Records(
-                    items=items, type_info=records.type_info, timestamps=take(records.timestamps(), kept)
+                    items=items,
+                    type_info=records.type_info,
+                    timestamps=take(records.timestamps(), kept),
+                    producer=records.producer,
                 )
             batch = keyed_by_selector(
                 records.data_batch(),

@@ -11,10 +11,22 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from stretch.common.typeinfo import type_expr
 from stretch.contracts import state as api
 from stretch.state.codecs import ElementStream, fixed_dtype, value_codec
+from stretch.state.type_checks import element_check, value_check
 
 _UNSET = object()
+
+
+class StateTypeError(TypeError):
+    """A value the batch's write-back could not store (an int beyond its column's range, a value
+    that does not pickle); ``slot`` is the batch's slot of its key, so the operator can name it.
+    Values of another type never get this far: ``update()`` and ``add()`` refuse them."""
+
+    def __init__(self, message: str, slot: int):
+        super().__init__(message)
+        self.slot = slot
 
 
 class _Column:
@@ -36,11 +48,15 @@ class FixedValueState(_Column, api.ValueState):
         self._arrow = pa.bool_() if self._dtype == np.uint8 else pa.from_numpy_dtype(self._dtype)
         self._vals: list = []
         self._dirty = False
+        check = value_check(descriptor)
+        self._fast, self._check = check.fast, check.check
 
     def value(self):
         return self._vals[self._b.current]
 
     def update(self, value) -> None:
+        if type(value) is not self._fast:  # the per-record path: one comparison for the usual type
+            self._check(value)
         self._vals[self._b.current] = value
         self._dirty = True
 
@@ -62,10 +78,11 @@ class FixedValueState(_Column, api.ValueState):
         try:
             arr = _strict_array(self._vals, self._arrow)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
-            bad = next((v for v in self._vals if not _fits(v, self._arrow)), None)
-            raise TypeError(
-                f"state {self.descriptor.name!r} is declared {self.descriptor.type_info!r} "
-                f"but was updated with {bad!r}: {e}"
+            slot = next((u for u, v in enumerate(self._vals) if not _fits(v, self._arrow)), 0)
+            raise StateTypeError(
+                f"state {self.descriptor.name!r} is declared {type_expr(self.descriptor.type_info)} "
+                f"but was updated with {self._vals[slot]!r}: {e}",
+                slot,
             ) from None
         valid = arr.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8)
         values = arr.fill_null(False if self._dtype == np.uint8 else 0).to_numpy(zero_copy_only=False)
@@ -134,17 +151,24 @@ class _VarCells(_Column):
         for u in idx.tolist():
             try:
                 payloads.append(self._payload(self._vals[u]))
-            except TypeError as e:
-                raise TypeError(f"state {self.descriptor.name!r}: {e}") from None
+            except Exception as e:  # e.g. a value that does not pickle
+                raise StateTypeError(f"state {self.descriptor.name!r}: {type(e).__name__}: {e}", u) from None
         self._table.write_var(self._sid, kgs[idx], rows[idx], payloads)
         self._changed = set()
 
 
 class VarValueState(_VarCells, api.ValueState):
+    def __init__(self, backend, sid, descriptor, codec):
+        super().__init__(backend, sid, descriptor, codec)
+        check = value_check(descriptor)
+        self._fast, self._check = check.fast, check.check
+
     def value(self):
         return self._get(self._b.current)
 
     def update(self, value) -> None:
+        if type(value) is not self._fast:
+            self._check(value)
         self._set(self._b.current, value)
 
     def clear(self) -> None:
@@ -272,6 +296,8 @@ class ListStateImpl(_Column, api.ListState):
     def __init__(self, backend, sid, descriptor):
         super().__init__(backend, sid, descriptor)
         self._stream = ElementStream(descriptor.elem_type_info)
+        check = element_check(descriptor)
+        self._fast, self._check = check.fast, check.check
         self._raw: list = []
         self._lists: list = []  # None: not loaded; else the whole list
         self._base: list = []  # length already stored, for loaded lists
@@ -302,6 +328,8 @@ class ListStateImpl(_Column, api.ListState):
         return self._full(self._b.current)
 
     def add(self, value) -> None:
+        if type(value) is not self._fast:
+            self._check(value)
         u = self._b.current
         lst = self._lists[u]
         if lst is not None:
@@ -314,8 +342,13 @@ class ListStateImpl(_Column, api.ListState):
             self.add(v)
 
     def update(self, values) -> None:
+        values = list(values) if values is not None else []
+        fast, check = self._fast, self._check
+        for v in values:
+            if type(v) is not fast:
+                check(v)
         u = self._b.current
-        self._lists[u] = list(values) if values is not None else []
+        self._lists[u] = values
         self._added.pop(u, None)  # appends made earlier in the batch are replaced too
         self._replaced.add(u)
 
@@ -323,29 +356,31 @@ class ListStateImpl(_Column, api.ListState):
         self.update([])
 
     def _flush(self, kgs, rows) -> None:
-        try:
-            self._write_back(kgs, rows)
-        except (TypeError, ValueError, OverflowError) as e:
-            raise TypeError(
-                f"state {self.descriptor.name!r} holds elements of {self.descriptor.elem_type_info!r}: {e}"
-            ) from None
-
-    def _write_back(self, kgs, rows) -> None:
         writes: dict[int, tuple[bytes | None, bool]] = {}
         for u in self._replaced:
             lst = self._lists[u]
-            writes[u] = (self._stream.encode(lst) if lst else None, False)
+            writes[u] = (self._encode(u, lst) if lst else None, False)
         for u, lst in enumerate(self._lists):
             if lst is not None and u not in self._replaced and len(lst) > self._base[u]:
-                writes[u] = (self._stream.encode(lst[self._base[u] :]), True)
+                writes[u] = (self._encode(u, lst[self._base[u] :]), True)
         for u, pending in self._added.items():
-            writes[u] = (self._stream.encode(pending), True)
+            writes[u] = (self._encode(u, pending), True)
         if not writes:
             return
         idx = np.fromiter(sorted(writes), dtype=np.int64, count=len(writes))
         payloads = [writes[u][0] for u in idx.tolist()]
         appends = np.fromiter((writes[u][1] for u in idx.tolist()), dtype=np.bool_, count=len(idx))
         self._table.write_var(self._sid, kgs[idx], rows[idx], payloads, appends)
+
+    def _encode(self, u: int, elements: list) -> bytes:
+        try:
+            return self._stream.encode(elements)
+        except Exception as e:  # an int beyond the column's range, an element that does not pickle
+            raise StateTypeError(
+                f"list state {self.descriptor.name!r} holds elements of "
+                f"{type_expr(self.descriptor.elem_type_info)}: {type(e).__name__}: {e}",
+                u,
+            ) from None
 
 
 def make_state(backend, sid: int, descriptor):

@@ -6,7 +6,7 @@ import pytest
 
 from stretch.common import Types
 from stretch.datastream import KeyedProcessFunction, MapFunction, StreamExecutionEnvironment
-from stretch.datastream.state import ValueStateDescriptor
+from stretch.datastream.state import ListStateDescriptor, ValueStateDescriptor
 from stretch.errors import JobCancellationError, UserFunctionError
 
 
@@ -96,26 +96,92 @@ def test_record_not_matching_declared_type_fails_at_from_collection():
         e.from_collection([("a", 1), ("b", 2), ("c", "x")], Types.TUPLE([Types.STRING(), Types.LONG()]))
 
 
-def test_output_not_matching_declared_output_type_fails_the_job():
+def test_output_not_matching_declared_output_type_fails_naming_operator_and_output():
     ds = env().from_collection([1, 2, 3], Types.LONG())
-    with pytest.raises(TypeError, match="expected LONG"):
-        ds.map(lambda x: "x" if x == 2 else x, output_type=Types.LONG()).key_by(lambda x: 0).sum(
-            0
-        ).execute_and_collect(limit=5)
+    bad = ds.map(lambda x: "x" if x == 2 else x, output_type=Types.LONG()).name("mapper")
+    with pytest.raises(TypeError) as info:
+        bad.key_by(lambda x: 0).sum(0).execute_and_collect(limit=5)
+    # no index: a position within some batch of the operator's outputs would mean nothing
+    assert (
+        str(info.value)
+        == "operator 'mapper': its output 'x' does not match Types.LONG(): expected LONG, got str 'x'"
+    )
 
 
-def test_state_updated_with_wrong_type():
-    class Bad(KeyedProcessFunction):
-        def open(self, ctx):
-            self.s = ctx.get_state(ValueStateDescriptor("s", Types.LONG()))
+class Echoes(KeyedProcessFunction):
+    def process_element(self, value, ctx):
+        yield ("k", "y" * 1000) if value == 3 else ("k", value)
 
-        def process_element(self, value, ctx):
-            self.s.update("not a number")
-            yield value
 
-    ds = env().from_collection([1, 2], Types.LONG())
-    with pytest.raises(TypeError, match="state 's' is declared"):
-        ds.key_by(lambda x: x).process(Bad()).execute_and_collect(limit=5)
+def test_keyed_output_not_matching_declared_type_names_operator_and_a_shortened_output():
+    ds = env().from_collection([1, 2, 3, 4], Types.LONG()).key_by(lambda x: x)
+    out = ds.process(Echoes(), Types.ROW([Types.STRING(), Types.LONG()])).name("echo")
+    with pytest.raises(TypeError) as info:
+        out.execute_and_collect(limit=10)
+    text = str(info.value)
+    shortened = repr(("k", "y" * 1000))[:197] + "..."
+    assert text.startswith(f"operator 'echo': its output {shortened} does not match Types.ROW(")
+    assert text.endswith("field 1 expected LONG, got str " + repr("y" * 1000)[:197] + "...")
+
+
+class UpdatesState(KeyedProcessFunction):
+    """Puts ``bad(value)`` (or the value itself, if None) into a state of the declared type."""
+
+    def __init__(self, descriptor, bad):
+        self.descriptor = descriptor
+        self.bad = bad
+
+    def open(self, ctx):
+        d = self.descriptor
+        self.s = ctx.get_list_state(d) if isinstance(d, ListStateDescriptor) else ctx.get_state(d)
+
+    def process_element(self, value, ctx):
+        new = self.bad(value)
+        new = value if new is None else new
+        if isinstance(self.descriptor, ListStateDescriptor):
+            self.s.add(new)
+        else:
+            self.s.update(new)
+        yield value
+
+
+@pytest.mark.parametrize(
+    "descriptor, bad, declared, shown",
+    [
+        (
+            ValueStateDescriptor("s", Types.LONG()),
+            lambda v: "abc" if v == 3 else None,
+            "Types.LONG()",
+            "'abc'",
+        ),
+        (ListStateDescriptor("l", Types.INT()), lambda v: 1.5 if v == 3 else None, "Types.INT()", "1.5"),
+        (ListStateDescriptor("l", Types.INT()), lambda v: "7" if v == 3 else None, "Types.INT()", "'7'"),
+    ],
+)
+def test_state_given_a_value_of_another_type_fails_naming_operator_record_state_and_value(
+    descriptor, bad, declared, shown
+):
+    ds = env().from_collection([1, 2, 3, 4], Types.LONG())
+    with pytest.raises(UserFunctionError) as info:
+        ds.key_by(lambda x: x).process(UpdatesState(descriptor, bad)).name("stateful").execute_and_collect(
+            limit=5
+        )
+    first_line = str(info.value).splitlines()[0]
+    assert first_line.startswith(
+        "process_element of operator 'stateful' failed on record 3, key 3: TypeError: "
+    )
+    assert f"state {descriptor.name!r}" in first_line and declared in first_line and shown in first_line
+    assert isinstance(info.value.__cause__, TypeError)
+
+
+def test_state_value_beyond_its_column_range_fails_naming_operator_and_key():
+    ds = env().from_collection([1, 2, 3, 4], Types.LONG())
+    big = UpdatesState(ValueStateDescriptor("small", Types.INT()), lambda v: 2**40 if v == 3 else None)
+    with pytest.raises(TypeError) as info:
+        ds.key_by(lambda x: x * 10).process(big).name("stateful").execute_and_collect(limit=5)
+    text = str(info.value)
+    assert text.startswith("operator 'stateful', key 30: state 'small' is declared Types.INT()")
+    assert str(2**40) in text
 
 
 @pytest.mark.parametrize("aggregate", ["sum", "reduce"])

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +17,7 @@ from stretch.datastream.connectors.datagen import DataGeneratorSource, RateLimit
 from stretch.datastream.window import SlidingEventTimeWindows, TumblingEventTimeWindows
 from tests.datastream.flink_windows import run, sliding, tumbling
 from tests.datastream.test_windows import Job
+from tests.runtime.worker_kills import finish_after_a_kill
 
 ALL = [A.count(), A.sum("f2"), A.min("f2"), A.max("f2"), A.mean("f2")]
 INT_RECORD = Types.TUPLE([Types.LONG(), Types.LONG(), Types.LONG()])
@@ -264,18 +262,8 @@ def test_vectorized_windows_are_exact_across_a_worker_killed_at_random():
     stream = env.from_source(src, strategy, "events").key_by("f0").window(windows)
     stream.aggregate([A.count(), A.sum("f2")]).name("windows").sink_to(ChannelSink("out"))
     client = env.execute_async(f"vector-ckpt-{rng.randrange(1 << 40):x}")
-    co = client._coordinator
-    try:
-        time.sleep(rng.uniform(0.15, 0.3))
-        stage = co.plan.stage("windows").id
-        keyed = [w for w in list(co._workers.values()) if w.task and w.task[0] == stage and w.pid]
-        os.kill(rng.choice(keyed).pid, signal.SIGKILL)  # an instance of the window operator
-        assert client.wait(60).name == "FINISHED"
-    finally:
-        if not co.done:
-            client.cancel()
-            client.wait(30)
-    assert len(co.recoveries) == 1
+    finish_after_a_kill(client, rng, after=(0.15, 0.3), stage="windows")  # an instance of the windows
+    assert len(client._coordinator.recoveries) == 1
     got = sorted(tuple(r) for r in channels.open_reader(client, "out"))
     want: dict = {}
     for b in (batch(i, 500) for i in range(0, n, 500)):

@@ -28,6 +28,7 @@ from stretch.datastream.window import TumblingEventTimeWindows
 from stretch.errors import JobExecutionError
 from stretch.runtime.checkpointing import CheckpointStore
 from stretch.runtime.state_dir import job_dir
+from tests.runtime.worker_kills import finish_after_a_kill, kill_a_busy_worker, wait_for_recoveries
 
 PAIR = Types.TUPLE([Types.LONG(), Types.LONG()])
 TRIPLE = Types.TUPLE([Types.LONG(), Types.LONG(), Types.LONG()])
@@ -118,37 +119,32 @@ def test_kill_9_of_a_random_worker_at_a_random_moment_leaves_the_output_exact(tr
     n = 40_000
     client = _start(build, n, rate=100_000)
     co = client._coordinator
-    try:
-        time.sleep(rng.uniform(0.02, 0.35))
-        busy = [w for w in list(co._workers.values()) if w.task is not None and w.pid]
-        victim = rng.choice(busy)
-        os.kill(victim.pid, signal.SIGKILL)
-        assert client.wait(60).name == "FINISHED"
-    finally:
-        if not co.done:
-            client.cancel()
-            client.wait(30)
+    victim = finish_after_a_kill(client, rng, after=(0.02, 0.35))
     assert len(co.recoveries) == 1, (pipeline, victim.task, co.recoveries)
     assert _output(client) == sorted(reference(n)), (pipeline, victim.task, co.recoveries)
 
 
 def test_a_worker_killed_again_during_recovery_is_recovered_too():
+    """Each kill after the first hits a worker of the recovered attempt as soon as it runs a task,
+    long before that attempt has caught up. The kills wait for the recovery and for a busy worker
+    (with deadlines): on a loaded machine a recovery takes seconds, longer than any fixed delay."""
     build, reference = PIPELINES["running_sums"]
     n = 60_000
+    rng = random.Random(7)
     client = _start(build, n, rate=100_000)
     co = client._coordinator
     try:
-        for delay in (0.15, 0.05, 0.1):
-            time.sleep(delay)
-            busy = [w for w in list(co._workers.values()) if w.task is not None and w.pid]
-            if busy:
-                os.kill(random.choice(busy).pid, signal.SIGKILL)
+        time.sleep(0.15)
+        kill_a_busy_worker(co, rng)
+        for recovered in (1, 2):
+            wait_for_recoveries(co, recovered)
+            kill_a_busy_worker(co, rng)  # one of the new attempt's workers, while it restarts
         assert client.wait(60).name == "FINISHED"
     finally:
         if not co.done:
             client.cancel()
             client.wait(30)
-    assert len(co.recoveries) >= 2
+    assert len(co.recoveries) == 3, co.recoveries
     assert _output(client) == sorted(reference(n))
 
 

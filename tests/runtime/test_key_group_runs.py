@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import threading
 import time
 from collections import defaultdict
@@ -26,6 +25,7 @@ from stretch.runtime.key_group_runs import MIN_ROWS, laid_out, owned_ranges, own
 from stretch.runtime.routing import keyed_by_field, keyed_by_selector
 from stretch.state.key_groups import key_group, key_groups_of
 from tests.runtime.test_rescale import Job, rescale_randomly
+from tests.runtime.worker_kills import finish_after_a_kill
 
 MAXP = 128
 PAIR = Types.TUPLE([Types.LONG(), Types.LONG()])
@@ -236,17 +236,8 @@ def test_laid_out_batches_across_a_kill_9_recovery(trial):
     )
     env.from_source(src, None, "numbers").key_by(0).sum(1).name("sums").sink_to(ChannelSink("out"))
     client = env.execute_async(f"runs-recovery-{trial}-{os.getpid()}")
-    co = client._coordinator
-    try:
-        time.sleep(rng.uniform(0.05, 0.2))
-        busy = [w for w in list(co._workers.values()) if w.task is not None and w.pid]
-        os.kill(rng.choice(busy).pid, signal.SIGKILL)
-        assert client.wait(60).name == "FINISHED"
-    finally:
-        if not co.done:
-            client.cancel()
-            client.wait(30)
-    assert len(co.recoveries) == 1
+    finish_after_a_kill(client, rng, after=(0.05, 0.2))
+    assert len(client._coordinator.recoveries) == 1
     acc, want = defaultdict(int), []
     for i in range(n):
         k = (i * 7919) % 997

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from stretch.common.typeinfo import Types
+from stretch.common.typeinfo import Types, type_expr
 from stretch.datastream.functions import AggregateFunction, ReduceFunction
 from stretch.datastream.state import (
     AggregatingStateDescriptor,
@@ -28,6 +28,7 @@ from stretch.state.arena import Arena
 from stretch.state.backend import KeyedStateBackend
 from stretch.state.key_groups import key_groups_of
 from stretch.state.keyed_table import KeyedTable, KeyMode
+from stretch.state.states import StateTypeError
 
 MAXP = 128
 
@@ -417,26 +418,94 @@ def test_state_declarations(arena):
 WRONG = {
     "value-long-str": (lambda n: ValueStateDescriptor(n, Types.LONG()), "update", 5, "abc"),
     "value-long-float": (lambda n: ValueStateDescriptor(n, Types.LONG()), "update", 5, 1.5),
+    "value-long-bool": (lambda n: ValueStateDescriptor(n, Types.LONG()), "update", 5, True),
+    "value-int-numpy-overflow": (
+        lambda n: ValueStateDescriptor(n, Types.INT()),
+        "update",
+        5,
+        np.int64(2**40),
+    ),
     "value-double-str": (lambda n: ValueStateDescriptor(n, Types.DOUBLE()), "update", 2.5, "abc"),
     "value-boolean-str": (lambda n: ValueStateDescriptor(n, Types.BOOLEAN()), "update", True, "yes"),
+    "value-boolean-int": (lambda n: ValueStateDescriptor(n, Types.BOOLEAN()), "update", True, 1),
     "value-string-int": (lambda n: ValueStateDescriptor(n, Types.STRING()), "update", "ok", 5),
+    "value-bytes-str": (
+        lambda n: ValueStateDescriptor(n, Types.PRIMITIVE_ARRAY(Types.BYTE())),
+        "update",
+        b"ok",
+        "x",
+    ),
     "list-int-str": (lambda n: ListStateDescriptor(n, Types.INT()), "add", 5, "x"),
+    "list-int-float": (lambda n: ListStateDescriptor(n, Types.INT()), "add", 5, 1.5),
+    "list-int-float-str": (lambda n: ListStateDescriptor(n, Types.INT()), "add", 5, "1.5"),
+    "list-int-int-str": (lambda n: ListStateDescriptor(n, Types.INT()), "add", 5, "3"),
+    "list-int-none": (lambda n: ListStateDescriptor(n, Types.INT()), "add", 5, None),
+    "list-int-update": (lambda n: ListStateDescriptor(n, Types.INT()), "update", 5, [1, 2.5]),
     "list-string-int": (lambda n: ListStateDescriptor(n, Types.STRING()), "add", "ok", 5),
+    "reducing-long-str": (
+        lambda n: ReducingStateDescriptor(n, lambda a, b: b, Types.LONG()),  # keeps the last value
+        "add",
+        5,
+        "abc",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(WRONG))
-def test_wrong_value_type_raises_type_error_naming_the_state(arena, case):
+def test_wrong_value_type_is_refused_at_the_call_naming_state_type_and_value(arena, case):
+    """The call itself raises (inside the user's function, so the engine can name the record),
+    with the state's name, its declared type and the value; nothing of it is stored."""
     make, method, good, bad = WRONG[case]
     name = f"my_state_{case.replace('-', '_')}"
     d = Driver(arena)
-    st = d.backend.state(make(name))
-    read = st.value if method == "update" else st.get
-    expected = good if method == "update" else [good]
+    descriptor = make(name)
+    st = d.backend.state(descriptor)
+    kind = descriptor.kind
+    read = st.value if kind == "value" else st.get
+    expected = [good] if kind == "list" else good
     for _ in d.each([1]):
-        getattr(st, method)(good)
-    with pytest.raises(TypeError, match=name):
-        for _ in d.each([1]):
+        getattr(st, method)([good] if method == "update" and kind == "list" else good)
+    declared = type_expr(descriptor.elem_type_info if kind == "list" else descriptor.type_info)
+    shown = repr(bad[1] if isinstance(bad, list) else bad)
+    for _ in d.each([1]):
+        with pytest.raises(TypeError) as info:
             getattr(st, method)(bad)
-    # Nothing of the rejected batch was stored; the state still works.
+        assert name in str(info.value) and declared in str(info.value) and shown in str(info.value)
+    # the refused value was not stored; the state still works
     d.verify(lambda k: _eq(read(), expected, k))
+
+
+ACCEPTED = {  # values of other Python types that the declared type holds, stored as the type says
+    "long-numpy-int": (Types.LONG(), np.int32(7), 7),
+    "double-int": (Types.DOUBLE(), 3, 3.0),
+    "double-numpy-float": (Types.DOUBLE(), np.float32(0.5), 0.5),
+    "boolean-numpy": (Types.BOOLEAN(), np.bool_(True), True),
+    "string-subclass": (Types.STRING(), type("S", (str,), {})("s"), "s"),
+}
+
+
+@pytest.mark.parametrize("case", list(ACCEPTED))
+def test_values_of_other_python_types_that_fit_are_accepted(arena, case):
+    type_info, given, stored = ACCEPTED[case]
+    d = Driver(arena)
+    st = d.backend.state(ValueStateDescriptor("v", type_info))
+    for _ in d.each([1]):
+        st.update(given)
+    d.verify(lambda k: _eq(st.value(), stored, k))
+
+
+@pytest.mark.parametrize(
+    "descriptor, method",
+    [(ValueStateDescriptor("big", Types.INT()), "update"), (ListStateDescriptor("big", Types.INT()), "add")],
+)
+def test_an_int_beyond_the_column_range_fails_the_write_back_naming_its_key_slot(arena, descriptor, method):
+    """An int of the declared type is taken without a range check on the per-record path; the
+    batch's write-back refuses it and says which key slot holds it."""
+    d = Driver(arena)
+    st = d.backend.state(descriptor)
+    keys = [10, 20, 30]
+    with pytest.raises(StateTypeError) as info:
+        for k in d.each(keys):
+            getattr(st, method)(2**40 if k == 20 else k)
+    assert keys[info.value.slot] == 20
+    assert "'big'" in str(info.value) and "Types.INT()" in str(info.value)

@@ -158,7 +158,7 @@ class BandJoinOperator(KeyedOperator):
             self._write(stored, append=True)
         if not out:
             return None
-        return split_outputs(out, out_ts, False, self.spec.output_type)
+        return split_outputs(out, out_ts, False, self.spec.output_type, self.name)
 
     def _write(self, lists: dict[int, list], append: bool) -> None:
         order = sorted(lists)

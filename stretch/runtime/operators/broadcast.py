@@ -314,4 +314,4 @@ class BroadcastProcessOperator(ProcessOperator):
             out_ts.extend([ctx.ts] * len(produced))
         if not out:
             return None
-        return split_outputs(out, out_ts if ts is not None else None, False, self.spec.output_type)
+        return split_outputs(out, out_ts if ts is not None else None, False, self.spec.output_type, self.name)

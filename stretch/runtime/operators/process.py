@@ -10,7 +10,8 @@ from stretch.contracts.functions import TimeDomain
 from stretch.runtime.batch import Records, split_outputs
 from stretch.runtime.operators.base import KeyedOperator
 from stretch.runtime.operators.context import KeyedContext, KeyedTimerService
-from stretch.runtime.outputs import StepError
+from stretch.runtime.outputs import StepError, short
+from stretch.state.states import StateTypeError
 from stretch.state.timers import EVENT
 
 
@@ -53,8 +54,8 @@ class ProcessOperator(KeyedOperator):
         while start < len(records):  # resumed after a record that went to dead letters
             start = self._process_from(start, records, slots, stamps, out, counts, pe, ctx)
         out_ts = np.repeat(ts, counts).tolist() if ts is not None else None
-        b.end()
-        return split_outputs(out, out_ts, self.timestamped, self.spec.output_type)
+        self.write_back()
+        return split_outputs(out, out_ts, self.timestamped, self.spec.output_type, self.name)
 
     def _process_from(self, start, records, slots, stamps, out, counts, pe, ctx) -> int:
         """process_element of records[start:]; returns where to resume (after a rejected record,
@@ -95,6 +96,16 @@ class ProcessOperator(KeyedOperator):
                 counts.append(0)
             return i + 1
         return len(records)
+
+    def write_back(self) -> None:
+        """End the batch: its state changes go to shared memory. A value the write-back cannot
+        store (one of the declared type, but beyond its column's range) fails the job naming the
+        operator and the key; values of another type were refused already by update()/add()."""
+        b = self.backend
+        try:
+            b.end()
+        except StateTypeError as e:
+            raise TypeError(f"operator {self.name!r}, key {short(b.keys[e.slot])}: {e}") from None
 
     def dead_letter(self, error: StepError) -> None:
         outputs = getattr(self, "outputs", None)
@@ -145,7 +156,7 @@ class ProcessOperator(KeyedOperator):
                         deferred.add(u)
             except Exception as e:
                 raise StepError(self.name, f"timer at {ctx.ts}", b.keys[u], e, "on_timer") from e
-            b.end()
+            self.write_back()
         if not out:
             return None
-        return split_outputs(out, out_ts, self.timestamped, self.spec.output_type)
+        return split_outputs(out, out_ts, self.timestamped, self.spec.output_type, self.name)
