@@ -59,6 +59,7 @@ from stretch.cluster.routing import (
 )
 from stretch.cluster.tls import ClusterTLS
 from stretch.common import user_code
+from stretch.errors import JobExecutionError
 from stretch.runtime.state_dir import channel_dir, job_dir_name, write_private
 from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
 
@@ -390,6 +391,7 @@ class StretchCluster:
     # ---- jobs -----------------------------------------------------------------------------------
     def submit(self, plan, name: str, config) -> ClusterJobClient:
         """Run a job on every node (what ``env.execute_async(name, cluster=cluster)`` does)."""
+        self._check_open()
         if name in self._jobs:
             raise ValueError(f"the cluster already runs a job {name!r}")
         if config.checkpointing and self.checkpoint_dir is None:
@@ -601,6 +603,7 @@ class StretchCluster:
     def writer(self, job: str, channel: str, key=None) -> ClusterWriter:
         """A writer into input channel ``channel`` of job ``job`` on every node: each row goes to the
         node owning its key group (``key``: the field, by default the one the job keys by)."""
+        self._check_open()
         writer = ClusterWriter(self.address, job, channel, key)
         self._writers.add(writer)
         return writer
@@ -618,6 +621,7 @@ class StretchCluster:
 
     def add_node(self) -> HandoffReport:
         """Start a node and give it its share of key groups, moving the fewest."""
+        self._check_open()
         if self._driver is not None:
             with self._driver.changing:  # one node change at a time (the CLI's too)
                 return self._add_node()
@@ -636,6 +640,7 @@ class StretchCluster:
 
     def remove_node(self, node: str) -> HandoffReport:
         """Hand a node's key groups to the others, then stop it."""
+        self._check_open()
         if self._driver is not None:
             with self._driver.changing:
                 return self._remove_node(node)
@@ -768,6 +773,11 @@ class StretchCluster:
         self.connection.forget(node_id)
         self.launcher.stop(node.id)
 
+    def _check_open(self) -> None:
+        """A closed cluster has no nodes, directory or driver left: say so, start nothing."""
+        if self.closed:
+            raise RuntimeError(f"the stretch cluster at {self.directory} is closed")
+
     def close(self) -> None:
         """Stop every node (cancelling the jobs still running) and remove what the cluster made."""
         if self.closed:
@@ -822,13 +832,22 @@ class ClusterJobClient:
             self.cluster.connection.action(node, "end", {"job": self.name, "channel": channel})
 
     def wait(self, timeout: float | None = None) -> dict[str, str]:
-        """Each node's final status of the job (``FINISHED``, ``CANCELED``, ``FAILED``)."""
-        return {
-            node: self.cluster.connection.action(node, "wait", {"job": self.name, "timeout": timeout})[
-                "status"
-            ]
+        """Each node's status of the job once it ended (``FINISHED``, ``CANCELED``), or when
+        ``timeout`` (seconds, per node) passed; raises ``JobExecutionError`` if it failed on a
+        node, with that node's error (as ``JobClient.wait`` raises the job's error)."""
+        replies = {
+            node: self.cluster.connection.action(node, "wait", {"job": self.name, "timeout": timeout})
             for node in self.cluster.nodes
         }
+        failed = {node: r["error"] for node, r in replies.items() if r.get("error")}
+        if failed:
+            node, error = next(iter(failed.items()))
+            raise JobExecutionError(
+                f"job {self.name!r} failed on node {node}"
+                + (f" (and on {', '.join(list(failed)[1:])})" if len(failed) > 1 else "")
+                + f": {error}"
+            )
+        return {node: r["status"] for node, r in replies.items()}
 
     def cancel(self) -> None:
         """Cancel the job on every node."""
@@ -845,6 +864,8 @@ class ClusterJobClient:
 
     def rescale(self, operator_name: str, parallelism: int, *, node: str) -> dict:
         """A live rescale of ``operator_name`` inside one node (copy-free, as on one machine)."""
+        if node not in self.cluster.nodes:
+            raise LookupError(f"no node {node!r} in the cluster (nodes: {self.cluster.nodes})")
         return self.cluster.connection.action(
             node, "rescale", {"job": self.name, "operator": operator_name, "parallelism": parallelism}
         )

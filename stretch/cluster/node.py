@@ -30,6 +30,7 @@ it listens and ends with its parent.
 from __future__ import annotations
 
 import argparse
+import functools
 import hmac
 import itertools
 import json
@@ -73,6 +74,23 @@ SECRET_ENV = "STRETCH_CLUSTER_SECRET"
 NOT_OWNER = "NOT_OWNER"
 
 
+def plain_errors(call):
+    """A node call's error reaches the caller as its type and message: Flight would otherwise
+    append the node's Python traceback to the message of any exception but its own."""
+
+    @functools.wraps(call)
+    def wrapped(*args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        except flight.FlightError:
+            raise
+        except Exception as e:
+            message = e.args[0] if isinstance(e, KeyError) and len(e.args) == 1 else e
+            raise flight.FlightServerError(f"{type(e).__name__}: {message}") from e
+
+    return wrapped
+
+
 class SecretCheck(flight.ServerMiddlewareFactory):
     """Rejects every call that does not carry the cluster's secret."""
 
@@ -111,6 +129,12 @@ def cluster_inputs(plan) -> dict[str, object]:
                 "from channels (ChannelSource) that the cluster's writers route by key group"
             )
         if name is not None:
+            if stage.chain and stage.chain[0].kind == "assign":
+                raise ValueError(
+                    f"input channel {name!r} has a watermark strategy: event time does not run on a "
+                    "cluster yet; read the channel with from_source(source, None, name) there, or run "
+                    "the job on one node engine (env.execute_async without cluster=)"
+                )
             if not stage.direct:
                 raise ValueError(
                     f"input channel {name!r} is not keyed by a field right away: on a cluster, key the "
@@ -254,6 +278,7 @@ class NodeServer(flight.FlightServerBase):
             recovery.save_manifest(checkpoint_dir, node_id, recovery.load_manifest(checkpoint_dir, node_id))
 
     # ---- rows ---------------------------------------------------------------------------------
+    @plain_errors
     def do_put(self, context, descriptor, reader, writer):
         cmd = json.loads(descriptor.command)
         batches = list(reader.read_all().to_batches())
@@ -327,6 +352,7 @@ class NodeServer(flight.FlightServerBase):
         load_key_groups(arena, batches)
 
     # ---- state out ------------------------------------------------------------------------------
+    @plain_errors
     def do_get(self, context, ticket):
         kind, _, rest = ticket.ticket.decode().partition(":")
         if kind == "snapshot":
@@ -339,6 +365,7 @@ class NodeServer(flight.FlightServerBase):
         raise flight.FlightServerError(f"unknown ticket {kind!r}")
 
     # ---- actions --------------------------------------------------------------------------------
+    @plain_errors
     def do_action(self, context, action):
         handler = getattr(self, "_act_" + action.type, None)
         if handler is None:

@@ -79,6 +79,28 @@ def flush_job() -> StreamExecutionEnvironment:
     return env
 
 
+class FailsOn13(KeyedProcessFunction):
+    """Passes records on, and raises on the value 13 (a bug in user code)."""
+
+    def process_element(self, value, ctx):
+        if value[1] == 13:
+            raise ValueError("thirteen")
+        yield value
+
+
+def failing_job() -> StreamExecutionEnvironment:
+    """A job whose function raises on the value 13: a job that fails on one node."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_max_parallelism(128)
+    (
+        env.from_source(ChannelSource("in", PAIR, durable=False), None, "in")
+        .key_by(0)
+        .process(FailsOn13(), PAIR)
+        .sink_to(ChannelSink("out"))
+    )
+    return env
+
+
 def reference(records) -> dict[str, tuple[int, int]]:
     count, total = defaultdict(int), defaultdict(int)
     for key, n in records:

@@ -44,3 +44,13 @@ def test_a_job_that_rekeys_or_reads_no_channel_is_refused():
     env.from_collection([("a", 1)], PAIR).key_by(0).reduce(lambda a, b: a).sink_to(ChannelSink("out"))
     with pytest.raises(ValueError, match="not an input channel"):
         cluster_inputs(plan_of(env))
+
+
+def test_a_job_with_event_time_on_its_channel_is_refused_naming_the_watermark_strategy():
+    from stretch.common import WatermarkStrategy
+
+    env = StreamExecutionEnvironment.get_execution_environment()
+    strategy = WatermarkStrategy.for_monotonous_timestamps()
+    env.from_source(ChannelSource("in", PAIR), strategy, "in").key_by(0).sum(1).sink_to(ChannelSink("out"))
+    with pytest.raises(ValueError, match="has a watermark strategy: event time does not run on a cluster"):
+        cluster_inputs(plan_of(env))
