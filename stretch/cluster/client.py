@@ -166,6 +166,23 @@ class ClusterConnection:
     def driver_get(self, ticket: str) -> pa.Table:
         return self.driver().do_get(flight.Ticket(ticket.encode()), self.options).read_all()
 
+    # ---- output logs, for readers on other hosts (see cluster.output_logs) --------------------
+    def output_info(self, node: str, job: str, channel: str) -> dict:
+        """Offsets and schema of node ``node``'s log of ``job``'s output ``channel``: from the node,
+        or from the driver for a node that was removed."""
+        body = {"job": f"{job}@{node}", "channel": channel}
+        if node in self.locations():
+            return self.action(node, "output", body)
+        return self.driver_action("output", body)
+
+    def output_range(self, node: str, job: str, channel: str, start: int, end: int) -> pa.Table:
+        """Batches ``start`` .. ``end`` of that log."""
+        body = {"job": f"{job}@{node}", "channel": channel, "start": start, "end": end}
+        ticket = "output:" + json.dumps(body)
+        if node in self.locations():
+            return self.get(node, ticket)
+        return self.driver_get(ticket)
+
     def forget(self, node: str) -> None:
         c = self._clients.pop(node, None)
         if c is not None:
