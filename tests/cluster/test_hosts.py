@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from pyarrow import flight
 
+from stretch.cli import main
 from stretch.cluster import ClusterWriter, StretchCluster
 from stretch.cluster.addresses import machine_address
 from stretch.cluster.client import ClusterConnection
@@ -118,7 +119,7 @@ def test_a_writer_with_only_the_url_and_secret_writes_and_reads_across_node_chan
         assert sorted(c for c, _ in seen) == list(range(1, want[key][0] + 1)), key
 
 
-def test_callers_by_url_without_the_secret_are_refused(tmp_path, monkeypatch):
+def test_callers_by_url_without_the_secret_are_refused(tmp_path, monkeypatch, capsys):
     host = network_address()
     monkeypatch.delenv("STRETCH_CLUSTER_SECRET", raising=False)
     with StretchCluster.local(nodes=1, directory=tmp_path / "cluster", host=host) as cluster:
@@ -138,6 +139,9 @@ def test_callers_by_url_without_the_secret_are_refused(tmp_path, monkeypatch):
             w.write([("k", 1)])
         with ClusterConnection(cluster.url) as c:
             assert c.routing() == cluster.table
+            assert main(["cluster", "status", cluster.url, "--json"]) == 0  # the CLI, by URL too
+            status = json.loads(capsys.readouterr().out)
+            assert (status["version"], list(status["nodes"])) == (cluster.table.version, ["node-0"])
             with pytest.raises(flight.FlightUnavailableError):  # bound to the network address only
                 flight.FlightClient(node.replace(host, "127.0.0.1")).do_action(
                     flight.Action("status", b""),
