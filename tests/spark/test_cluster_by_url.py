@@ -73,7 +73,7 @@ def test_spark_writes_and_reads_a_cluster_by_url_exactly_once_across_a_replay(sp
         again = [tuple(r) for r in spark.sql("select * from url_results").collect()]
     want = reference(rows)
     assert state == want  # each key once, from the node that owns it now
-    assert secret not in plan  # Spark redacts the values of options named like "secret"
+    assert secret not in plan  # a Python data source's plan shows no options (Spark would redact "secret")
     assert sorted(results) == sorted(again)
     assert len(results) == len(rows)  # one result per row: the replay added none, node-0's are read
     final: dict = {}
