@@ -25,6 +25,7 @@ from pyarrow import flight
 from stretch.cluster.addresses import is_url
 from stretch.cluster.node import NOT_OWNER, SECRET_ENV, SECRET_HEADER, column_of
 from stretch.cluster.routing import RoutingStore, RoutingTable
+from stretch.cluster.shm_transport import NO_SHM, SharedBatches
 from stretch.cluster.tls import TLS_ENV, ClusterTLS
 from stretch.common.records import schema_for, to_batch
 from stretch.common.typeinfo import TypeInformation
@@ -245,6 +246,7 @@ class ClusterWriter:
         self.retry_for = retry_for
         self.table: RoutingTable = self.connection.routing()
         self.refusals = 0  # parts sent again because their key groups had moved
+        self.shared = SharedBatches()  # parts for nodes on this host go through shared memory
 
     def write(self, data, query: str | None = None, batch: int | None = None) -> None:
         """Send records (a RecordBatch, a Table or a list of tuples/Rows) to their nodes.
@@ -267,11 +269,13 @@ class ClusterWriter:
         while pending:
             part = pending.pop(0)
             kgs = key_groups_of(column_of(part, self.key), len(self.table.owners))
-            owners = np.asarray(self.table.owners)[kgs]
-            for node in np.unique(owners):
-                rows = part.filter(pa.array(owners == node))
+            nodes, index = np.unique(np.asarray(self.table.owners), return_inverse=True)
+            owners = index[kgs]
+            for i in np.unique(owners):
+                node = str(nodes[i])
+                rows = part if len(nodes) == 1 else part.filter(pa.array(owners == i))
                 try:
-                    self.connection.put(str(node), command, pa.Table.from_batches([rows]))
+                    self._send(node, command, rows)
                 except (flight.FlightServerError, flight.FlightUnavailableError, LookupError) as e:
                     if NOT_OWNER not in str(e) and not isinstance(
                         e, (flight.FlightUnavailableError, LookupError)
@@ -284,6 +288,19 @@ class ClusterWriter:
                     self.refusals += 1
                     self._reload()
                     pending.append(rows)
+
+    def _send(self, node: str, command: dict, rows: pa.RecordBatch) -> None:
+        """One node's part: through shared memory if the node sees this host's, else over Flight."""
+        staged = self.shared.stage(node, rows) if self.shared.usable(node) else None
+        if staged is not None:
+            try:
+                self.connection.action(node, "write_shared", {**command, **staged})
+                return
+            except flight.FlightServerError as e:
+                if NO_SHM not in str(e):
+                    raise
+                self.shared.refused(node)
+        self.connection.put(node, command, pa.Table.from_batches([rows]))
 
     def _shaped(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """A batch in the channel's declared schema (columns by position: Spark's names and
@@ -308,6 +325,7 @@ class ClusterWriter:
 
     def close(self) -> None:
         """Close the connections to the nodes (a ``with`` block does it at its end)."""
+        self.shared.close()
         self.connection.close()
 
     def __enter__(self) -> ClusterWriter:

@@ -39,6 +39,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,6 +134,7 @@ class StretchCluster:
         self.recoveries: list[dict] = []  # one per node failure: which nodes, key groups, rows replayed
         self.supervisor_errors: list[BaseException] = []
         self._in_flight: dict | None = None  # the handoff move under way
+        self._writers: weakref.WeakSet[ClusterWriter] = weakref.WeakSet()  # closed with the cluster
         self._step_hook = None  # tests: called at each point of a move (see _move)
 
     # ---- creation -------------------------------------------------------------------------------
@@ -338,13 +340,16 @@ class StretchCluster:
         if step is not None and step["version"] == stored.version:
             pending = {int(kg): src for kg, (src, _dst) in step["moves"].items()}
             for kg, (src, dst) in step["moves"].items():
-                base = str(
-                    recovery.node_dir(self.checkpoint_dir, src) / "checkpoints" / f"h{step['version']}-{src}"
-                )
+                name = f"h{step['version']}-{src}-{dst}"  # its release checkpoint (node._act_release)
+                base = str(recovery.node_dir(self.checkpoint_dir, src) / "checkpoints" / name)
                 if recovery.adopted_from(self.checkpoint_dir, dst, int(kg), base):
                     del pending[int(kg)]  # the new owner had it: it restores from there
-        self._recover(old, None, pending, survivors=fresh)
+        # a node being removed owns nothing in the stored table after its last step began, but the
+        # key groups of that step it had not handed over are still its own: it is dead too
+        dead = list(dict.fromkeys([*old, *(pending or {}).values()]))
+        self._recover(dead, None, pending, survivors=fresh)
         (self.directory / "handoff.json").unlink(missing_ok=True)
+        self._collect_garbage()
         self.started = True
         self._supervise()
 
@@ -503,9 +508,18 @@ class StretchCluster:
             )
         with self._changing():
             self._checkpoint_id += 1
-            return {
+            reports = {
                 n: self.connection.action(n, "checkpoint", {"id": self._checkpoint_id}) for n in self.nodes
             }
+            self._collect_garbage()
+            return reports
+
+    def _collect_garbage(self) -> None:
+        """Delete from the checkpoint directory what no manifest of a current node names (see
+        recovery.collect_garbage); the caller holds the change lock, so none changes meanwhile."""
+        if self.checkpoint_dir is not None:
+            nodes = [*self._nodes, *(self.table.nodes if self.table is not None else [])]
+            recovery.collect_garbage(self.checkpoint_dir, nodes, lambda path: self._hook("collect", path, ""))
 
     def _supervise(self) -> None:
         """Start the thread that restores nodes that die and takes the periodic checkpoints."""
@@ -525,6 +539,7 @@ class StretchCluster:
                         dead = [n for n in dead if n in self._nodes]
                         if dead:
                             self._recover(dead)
+                            self._collect_garbage()
                 if self._interval and time.monotonic() - last >= self._interval:
                     last = time.monotonic()
                     self.checkpoint()
@@ -632,7 +647,9 @@ class StretchCluster:
     def writer(self, job: str, channel: str, key=None) -> ClusterWriter:
         """A writer into input channel ``channel`` of job ``job`` on every node: each row goes to the
         node owning its key group (``key``: the field, by default the one the job keys by)."""
-        return ClusterWriter(self.address, job, channel, key)
+        writer = ClusterWriter(self.address, job, channel, key)
+        self._writers.add(writer)
+        return writer
 
     # ---- node changes ---------------------------------------------------------------------------
     def enable_elasticity(
@@ -678,6 +695,7 @@ class StretchCluster:
         report = self._handoff(plan_remove_node(self.table, node))
         self.connection.action(node, "retire")
         self._stop_node(node)
+        self._collect_garbage()  # its journal: its key groups' new owners journal them now
         return report
 
     def _state_bytes_per_key_group(self, moves: dict[int, str]) -> dict[int, float]:
@@ -722,6 +740,7 @@ class StretchCluster:
                     pending = {kg: old.owners[kg] for kg in step if kg not in started}
                     recovered = self._recover(dead, in_flight, pending)
                     (self.directory / "handoff.json").unlink(missing_ok=True)
+                    self._collect_garbage()
                     raise NodeLost(
                         f"node {' and '.join(dead)} died while key groups moved from {src} to {dst}: "
                         f"{recovered['key_groups']} key groups restored from the checkpoint directory "
@@ -730,6 +749,7 @@ class StretchCluster:
                 stalls.append((time.monotonic() - s0) * 1000)
                 moved += len(kgs)
         (self.directory / "handoff.json").unlink(missing_ok=True)
+        self._collect_garbage()  # checkpoints the release checkpoints superseded
         return HandoffReport(
             elapsed_ms=(time.monotonic() - t0) * 1000,
             key_groups_moved=moved,
@@ -758,7 +778,7 @@ class StretchCluster:
         c = self.connection
         self._in_flight = {"src": src, "dst": dst, "key_groups": kgs, "base": None}
         self._hook("release", src, dst)
-        released = c.action(src, "release", {"version": version, "key_groups": kgs})
+        released = c.action(src, "release", {"version": version, "key_groups": kgs, "to": dst})
         self._in_flight["base"] = released.get("base")
         self._hook("load", src, dst)
         size = 0
@@ -809,8 +829,13 @@ class StretchCluster:
             (self.directory / "driver.json").unlink(missing_ok=True)
         if self._jobs and self.checkpoint_dir is not None:  # closed, not died: nothing to resume
             self._forget_specs()
+        for writer in list(self._writers):  # their shared-memory segments go too
+            writer.close()
         for node_id in list(self._nodes):
             self._stop_node(node_id)
+        if self.checkpoint_dir is not None and self._driver is not None:
+            # closed after it started (not a start that failed): nothing resumes it, its files go
+            recovery.collect_garbage(self.checkpoint_dir, [])
         if self.connection is not None:
             self.connection.close()
         if self._owns_directory:
@@ -871,10 +896,10 @@ class ClusterJobClient:
         )
 
     def query_state(self, operator: str):
-        """An operator's keyed state over all nodes (one row per key)."""
-        tables = [self.cluster.connection.get(n, f"state:{self.name}:{operator}") for n in self.cluster.nodes]
-        tables = [t for t in tables if t.num_rows]
-        return pa.concat_tables(tables) if tables else None
+        """An operator's keyed state over all nodes (one row per key; no rows before any key)."""
+        every = [self.cluster.connection.get(n, f"state:{self.name}:{operator}") for n in self.cluster.nodes]
+        tables = [t for t in every if t.num_rows]  # a node without keys may not know their type
+        return pa.concat_tables(tables) if tables else every[0]
 
 
 def _checkpoint_path(directory: str | os.PathLike | None) -> Path | None:

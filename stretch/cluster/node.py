@@ -49,6 +49,7 @@ from pyarrow import flight
 from stretch.channels import open_writer
 from stretch.cluster import recovery
 from stretch.cluster.output_logs import encode_schema, output_info, output_range
+from stretch.cluster.shm_transport import NotVisible, staged_batches
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
 from stretch.datastream.job_client import JobClient
 from stretch.jobs import find
@@ -298,6 +299,18 @@ class NodeServer(flight.FlightServerBase):
                 job.take(cmd["channel"], rows, query, batch_id)
                 mark[np.unique(kgs[fresh])] = batch_id
 
+    def _act_write_shared(self, body: bytes) -> dict:
+        """Rows a writer on this host staged in shared memory (see cluster.shm_transport): taken
+        as a ``write`` put takes them, before the call returns (the writer reuses the segment)."""
+        cmd = json.loads(body)
+        try:
+            with staged_batches(cmd["segment"], int(cmd["size"])) as batches:
+                self._write(cmd, batches)
+                del batches
+        except NotVisible as e:
+            raise flight.FlightServerError(str(e)) from None
+        return {"ok": True}
+
     def _load(self, cmd: dict, batches: list[pa.RecordBatch]) -> None:
         self._load_into(self._job(cmd["job"]), cmd["operator"], cmd["description"], batches)
 
@@ -364,8 +377,7 @@ class NodeServer(flight.FlightServerBase):
                 manifest["outputs"][job.name] = {c: log.end_offset for c, _r, log in job.outputs()}
                 manifest["journal"][job.name] = job.journal_offsets()
                 recovery.save_manifest(durable, self.node_id, manifest)
-            for operator in job.keyed:  # now, not in the first handoff's stall
-                KeyedTable(job.arena(operator))
+            self._place(job)  # its tables now, not in the first handoff's stall
             barrier_all(job)
         return {"job_id": self.jobs[spec["name"]].client.get_job_id()}
 
@@ -377,7 +389,18 @@ class NodeServer(flight.FlightServerBase):
             owned = np.zeros(self.max_parallelism, dtype=bool)
             owned[msg["key_groups"]] = True
             self.owned, self.version = owned, msg["version"]
+            for job in self.jobs.values():
+                self._place(job)
         return {"ok": True}
+
+    def _place(self, job: NodeJob) -> None:
+        """Tell the job's instances which key groups' state is on this node: the others are
+        away, and stay so while a handoff loads them (see KeyedTable.set_away)."""
+        owned = self.owned if self.owned is not None else np.zeros(job.max_parallelism, bool)
+        for operator in job.keyed:
+            table = KeyedTable(job.arena(operator))
+            table.set_away(np.flatnonzero(~owned), True)
+            table.set_away(np.flatnonzero(owned), False)
 
     def _act_release(self, body: bytes) -> dict:
         """Give up key groups: refuse their rows from now on, let the job process every row of
@@ -386,7 +409,10 @@ class NodeServer(flight.FlightServerBase):
 
         With checkpointed jobs the node first checkpoints everything it held, these key groups
         included (its outputs commit there): from that moment until the new owner adopts them,
-        that checkpoint is where they restore from, whichever of the two nodes dies."""
+        that checkpoint is where they restore from, whichever of the two nodes dies. It is named
+        by version, node and new owner (``h<version>-<node>-<to>``): a node giving key groups to
+        two nodes in one step must not overwrite the first release's checkpoint, which the first
+        new owner restores from."""
         msg = json.loads(body)
         kgs = np.asarray(msg["key_groups"], dtype=np.int64)
         durable = self._durable()
@@ -397,9 +423,12 @@ class NodeServer(flight.FlightServerBase):
             base = None
             if durable:  # writes wait meanwhile: the checkpoint, its journal offsets and marks agree
                 covered = np.flatnonzero(before | self.owned).tolist()
-                base = self._checkpoint(f"h{msg['version']}-{self.node_id}", covered)["path"]
+                name = "-".join(filter(None, [f"h{msg['version']}", self.node_id, msg.get("to")]))
+                base = self._checkpoint(name, covered)["path"]
         parts, marks = [], {}
         for job in self.jobs.values():
+            for operator in job.keyed:  # timers and windows leave them alone once past the barrier
+                KeyedTable(job.arena(operator)).set_away(kgs, True)
             barrier_all(job)
             for operator in job.keyed:
                 table = KeyedTable(job.arena(operator))
@@ -440,6 +469,9 @@ class NodeServer(flight.FlightServerBase):
                 entry = {"key_groups": list(msg["key_groups"]), "base": msg["base"], "journal": journal}
                 manifest["adopted"].append(entry)
                 recovery.save_manifest(self.checkpoint_dir, self.node_id, manifest)
+            for job in self.jobs.values():  # loaded whole: the instances may fire their timers
+                for operator in job.keyed:
+                    KeyedTable(job.arena(operator)).set_away(msg["key_groups"], False)
             self.owned[msg["key_groups"]] = True
             self.version = msg["version"]
         return {"ok": True}
@@ -527,10 +559,12 @@ class NodeServer(flight.FlightServerBase):
                 for job in durable:
                     layouts = meta["operators"].get(job.name, {})
                     for operator in job.keyed:
-                        release_key_groups(KeyedTable(job.arena(operator)), kgs)  # a half-done load
+                        table = KeyedTable(job.arena(operator))
+                        release_key_groups(table, kgs)  # a half-done load
                         if operator in layouts:
                             batches = recovery.read_key_groups(base, job.name, operator, kgs)
                             self._load_into(job, operator, layouts[operator], batches)
+                        table.set_away(kgs, False)  # before the replay: its rows may set timers
                     for channel, query, by_kg in meta["marks"].get(job.name, []):
                         mark = job.mark(channel, query)
                         for kg in kgs.tolist():
@@ -545,6 +579,8 @@ class NodeServer(flight.FlightServerBase):
                 recovery.save_manifest(self.checkpoint_dir, self.node_id, manifest)
             for part in msg["parts"]:
                 self.owned[part["key_groups"]] = True
+            for job in self.jobs.values():  # jobs without checkpoints too: their new keys are here
+                self._place(job)
             self.version = msg["version"]
         return {"rows_replayed": taken}
 

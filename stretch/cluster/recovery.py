@@ -19,6 +19,14 @@ A key group restores from its base (a checkpoint, None: empty) plus the journal'
 the base's offsets on; its dedup marks from the base's marks plus the journal's tags. A dead
 node's output logs are cut back to what its latest checkpoint committed: the restored key groups
 produce the rest again.
+
+What no manifest of a current node names is garbage (``collect_garbage``, run by the driver
+between node changes, checkpoints and restores): a release checkpoint once its adopters' and its
+own node's next checkpoints cover its key groups, a dead or removed node's journal and manifest
+once its key groups are restored elsewhere (the rows went on into their new owners' journals),
+its checkpoints once every key group restored from them is covered by a later checkpoint.
+Checkpoints and manifests are synced to disk before a manifest names them, so a deletion never
+precedes the saved manifest that makes it safe.
 """
 
 from __future__ import annotations
@@ -87,7 +95,26 @@ def write_checkpoint(path: Path, operators: dict, marks: dict, extra: dict) -> i
             size += write_snapshot(batches, path / job_dir_name(job) / f"{operator}.arrow")
             layouts.setdefault(job, {})[operator] = description
     write_private(path / "_metadata.json", json.dumps({"operators": layouts, "marks": marks, **extra}))
+    sync_tree(path)
     return size
+
+
+def sync_tree(path: Path) -> None:
+    """Flush every file and directory under ``path`` (and ``path``'s entry in its parent) to
+    disk: a manifest names a checkpoint, and another is deleted, only once it is there."""
+    for directory, _dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            _fsync(Path(directory) / name)
+        _fsync(Path(directory))
+    _fsync(path.parent)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_metadata(path: str | os.PathLike) -> dict:
@@ -120,9 +147,19 @@ def load_manifest(checkpoint_dir, node: str) -> dict:
 
 
 def save_manifest(checkpoint_dir, node: str, manifest: dict) -> None:
+    """Replace a node's manifest atomically and durably (synced, then renamed, then the rename
+    synced): what it no longer names may be deleted as soon as this returns."""
     directory = node_dir(checkpoint_dir, node)
     make_private_dir(directory)
-    write_private(directory / "manifest.json", json.dumps(manifest))
+    path = directory / "manifest.json"
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(json.dumps(manifest).encode())
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    _fsync(directory)
 
 
 def source_of(checkpoint_dir, node: str, key_group: int, manifest: dict | None = None) -> tuple:
@@ -154,3 +191,72 @@ def cut_output(log_dir: Path, offset: int) -> None:
         log.end()
     finally:
         log.close()
+
+
+# ---- garbage collection -------------------------------------------------------------------------
+def referenced(checkpoint_dir, nodes) -> set[tuple[str, str]]:
+    """The checkpoints the manifests of ``nodes`` name (each its own latest and the bases of the
+    key groups it adopted since), as (node, checkpoint name): all a restore of any of their key
+    groups may read. By name, not path: a node may see the directory mounted elsewhere."""
+    keep = set()
+    for node in nodes:
+        manifest = load_manifest(checkpoint_dir, node)
+        keep.add(manifest["checkpoint"])
+        keep.update(entry["base"] for entry in manifest["adopted"])
+    return {checkpoint_name(path) for path in keep if path}
+
+
+def checkpoint_name(path: str | os.PathLike) -> tuple[str, str]:
+    """(node, name) of a checkpoint directory ``.../nodes/<node>/checkpoints/<name>``."""
+    path = Path(path)
+    return path.parent.parent.name, path.name
+
+
+def collect_garbage(checkpoint_dir, nodes, before_delete=None) -> list[str]:
+    """Delete what no restore can read any more; returns the paths deleted.
+
+    ``nodes``: the cluster's current nodes (the routing table's and any joining). The caller makes
+    sure no node change, checkpoint or restore runs meanwhile, so their saved manifests say all
+    that is needed: every checkpoint they name stays (a release checkpoint a node adopted from, a
+    dead node's checkpoint its key groups were restored from), and so do their journals. Of any
+    other node (it died and was restored, or was removed) only the checkpoints named stay; its
+    journal went on into its key groups' new owners' journals when they adopted them.
+
+    Crash-safe: only what no saved manifest names is deleted, so a driver or node killed in the
+    middle leaves at most unnamed leftovers, which the next collection deletes.
+    ``before_delete(path)`` is called before each deletion (tests)."""
+    root = Path(checkpoint_dir) / "nodes"
+    if not root.is_dir():
+        return []
+    current = set(nodes)
+    keep = referenced(checkpoint_dir, current)
+    removed: list[str] = []
+
+    def remove(path: Path) -> None:
+        if before_delete is not None:
+            before_delete(str(path))
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(str(path))
+
+    for directory in sorted(root.iterdir()):
+        if not directory.is_dir():
+            continue
+        checkpoints = directory / "checkpoints"
+        named = False
+        for checkpoint in sorted(checkpoints.iterdir()) if checkpoints.is_dir() else []:
+            if checkpoint_name(checkpoint) in keep:
+                named = True
+            else:
+                remove(checkpoint)
+        if directory.name in current:
+            continue
+        if not named:
+            remove(directory)
+            continue
+        for rest in sorted(directory.iterdir()):  # its journal and manifest: read by no one now
+            if rest != checkpoints:
+                remove(rest)
+    return removed

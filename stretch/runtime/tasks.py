@@ -401,7 +401,7 @@ class KeyedInstanceTask(Task):
         copy is written to the checkpoint's directory meanwhile and after (asynchronously)."""
         self.stats[cbk.I_BARRIER_AT_NS] = time.monotonic_ns()
         path = snapshot_file(Path(self.res.checkpoints), checkpoint, self.stage.id, self.a.index)
-        batches = copy_key_groups(operator.table, operator.owned)
+        batches = copy_key_groups(operator.table, operator.owned_here())
         if self.board is not None and SAVER_GROUP in operator.owned:  # before the barrier is passed
             write_private(broadcast_file(path.parent, self.stage.id), operator.broadcast_bytes())
         threading.Thread(target=write_snapshot_or_report, args=(batches, path), daemon=True).start()

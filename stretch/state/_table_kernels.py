@@ -19,6 +19,10 @@ from stretch.state._prefetch import prefetch
 KG_WORDS = 512
 H_VERSION, H_NKEYS, H_INDEX_OFF, H_INDEX_CAP, H_KEYS_OFF, H_KEYS_CAP = 0, 1, 2, 3, 4, 5
 H_KHEAP_OFF, H_KHEAP_USED, H_KHEAP_CAP, H_KHASH_OFF = 6, 7, 8, 9
+# 1: the key group's state is not (wholly) in this arena: a cluster node that does not own it, or is
+# loading it from another node. An instance owns key groups of every node's share (its ownership
+# table covers all of them), so its timers, windows and checkpoints leave such key groups alone.
+H_AWAY = 10
 STATE_BASE, STATE_WORDS = 16, 8
 MAX_STATES = (KG_WORDS - STATE_BASE) // STATE_WORDS
 # Per-state column words (relative to the state's base).
@@ -406,8 +410,8 @@ def _record_of(a64, a8, h, r, k, ptr, fresh, c):
 
 # Per-key-group fields the fused pass keeps in a small local table (word offsets, counts), so a row
 # never reads the key group's 4 KiB header page: index, index mask, keys, keys in use, room left,
-# records, validity bytes.
-_L_INDEX, _L_MASK, _L_KEYS, _L_N, _L_ROOM, _L_REC, _L_VALID = 0, 1, 2, 3, 4, 5, 6
+# records, validity bytes, keys in use when the pass began.
+_L_INDEX, _L_MASK, _L_KEYS, _L_N, _L_ROOM, _L_REC, _L_VALID, _L_N0 = 0, 1, 2, 3, 4, 5, 6, 7
 
 
 @njit(**_OPTS)
@@ -453,7 +457,7 @@ def rolling_aggregate_i64(
             local[kg, _L_INDEX] = a64[h + H_INDEX_OFF] >> 2
             local[kg, _L_MASK] = a64[h + H_INDEX_CAP] - 1
             local[kg, _L_KEYS] = a64[h + H_KEYS_OFF] >> 3
-            local[kg, _L_N] = a64[h + H_NKEYS]
+            local[kg, _L_N] = local[kg, _L_N0] = a64[h + H_NKEYS]
             local[kg, _L_ROOM] = min(
                 a64[h + H_KEYS_CAP], a64[hs + S_DATA_CAP], np.int64(a64[h + H_INDEX_CAP] * max_load)
             )
@@ -523,8 +527,11 @@ def rolling_aggregate_i64(
             a64, af64, ptr, fresh, pos[m : m + done], done, m, vals, fvals, is_float, is_acc, op, out, fout
         )
         m += done
-    for kg in range(maxp):  # publish the key counts
-        if owners[kg] == me:
+    # publish the key counts of the key groups this pass inserted into, and only those: ``owners``
+    # covers every key group, also those that another thread may be loading into this arena
+    # meanwhile (a node adopting key groups), whose counts this pass read before the load
+    for kg in range(maxp):
+        if owners[kg] == me and local[kg, _L_N] != local[kg, _L_N0]:
             a64[dir_w + kg * KG_WORDS + H_NKEYS] = local[kg, _L_N]
     progress[0], progress[1] = i, m
 

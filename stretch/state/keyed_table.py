@@ -407,6 +407,16 @@ class KeyedTable:
             self.arena.populate(self.live_ranges())
             self._populated_keys = size
 
+    # ---- key groups of another node -----------------------------------------------------
+    def here(self, kgs: np.ndarray) -> np.ndarray:
+        """Those of ``kgs`` whose state is in this arena (on one node: all of them)."""
+        return kgs[self.headers[kgs, K.H_AWAY] == 0]
+
+    def set_away(self, kgs, away: bool) -> None:
+        """Say that key groups' state is elsewhere (a node that does not own them, or is loading
+        them) or here; instances' timers, windows and checkpoints touch only key groups here."""
+        self.headers[np.asarray(kgs, dtype=np.int64), K.H_AWAY] = int(away)
+
     # ---- consistency for concurrent readers ---------------------------------------------
     def begin_write(self, kgs_unique: np.ndarray) -> None:
         """Mark key groups as being written (odd version), for readers outside the owner."""

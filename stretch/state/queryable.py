@@ -105,8 +105,8 @@ def read_key_group(table: KeyedTable, kg: int) -> pa.Table:
 
 def read_state(table: KeyedTable, key_groups=None) -> pa.Table:
     """The state of several key groups (all by default) as one table."""
-    groups = range(table.maxp) if key_groups is None else key_groups
-    parts = [read_key_group(table, int(kg)) for kg in groups if table.n_keys(int(kg))]
+    groups = np.arange(table.maxp) if key_groups is None else np.asarray(key_groups, dtype=np.int64)
+    parts = [read_key_group(table, int(kg)) for kg in table.here(groups) if table.n_keys(int(kg))]
     if not parts:
         return read_key_group(table, 0)
     try:

@@ -144,7 +144,9 @@ def load_key_groups(arena: Arena, batches) -> int:
                 header[K.H_INDEX_OFF] = 0
                 # all but the version word: it is this arena's seqlock for queryable readers, and a
                 # live instance may be inside a write of every key group it owns right now; over-
-                # writing it could leave it odd for good (a reader would never see it settle)
+                # writing it could leave it odd for good (a reader would never see it settle); and
+                # the away word stays this arena's: the loading node says when it is here
+                header[K.H_AWAY] = headers[kg, K.H_AWAY]
                 headers[kg, K.H_VERSION + 1 :] = header[K.H_VERSION + 1 :]
                 restored += 1
                 loaded.append(kg)
@@ -179,7 +181,9 @@ def release_key_groups(table: KeyedTable, key_groups) -> None:
         header = table.headers[kg]
         for word, cap, _live in _blocks(table, kg, registry):
             arena.free(int(header[word]), cap)
-        table.headers[kg, K.H_VERSION + 1 :] = 0  # the version word stays (see load_key_groups)
+        away = table.headers[kg, K.H_AWAY]
+        table.headers[kg, K.H_VERSION + 1 :] = 0  # the version and away words stay (see load_key_groups)
+        table.headers[kg, K.H_AWAY] = away
 
 
 def describe_arena(arena: Arena) -> dict:

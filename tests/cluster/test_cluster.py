@@ -71,6 +71,8 @@ def test_add_and_remove_nodes_under_a_steady_stream_lose_and_duplicate_nothing(t
         removed = cluster.remove_node("node-0")
         feeder.join(300)
         assert not errors, errors
+        # the nodes cannot see the writer's shared memory: every part went over Flight
+        assert {"node-0", "node-1"} <= writer.shared._refused and not writer.shared._segments
         writer.close()
         # replays after every move: each key group already took these batches, wherever it is now
         with client.writer("in") as again:

@@ -14,6 +14,7 @@ import pytest
 
 from stretch.cluster import NodeLost, StretchCluster
 from stretch.common.records import to_batch
+from stretch.state.key_groups import key_group
 from tests.cluster.jobs import PAIR, count_sum_job, reference
 from tests.cluster.test_cluster import batches, outputs
 
@@ -277,6 +278,11 @@ def hook(at, src, dst):
     if at == point:
         os.kill(os.getpid(), 9)
 
+if point.startswith("remove-"):  # killed in the last step of a node's removal
+    cluster.add_node()
+    point = point[len("remove-"):]
+    cluster._step_hook = lambda at, src, dst: not cluster.table.key_groups_of("node-0") and hook(at, src, dst)
+    cluster.remove_node("node-0")
 cluster._step_hook = hook
 if point == "none":
     os.kill(os.getpid(), 9)
@@ -288,13 +294,14 @@ cluster.add_node()
     "point",
     [
         pytest.param(p, marks=() if p == "none" else pytest.mark.long)
-        for p in ("none", "load", "adopt", "adopted")
+        for p in ("none", "load", "adopt", "adopted", "collect", "remove-load")
     ],
 )
 def test_a_restarted_driver_restores_the_cluster_its_killed_predecessor_ran(tmp_path, point):
-    """The driver is killed (its nodes end with it) mid-stream or at a point of a handoff; a new
-    driver on the same directories starts new nodes, restores every key group from the checkpoint
-    directory, and the job goes on: Spark replays the micro-batches it never saw committed."""
+    """The driver is killed (its nodes end with it) mid-stream or at a point of a handoff, or in
+    the middle of the collection of checkpoints the handoff superseded; a new driver on the same
+    directories starts new nodes, restores every key group from the checkpoint directory, and the
+    job goes on: Spark replays the micro-batches it never saw committed."""
     import json
     import subprocess
     import sys
@@ -331,3 +338,33 @@ def test_a_restarted_driver_restores_the_cluster_its_killed_predecessor_ran(tmp_
         assert nodes[:2] == ["node-0", "node-1"] and nodes[-len(cluster.nodes) :] == cluster.nodes
         assert_exactly_once(outputs(name, nodes), data)
     assert not list((directory / "jobs").glob("*.job"))  # closed, not died: a next driver resumes none
+
+
+def test_a_job_without_checkpoints_goes_on_in_a_dead_nodes_key_groups_from_empty_state(tmp_path):
+    """Such a job loses what the dead node held, as in Flink without checkpoints; the survivors take
+    its key groups' new rows, which keep state and are read like any other."""
+    data = batches(4, 30, 40)
+    with StretchCluster.local(
+        nodes=2, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck"
+    ) as cluster:
+        checkpointed = checkpointed_job("durable", cluster)  # a failure is restored for this one
+        plain = count_sum_job().execute_async("plain", cluster=cluster)
+        dead = set(cluster.table.key_groups_of("node-1"))
+        assert _state(plain) == {}  # no key yet: a table without rows
+        with plain.writer("in") as writer:
+            for i, records in enumerate(data[:15]):
+                writer.write(to_batch(records, PAIR), query="q", batch=i)
+            kill(cluster, "node-1")
+            wait_for(lambda: cluster.recoveries)
+            for i, records in enumerate(data[15:], 15):
+                writer.write(to_batch(records, PAIR), query="q", batch=i)
+        kept = [r for records in data for r in records if key_group(r[0], 128) not in dead]
+        fresh = [r for records in data[15:] for r in records if key_group(r[0], 128) in dead]
+        expected = reference(kept + fresh)
+        wait_for(lambda: _state(plain) == expected, timeout=60)
+        checkpointed.cancel()
+        plain.cancel()
+
+
+def _state(client) -> dict:
+    return {r["key"]: (r["count"], r["sum"]) for r in client.query_state("counts").to_pylist()}

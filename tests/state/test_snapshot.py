@@ -140,6 +140,38 @@ def test_key_groups_move_between_two_live_arenas(shm_prefix):
         target.close()
 
 
+def test_key_groups_stay_away_while_they_load_and_after_they_are_released(shm_prefix):
+    """A node marks the key groups it does not hold as away, so that its instances' timers, windows
+    and checkpoints, and queryable reads, leave them alone: a load keeps them away (the node says
+    when they are here: at adoption), a release leaves them away."""
+    source = Arena.create(shm_prefix, MAXP)
+    target = Arena.create(shm_prefix, MAXP)
+    try:
+        model = _fill(source, "int", random.Random(11))
+        src, dst = KeyedTable(source), KeyedTable(target)
+        prepare_arena(target, describe_arena(source))
+        moving = np.arange(1, MAXP, 4, dtype=np.int64)
+        everything = np.arange(MAXP, dtype=np.int64)
+        dst.set_away(moving, True)  # the target does not own them yet
+        src.set_away(moving, True)  # the source stops firing them at its barrier
+        batches = copy_key_groups(src, moving)
+        release_key_groups(src, moving)
+        load_key_groups(target, batches)
+        assert set(dst.here(everything).tolist()) == set(everything.tolist()) - set(moving.tolist())
+        assert set(src.here(everything).tolist()) == set(everything.tolist()) - set(moving.tolist())
+        assert not read_state(dst).num_rows  # loading: not to be read yet
+        assert sorted(TimerStore(dst).pop_due(EVENT, dst.here(everything), 10**9)[0].tolist()) == []
+        dst.set_away(moving, False)  # adopted
+        state = pa.concat_tables([read_state(dst), read_state(src)])
+        counts = dict(zip(state.column("key").to_pylist(), state.column("count").to_pylist()))
+        assert counts == {k: m["count"] for k, m in model.items()}
+        moved = {k for k in model if key_groups_of(pa.array([k]), MAXP)[0] in set(moving.tolist())}
+        assert sorted(_timers(dst)) == sorted(t for k in moved for t in model[k]["timers"])
+    finally:
+        source.close()
+        target.close()
+
+
 def test_a_move_leaves_queryable_readers_a_settled_version_while_instances_write(shm_prefix):
     """The instances of both nodes mark every key group they own as being written around each
     batch (an odd seqlock version), also the ones moving: a copy taken, released or loaded inside

@@ -30,6 +30,11 @@ class KeyedOperator:
         self.owned = np.zeros(0, dtype=np.int64)  # key groups this instance owns (set per epoch)
         self._key_mode: KeyMode | None = None  # the operator's, once its first batch fixed it
 
+    def owned_here(self) -> np.ndarray:
+        """The key groups this instance owns whose state is in its arena: on a cluster node, not
+        those of other nodes, nor those being loaded from one (see KeyedTable.here)."""
+        return self.table.here(self.owned)
+
     def fire(self, domain: int, limit: int) -> Records | None:
         """Fire the timers due at ``limit`` (event time: the watermark; processing: the clock)."""
         return None
@@ -51,7 +56,7 @@ class KeyedOperator:
         if sid is None:
             return
         storage = registry[sid]["storage"]
-        for kg in self.owned.tolist():
+        for kg in self.owned_here().tolist():
             n = self.table.n_keys(kg)
             if not n:
                 continue

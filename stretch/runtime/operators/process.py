@@ -104,18 +104,19 @@ class ProcessOperator(KeyedOperator):
 
     def next_timer(self, domain: int) -> int:
         store = self.backend.timer_store(create=False)
-        return store.next_due(domain, self.owned) if store is not None else 2**63 - 1
+        return store.next_due(domain, self.owned_here()) if store is not None else 2**63 - 1
 
     def fire(self, domain: int, limit: int) -> Records | None:
         store = self.backend.timer_store(create=False)
-        if store is None or not len(self.owned):
+        owned = self.owned_here()
+        if store is None or not len(owned):
             return None
         b, ctx, on_timer = self.backend, self.ctx, self.fn.on_timer
         out: list = []
         out_ts: list = []
         ctx.domain = TimeDomain.EVENT_TIME if domain == EVENT else TimeDomain.PROCESSING_TIME
         while True:  # timers registered while firing fire in the same round if already due
-            stamps, kgs, rows = store.pop_due(domain, self.owned, limit)
+            stamps, kgs, rows = store.pop_due(domain, owned, limit)
             if not len(stamps):
                 break
             code = (kgs.astype(np.int64) << 40) | rows

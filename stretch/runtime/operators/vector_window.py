@@ -249,12 +249,14 @@ class VectorWindowOperator(KeyedOperator):
     # ---- firing ----------------------------------------------------------------------------
     def fire(self, domain: int, limit: int) -> Records | None:
         """Emit every window the watermark ``limit`` passed, in window order (as Flink's timers)."""
-        if domain != EVENT or not len(self.owned):
+        if domain != EVENT:
+            return None
+        owned = self.owned_here()
+        if not len(owned):
             return None
         w = self.w
         hi = max((limit - w.size + 1 - w.offset) // w.slide, _MIN) if limit < _MAX else _MAX
         a = self.table.arena
-        owned = self.owned
         m = len(self.slots)
         parts = []
         progress = np.zeros(2, dtype=np.int64)
