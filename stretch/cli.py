@@ -210,7 +210,7 @@ def cmd_demo(args) -> int:
 def _connect(address: str) -> ClusterConnection:
     try:
         return ClusterConnection(address)
-    except OSError as e:
+    except (OSError, LookupError, ValueError) as e:
         raise SystemExit(f"stretch: no stretch cluster at {address}: {e}") from None
 
 
@@ -218,7 +218,7 @@ def cmd_cluster_status(args) -> int:
     """Each node of the cluster at ADDRESS: its routing version, key groups and jobs."""
     connection = _connect(args.address)
     try:
-        table = connection.store.load()
+        table = connection.routing()
         nodes = {n: connection.action(n, "status") for n in connection.locations()}
     finally:
         connection.close()
@@ -270,7 +270,7 @@ _EXAMPLES = """examples:
   stretch update clicks totals fns:V2     swap the function of operator 'totals', live
   stretch metrics clicks                  its metrics, in Prometheus' text format
   stretch run --restore my_job.py         a job script, from its job's latest checkpoint
-  stretch cluster status DIR              the nodes of a stretch cluster (its address: a directory)
+  stretch cluster status DIR              the nodes of a stretch cluster (its directory, or its URL)
 
 exit status: 0 done; 1 refused or failed (the reason on standard error); 2 wrong usage"""
 
@@ -382,7 +382,11 @@ def main(argv: list[str] | None = None) -> int:
             epilog=f"example:\n  {example}",
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        c.add_argument("address", help="the cluster's address (its directory)")
+        c.add_argument(
+            "address",
+            help="the cluster's address: its directory, or its driver's URL (grpc://host:port, with the "
+            "secret in $STRETCH_CLUSTER_SECRET)",
+        )
         c.add_argument("--json", action="store_true", help=json_help)
         return c
 

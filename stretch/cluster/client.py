@@ -1,17 +1,20 @@
 """Writing rows into a job on a cluster: split each batch by owning node, send each node its part.
 
-A writer reads the cluster's address (its directory: routing table, node endpoints, secret), and
-computes every row's key group with stretch's own hash, the one the nodes' engines use. A node
-refuses a part that holds a key group it does not own (``NOT_OWNER``: the key group moved, or is
-moving); the writer then reloads the routing table and sends that part again, split anew, so no
-row is lost or sent twice. With ``query`` and ``batch`` (a Spark micro-batch), each key group of
-a node takes a (query, batch) at most once, so a replayed micro-batch changes nothing wherever
-its key groups are now (the marks move with the key groups).
+A writer opens the cluster by its address: its directory on the same host (routing table, node
+endpoints, secret in files), or its driver's URL from anywhere (``grpc://host:port``: the driver
+answers the routing table, the nodes' endpoints and the jobs' input keys; the caller gives the
+secret). It computes every row's key group with stretch's own hash, the one the nodes' engines
+use. A node refuses a part that holds a key group it does not own (``NOT_OWNER``: the key group
+moved, or is moving); the writer then reloads the routing table and sends that part again, split
+anew, so no row is lost or sent twice. With ``query`` and ``batch`` (a Spark micro-batch), each
+key group of a node takes a (query, batch) at most once, so a replayed micro-batch changes
+nothing wherever its key groups are now (the marks move with the key groups).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -19,10 +22,11 @@ import numpy as np
 import pyarrow as pa
 from pyarrow import flight
 
-from stretch.cluster.node import NOT_OWNER, SECRET_HEADER, column_of
+from stretch.cluster.addresses import is_url
+from stretch.cluster.node import NOT_OWNER, SECRET_ENV, SECRET_HEADER, column_of
 from stretch.cluster.routing import RoutingStore, RoutingTable
 from stretch.cluster.shm_transport import NO_SHM, SharedBatches
-from stretch.cluster.tls import ClusterTLS
+from stretch.cluster.tls import TLS_ENV, ClusterTLS
 from stretch.common.records import schema_for, to_batch
 from stretch.common.typeinfo import TypeInformation
 from stretch.state.key_groups import key_groups_of
@@ -33,28 +37,95 @@ class NotOwner(RuntimeError):
 
 
 class ClusterConnection:
-    """Flight clients of a cluster's nodes, each call carrying the cluster's secret."""
+    """Flight clients of a cluster's nodes (and driver), each call carrying the cluster's secret.
 
-    def __init__(self, address: str | Path):
-        self.directory = Path(address)
-        secret = (self.directory / "secret").read_text().strip()
+    ``address``: the cluster's directory (same host; the secret and TLS paths are read there) or
+    its driver's URL (``cluster.url``; the secret is ``secret``, else ``$STRETCH_CLUSTER_SECRET``,
+    and for ``grpc+tls://`` this caller's certificate is ``tls``, else ``$STRETCH_CLUSTER_TLS``).
+    """
+
+    def __init__(self, address: str | Path, secret: str | None = None, tls: ClusterTLS | None = None):
+        self.address = str(address)
+        self.url = self.address if is_url(address) else None
+        if self.url is None:
+            self.directory: Path | None = Path(address)
+            self.store: RoutingStore | None = RoutingStore(self.directory)
+            if not secret:
+                try:
+                    secret = (self.directory / "secret").read_text().strip()
+                except FileNotFoundError:
+                    raise LookupError(f"no stretch cluster at {self.address}") from None
+            tls = tls if tls is not None else ClusterTLS.of_cluster(self.directory)
+        else:
+            self.directory = self.store = None
+            secret = secret or os.environ.get(SECRET_ENV)
+            if not secret:
+                raise ValueError(
+                    f"the cluster at {self.url} needs its secret: give secret= (cluster.secret) or set "
+                    f"${SECRET_ENV}"
+                )
+            if tls is None and os.environ.get(TLS_ENV):
+                tls = ClusterTLS.from_json(os.environ[TLS_ENV])
+            if self.url.startswith("grpc+tls://") and tls is None:
+                raise ValueError(
+                    f"the cluster at {self.url} uses mutual TLS: give tls=ClusterTLS(...) (this caller's "
+                    f"certificate, key and the cluster's CA) or set ${TLS_ENV}"
+                )
+        self.secret = secret
+        self.tls = tls
         self.options = flight.FlightCallOptions(headers=[(SECRET_HEADER.encode(), secret.encode())])
-        self.store = RoutingStore(self.directory)
-        tls = ClusterTLS.of_cluster(self.directory)
         self._tls_options = tls.client_options() if tls is not None else {}
         self._clients: dict[str, flight.FlightClient] = {}
         self._locations: dict[str, str] = {}
+        self._driver: flight.FlightClient | None = None
+
+    # ---- what the cluster is: files of its directory, or the driver's answer --------------------
+    def topology(self) -> dict:
+        """``routing`` (the table's JSON, None before the first), ``nodes`` (id -> location) and
+        ``jobs`` (name -> inputs, types, nodes)."""
+        if self.url is not None:
+            return self.driver_action("topology")
+        try:
+            jobs = json.loads((self.directory / "jobs.json").read_text())
+        except FileNotFoundError:
+            raise LookupError(f"no stretch cluster at {self.address}") from None
+        table = self.store.load()
+        return {
+            "routing": json.loads(table.to_json()) if table is not None else None,
+            "nodes": json.loads((self.directory / "nodes.json").read_text()),
+            "jobs": jobs,
+        }
+
+    def routing(self) -> RoutingTable | None:
+        """The latest routing table."""
+        if self.url is None:
+            return self.store.load()
+        raw = self.topology()["routing"]
+        return RoutingTable.from_json(json.dumps(raw)) if raw is not None else None
+
+    def jobs(self) -> dict:
+        """Job name -> its ``inputs`` (channel -> key field), ``types`` and ``nodes``."""
+        if self.url is None:
+            try:
+                return json.loads((self.directory / "jobs.json").read_text())
+            except FileNotFoundError:
+                raise LookupError(f"no stretch cluster at {self.address}") from None
+        return self.topology()["jobs"]
 
     def locations(self) -> dict[str, str]:
-        self._locations = json.loads((self.directory / "nodes.json").read_text())
+        if self.url is None:
+            self._locations = json.loads((self.directory / "nodes.json").read_text())
+        else:
+            self._locations = self.topology()["nodes"]
         return self._locations
 
+    # ---- calls ----------------------------------------------------------------------------------
     def client(self, node: str) -> flight.FlightClient:
         c = self._clients.get(node)
         if c is None:
             location = self._locations.get(node) or self.locations().get(node)
             if location is None:
-                raise LookupError(f"cluster at {self.directory} has no node {node!r}")
+                raise LookupError(f"cluster at {self.address} has no node {node!r}")
             c = self._clients[node] = flight.FlightClient(location, **self._tls_options)
         return c
 
@@ -74,16 +145,44 @@ class ClusterConnection:
     def get(self, node: str, ticket: str) -> pa.Table:
         return self.client(node).do_get(flight.Ticket(ticket.encode()), self.options).read_all()
 
+    def driver(self) -> flight.FlightClient:
+        """A client of the cluster's driver (``cluster.url``, or ``driver.json`` in its directory)."""
+        if self._driver is None:
+            location = self.url
+            if location is None:
+                try:
+                    location = json.loads((self.directory / "driver.json").read_text())["location"]
+                except FileNotFoundError:
+                    raise LookupError(f"the cluster at {self.directory} has no running driver") from None
+            self._driver = flight.FlightClient(location, **self._tls_options)
+        return self._driver
+
     def driver_action(self, kind: str, body: dict | None = None) -> dict:
-        """Ask the cluster's driver (``cluster.driver``) for a node change."""
-        try:
-            location = json.loads((self.directory / "driver.json").read_text())["location"]
-        except FileNotFoundError:
-            raise LookupError(f"the cluster at {self.directory} has no running driver") from None
-        with flight.FlightClient(location, **self._tls_options) as driver:
-            raw = json.dumps(body or {}).encode()
-            (result,) = list(driver.do_action(flight.Action(kind, raw), self.options))
+        """Ask the cluster's driver: a node change (``add_node``, ``remove_node``), the
+        ``topology``, or a removed node's ``output`` log."""
+        raw = json.dumps(body or {}).encode()
+        (result,) = list(self.driver().do_action(flight.Action(kind, raw), self.options))
         return json.loads(result.body.to_pybytes())
+
+    def driver_get(self, ticket: str) -> pa.Table:
+        return self.driver().do_get(flight.Ticket(ticket.encode()), self.options).read_all()
+
+    # ---- output logs, for readers on other hosts (see cluster.output_logs) --------------------
+    def output_info(self, node: str, job: str, channel: str) -> dict:
+        """Offsets and schema of node ``node``'s log of ``job``'s output ``channel``: from the node,
+        or from the driver for a node that was removed."""
+        body = {"job": f"{job}@{node}", "channel": channel}
+        if node in self.locations():
+            return self.action(node, "output", body)
+        return self.driver_action("output", body)
+
+    def output_range(self, node: str, job: str, channel: str, start: int, end: int) -> pa.Table:
+        """Batches ``start`` .. ``end`` of that log."""
+        body = {"job": f"{job}@{node}", "channel": channel, "start": start, "end": end}
+        ticket = "output:" + json.dumps(body)
+        if node in self.locations():
+            return self.get(node, ticket)
+        return self.driver_get(ticket)
 
     def forget(self, node: str) -> None:
         c = self._clients.pop(node, None)
@@ -93,15 +192,25 @@ class ClusterConnection:
     def close(self) -> None:
         for node in list(self._clients):
             self.forget(node)
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
+
+    def __enter__(self) -> ClusterConnection:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def job_nodes(address: str | Path, job: str) -> list[str]:
+def job_nodes(
+    address: str | Path, job: str, secret: str | None = None, tls: ClusterTLS | None = None
+) -> list[str]:
     """The nodes job ``job`` ran on, in the order they joined (removed nodes too: their output
-    logs stay readable); each runs it as ``<job>@<node>``."""
-    try:
-        jobs = json.loads((Path(address) / "jobs.json").read_text())
-    except FileNotFoundError:
-        raise LookupError(f"no stretch cluster at {address}") from None
+    logs stay readable); each runs it as ``<job>@<node>``. ``address``, ``secret``, ``tls``: as
+    for ClusterConnection."""
+    with ClusterConnection(address, secret, tls) as connection:
+        jobs = connection.jobs()
     nodes = jobs.get(job, {}).get("nodes")
     if not nodes:
         raise LookupError(f"the cluster at {address} runs no job {job!r} (jobs: {sorted(jobs)})")
@@ -109,15 +218,25 @@ def job_nodes(address: str | Path, job: str) -> list[str]:
 
 
 class ClusterWriter:
-    """Writes records into input channel ``channel`` of job ``job`` on the cluster at ``address``.
+    """Writes records into input channel ``channel`` of job ``job`` on the cluster at ``address``
+    (its directory, or its URL with ``secret`` and, for TLS, ``tls``: see ClusterConnection).
 
     ``key``: the field the job keys the channel by (the cluster knows it for jobs it was given).
     """
 
-    def __init__(self, address: str | Path, job: str, channel: str, key=None, retry_for: float = 60.0):
-        self.connection = ClusterConnection(address)
+    def __init__(
+        self,
+        address: str | Path,
+        job: str,
+        channel: str,
+        key=None,
+        retry_for: float = 60.0,
+        secret: str | None = None,
+        tls: ClusterTLS | None = None,
+    ):
+        self.connection = ClusterConnection(address, secret, tls)
         self.job, self.channel = job, channel
-        info = json.loads((self.connection.directory / "jobs.json").read_text()).get(job, {})
+        info = self.connection.jobs().get(job, {})
         self.key = key if key is not None else info.get("inputs", {}).get(channel)
         if self.key is None:
             raise LookupError(f"no job {job!r} with input channel {channel!r} on the cluster; give key=")
@@ -125,7 +244,7 @@ class ClusterWriter:
         self.type_info = TypeInformation.from_json(declared) if declared else None
         self.schema = schema_for(self.type_info) if self.type_info is not None else None
         self.retry_for = retry_for
-        self.table: RoutingTable = self.connection.store.load()
+        self.table: RoutingTable = self.connection.routing()
         self.refusals = 0  # parts sent again because their key groups had moved
         self.shared = SharedBatches()  # parts for nodes on this host go through shared memory
 
@@ -198,7 +317,7 @@ class ClusterWriter:
 
     def _reload(self) -> None:
         """The latest routing table; waits a little if it has not changed (a move under way)."""
-        latest = self.connection.store.load()
+        latest = self.connection.routing()
         if latest.version == self.table.version:
             time.sleep(0.002)
         self.table = latest

@@ -9,7 +9,10 @@
 The cluster's address is its directory: the routing table (``routing.json``), the nodes'
 endpoints (``nodes.json``), the jobs' input keys (``jobs.json``) and the secret (``secret``,
 owner-only). A writer in another process of this host opens it by that path. The driver keeps
-the routing table there, so it survives the driver's restart.
+the routing table there, so it survives the driver's restart. From other hosts the cluster's
+address is its driver's URL (``cluster.url``), with its secret (``cluster.secret``): the driver
+answers over Flight what the directory's files hold; nodes and driver then bind beyond loopback
+(``host``, see cluster.addresses).
 
 A node change moves the fewest key groups (``routing.plan_add_node``/``plan_remove_node``), in
 steps of a few key groups (at most ``step``, and about ``STEP_BYTES`` of state), each step one
@@ -43,6 +46,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from stretch.cluster import recovery
+from stretch.cluster.addresses import LOOPBACK
 from stretch.cluster.client import ClusterConnection, ClusterWriter
 from stretch.cluster.driver import DriverServer
 from stretch.cluster.elasticity import NodeElasticity
@@ -89,7 +93,7 @@ class _Node:
 
 
 class StretchCluster:
-    """A cluster of stretch nodes on this host, driven from this process: jobs run on it
+    """A cluster of stretch nodes (on this host, or in Spark's executors), driven from this process: jobs run on it
     (``env.execute_async(name, cluster=...)``), nodes are added and removed live (their key groups
     move with their state), and ``enable_elasticity`` lets it size itself by load."""
 
@@ -102,8 +106,10 @@ class StretchCluster:
         launcher=None,
         tls=None,
         checkpoint_dir: Path | None = None,
+        host: str = LOOPBACK,
     ):
         self.directory = directory
+        self.host = host
         self.checkpoint_dir = checkpoint_dir
         self.tls: ClusterTLS | None = tls
         self.launcher = launcher if launcher is not None else LocalNodes()
@@ -120,6 +126,7 @@ class StretchCluster:
         self._driver: DriverServer | None = None
         self._elasticity: NodeElasticity | None = None
         self.closed = False
+        self.started = False  # the driver makes node changes only once the cluster has started
         self._outputs: dict[str, list[str]] = {}  # job -> its output channels
         self._interval: float | None = None  # seconds between checkpoints, the jobs' shortest
         self._checkpoint_id = 0
@@ -142,6 +149,7 @@ class StretchCluster:
         tls: ClusterTLS | None = None,
         private_shm_mb: int | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
+        host: str = LOOPBACK,
     ) -> StretchCluster:
         """``nodes`` node processes on this machine (the default for laptops and tests).
 
@@ -154,14 +162,19 @@ class StretchCluster:
         so that nodes share nothing by accident, as on separate hosts. ``checkpoint_dir``: where
         nodes checkpoint their key groups and journal what they take, readable by every node, so
         that checkpointed jobs run on the cluster and a node that dies is restored on the others
-        (see cluster.recovery).
+        (see cluster.recovery). ``host``: the interface nodes and the driver listen on, loopback
+        by default; another (an IP of this machine, or ``"0.0.0.0"``) lets other hosts write and
+        read by ``cluster.url`` with ``cluster.secret`` (every call still needs the secret; over
+        a network, TLS is advised).
         """
         owns = directory is None
         path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         checkpoints = _checkpoint_path(checkpoint_dir)
-        launcher = LocalNodes(private_shm_mb, str(checkpoints) if checkpoints else None)
-        cluster = cls(path, max_parallelism, step, owns, launcher, tls=tls, checkpoint_dir=checkpoints)
+        launcher = LocalNodes(private_shm_mb, str(checkpoints) if checkpoints else None, host)
+        cluster = cls(
+            path, max_parallelism, step, owns, launcher, tls=tls, checkpoint_dir=checkpoints, host=host
+        )
         try:
             cluster._begin(nodes)
         except BaseException:
@@ -179,22 +192,30 @@ class StretchCluster:
         step: int = 8,
         tls: ClusterTLS | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
+        host: str = LOOPBACK,
     ) -> StretchCluster:
         """``nodes`` nodes, each a long-running task of a Spark job of ``spark``'s context,
-        holding one task slot for as long as it runs (as Ray on Spark does). Spark's executors
-        must run on this host for now (the address is a local directory, nodes listen on
-        loopback); leave task slots free for the queries that write into the cluster.
+        holding one task slot for as long as it runs (as Ray on Spark does); leave task slots
+        free for the queries that write into the cluster.
 
-        ``checkpoint_dir`` (see ``local``): by default ``stretch-cluster`` inside Spark's
-        checkpoint location (``spark.sql.streaming.checkpointLocation``) when one is set."""
+        ``host``: the interface nodes and the driver listen on. The default, loopback, keeps
+        everything on this host (executors must run here). With ``"0.0.0.0"`` each node listens
+        on every interface of its executor and advertises the executor's address (Spark's
+        ``SPARK_LOCAL_IP``, else the machine's), and the driver on this machine's: executors may
+        then run on other hosts, and queries write and read by ``cluster.url`` with
+        ``cluster.secret`` (over a network, TLS is advised). ``checkpoint_dir`` (see ``local``;
+        every node must reach it): by default ``stretch-cluster`` inside Spark's checkpoint
+        location (``spark.sql.streaming.checkpointLocation``) when one is set."""
         owns = directory is None
         path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         checkpoints = _checkpoint_path(
             checkpoint_dir if checkpoint_dir is not None else spark_checkpoint_dir(spark)
         )
-        launcher = SparkNodes(spark, path, checkpoint_dir=str(checkpoints) if checkpoints else None)
-        cluster = cls(path, max_parallelism, step, owns, launcher, tls=tls, checkpoint_dir=checkpoints)
+        launcher = SparkNodes(spark, checkpoint_dir=str(checkpoints) if checkpoints else None, host=host)
+        cluster = cls(
+            path, max_parallelism, step, owns, launcher, tls=tls, checkpoint_dir=checkpoints, host=host
+        )
         try:
             cluster._begin(nodes)
         except BaseException:
@@ -207,6 +228,7 @@ class StretchCluster:
         secret_file = self.directory / "secret"
         secret_file.touch(mode=0o600)
         secret_file.write_text(self._secret)
+        self._serve()  # first: nodes started in Spark executors announce themselves to it
         stored = self.store.load()
         resumed = self._stored_jobs() if stored is not None and self.checkpoint_dir is not None else {}
         if resumed:
@@ -234,11 +256,13 @@ class StretchCluster:
             self.store.save(self.table)
         for node_id in ids:
             self._own(node_id)
-        self._serve()
+        self.started = True
 
     def _serve(self) -> None:
-        self._driver = DriverServer(self, self._secret, tls=self.tls)
+        self._driver = DriverServer(self, self._secret, host=self.host, tls=self.tls)
         threading.Thread(target=self._driver.serve, name="stretch-cluster-driver", daemon=True).start()
+        if hasattr(self.launcher, "driver"):
+            self.launcher.driver = self._driver
         self._write("driver.json", {"location": self._driver.location})
 
     def _stored_jobs(self) -> dict[str, bytes]:
@@ -338,7 +362,7 @@ class StretchCluster:
         self._recover(dead, None, pending, survivors=fresh)
         (self.directory / "handoff.json").unlink(missing_ok=True)
         self._collect_garbage()
-        self._serve()
+        self.started = True
         self._supervise()
 
     def _write(self, name: str, value) -> None:
@@ -378,6 +402,39 @@ class StretchCluster:
     def address(self) -> str:
         """Where writers and readers in other processes of this host find the cluster."""
         return str(self.directory)
+
+    @property
+    def url(self) -> str:
+        """The driver's endpoint (``grpc://host:port``, ``grpc+tls://`` with TLS): the cluster's
+        address for writers and readers anywhere, with ``secret``; reachable from other hosts
+        when the cluster binds beyond loopback (``host``)."""
+        if self._driver is None:
+            raise LookupError("the cluster has no driver endpoint (it is closed, or did not start)")
+        return self._driver.location
+
+    @property
+    def secret(self) -> str:
+        """The cluster's secret: every call to its nodes and driver must carry it (give it to the
+        writers and readers that use ``url``)."""
+        return self._secret
+
+    def topology(self) -> dict:
+        """The routing table, the nodes' locations and the jobs (inputs, types, nodes), as the
+        driver answers them to callers by URL (the directory's files, read as they are now)."""
+        table = self.store.load()
+        try:
+            jobs = json.loads((self.directory / "jobs.json").read_text())
+            nodes = json.loads((self.directory / "nodes.json").read_text())
+        except FileNotFoundError:
+            jobs, nodes = {}, {}
+        for entry in jobs.values():
+            entry.pop("spec", None)
+            entry.pop("interval_ms", None)
+        return {
+            "routing": json.loads(table.to_json()) if table is not None else None,
+            "nodes": nodes,
+            "jobs": jobs,
+        }
 
     @property
     def nodes(self) -> list[str]:

@@ -2,8 +2,9 @@
 (``SparkNodes``, one long-running Spark task per node, as Ray on Spark runs its nodes).
 
 A launcher starts ``python -m``-style node processes with the cluster's secret in their
-environment and answers each node's Flight location; ``stop`` waits for a node that was told to
-shut down, and ends it if it does not.
+environment, bound to the cluster's ``host``, and answers each node's Flight location (the address
+peers dial: see cluster.addresses); ``stop`` waits for a node that was told to shut down, and ends
+it if it does not.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
+from pyarrow import flight
+
 import stretch
-from stretch.cluster.node import SECRET_ENV
+from stretch.cluster.addresses import LOOPBACK, advertised_host
+from stretch.cluster.node import SECRET_ENV, SECRET_HEADER
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
 
 NODE_COMMAND = "from stretch.cluster.node import main; main()"
@@ -41,11 +44,12 @@ def spawn_node(
     tls: ClusterTLS | None = None,
     private_shm_mb: int | None = None,
     checkpoint_dir: str | None = None,
+    host: str = LOOPBACK,
 ) -> tuple[subprocess.Popen, int]:
-    """Start one node process; returns it and the port it listens on. ``private_shm_mb``: run it
-    in a mount namespace of its own with a private ``/dev/shm`` of that size (``unshare -m``;
-    needs root), as a node on another host would be: nothing can be shared with it by accident."""
-    command = [sys.executable, "-c", NODE_COMMAND, "--node-id", node_id]
+    """Start one node process listening on ``host``; returns it and its port. ``private_shm_mb``:
+    run it in a mount namespace of its own with a private ``/dev/shm`` of that size (``unshare
+    -m``; needs root), as a node on another host would be: nothing can be shared with it by accident."""
+    command = [sys.executable, "-c", NODE_COMMAND, "--node-id", node_id, "--host", host]
     if checkpoint_dir is not None:
         command += ["--checkpoint-dir", str(checkpoint_dir)]
     if private_shm_mb is not None:
@@ -78,18 +82,21 @@ class LocalNodes:
     """Node processes that are children of this (the driver's) process; ``private_shm_mb``: each
     with a private ``/dev/shm`` (see spawn_node)."""
 
-    def __init__(self, private_shm_mb: int | None = None, checkpoint_dir: str | None = None):
+    def __init__(
+        self, private_shm_mb: int | None = None, checkpoint_dir: str | None = None, host: str = LOOPBACK
+    ):
         self._procs: dict[str, subprocess.Popen] = {}
         self.private_shm_mb = private_shm_mb
         self.checkpoint_dir = checkpoint_dir
+        self.host = host
 
     def pids(self) -> dict[str, int]:
         return {node: proc.pid for node, proc in self._procs.items()}
 
     def start(self, node_id: str, secret: str, tls: ClusterTLS | None = None) -> str:
-        proc, port = spawn_node(node_id, secret, tls, self.private_shm_mb, self.checkpoint_dir)
+        proc, port = spawn_node(node_id, secret, tls, self.private_shm_mb, self.checkpoint_dir, self.host)
         self._procs[node_id] = proc
-        return location("127.0.0.1", port, tls)
+        return location(advertised_host(self.host), port, tls)
 
     def alive(self, node_id: str) -> bool:
         proc = self._procs.get(node_id)
@@ -102,18 +109,24 @@ class LocalNodes:
 
 
 def _run_node_task(
-    node_id: str, secret: str, ports: str, tls: ClusterTLS | None, checkpoint_dir: str | None = None
+    node_id: str,
+    secret: str,
+    driver: str,
+    tls: ClusterTLS | None,
+    checkpoint_dir: str | None = None,
+    host: str = LOOPBACK,
 ):
     """The body of a node's Spark task: run the node until it is shut down (or the task is
-    killed), after telling the driver its port through the cluster's directory."""
+    killed), after telling the driver (its Flight endpoint ``driver``) where it listens: this
+    executor's address (see cluster.addresses) and the node's port."""
 
     def run(_partition):
-        proc, port = spawn_node(node_id, secret, tls, checkpoint_dir=checkpoint_dir)
-        path = Path(ports) / f"{node_id}.json"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"port": port}))
-        tmp.replace(path)
+        proc, port = spawn_node(node_id, secret, tls, checkpoint_dir=checkpoint_dir, host=host)
         try:
+            body = json.dumps({"node": node_id, "location": location(advertised_host(host), port, tls)})
+            options = flight.FlightCallOptions(headers=[(SECRET_HEADER.encode(), secret.encode())])
+            with flight.FlightClient(driver, **(tls.client_options() if tls is not None else {})) as c:
+                list(c.do_action(flight.Action("node_up", body.encode()), options))
             proc.wait()
         finally:
             if proc.poll() is None:
@@ -127,23 +140,25 @@ def _run_node_task(
 class SparkNodes:
     """Each node is one long-running task of its own Spark job, holding one task slot of an
     executor (the Ray-on-Spark pattern): adding a node starts another such job, removing one
-    shuts the node down and its task ends. Executors must be on this host (the cluster's address
-    is a local directory, and nodes listen on loopback)."""
+    shuts the node down and its task ends. A node tells the cluster's driver where it listens
+    (action ``node_up``), so executors may run on other hosts when the cluster binds beyond
+    loopback (``host``)."""
 
-    def __init__(self, spark, directory: Path, start_timeout: float = 300, checkpoint_dir: str | None = None):
+    def __init__(
+        self, spark, start_timeout: float = 300, checkpoint_dir: str | None = None, host: str = LOOPBACK
+    ):
         self.spark = spark
         self.checkpoint_dir = checkpoint_dir
-        self.ports = directory / "ports"
-        self.ports.mkdir(mode=0o700, exist_ok=True)
+        self.host = host
         self.start_timeout = start_timeout
+        self.driver = None  # the cluster's DriverServer, which nodes announce themselves to
         self._threads: dict[str, threading.Thread] = {}
         self._errors: dict[str, BaseException] = {}
 
     def start(self, node_id: str, secret: str, tls: ClusterTLS | None = None) -> str:
         sc = self.spark.sparkContext
-        path = self.ports / f"{node_id}.json"
-        path.unlink(missing_ok=True)
-        task = _run_node_task(node_id, secret, str(self.ports), tls, self.checkpoint_dir)
+        self.driver.forget_announced(node_id)
+        task = _run_node_task(node_id, secret, self.driver.location, tls, self.checkpoint_dir, self.host)
 
         def job() -> None:
             try:
@@ -156,20 +171,20 @@ class SparkNodes:
             target=job, name=f"stretch-node-{node_id}", daemon=True
         )
         thread.start()
-        deadline = time.monotonic() + self.start_timeout
-        while not path.exists():
+        found = self.driver.wait_announced(
+            node_id, self.start_timeout, lambda: node_id in self._errors or not thread.is_alive()
+        )
+        if found is None:
             if node_id in self._errors or not thread.is_alive():
                 raise RuntimeError(
                     f"stretch node {node_id} did not start in Spark: {self._errors.get(node_id)}"
                 )
-            if time.monotonic() > deadline:
-                sc.cancelJobGroup(f"stretch-node-{node_id}")
-                raise RuntimeError(
-                    f"stretch node {node_id} did not start within {self.start_timeout} s: does Spark have a "
-                    "free task slot for it? (each node holds one for as long as it runs)"
-                )
-            time.sleep(0.05)
-        return location("127.0.0.1", json.loads(path.read_text())["port"], tls)
+            sc.cancelJobGroup(f"stretch-node-{node_id}")
+            raise RuntimeError(
+                f"stretch node {node_id} did not start within {self.start_timeout} s: does Spark have a "
+                "free task slot for it? (each node holds one for as long as it runs)"
+            )
+        return found
 
     def alive(self, node_id: str) -> bool:
         """A node's Spark task runs as long as its process does."""
@@ -184,4 +199,4 @@ class SparkNodes:
         if thread.is_alive():
             self.spark.sparkContext.cancelJobGroup(f"stretch-node-{node_id}")
             thread.join(60)
-        (self.ports / f"{node_id}.json").unlink(missing_ok=True)
+        self.driver.forget_announced(node_id)

@@ -17,9 +17,11 @@ Calls (Flight):
 - ``do_put`` ``{"op": "load", job, operator, description}``: key groups' state (Arrow IPC
   key-group snapshot batches) into the operator's live arena, before the key groups are adopted.
 - ``do_get`` ``snapshot:<ticket>``: the state a ``release`` copied out; ``state:<job>:<operator>``:
-  an operator's keyed state here (one row per key).
+  an operator's keyed state here (one row per key); ``output:{job, channel, start, end}``: a range
+  of an output channel's log (see cluster.output_logs), for readers on other hosts.
 - actions (JSON): ``submit`` (a cloudpickled plan), ``own``, ``release``, ``adopt``, ``status``,
-  ``rescale``, ``end``, ``wait``, ``cancel``, ``retire``, ``shutdown``.
+  ``rescale``, ``end``, ``wait``, ``cancel``, ``retire``, ``shutdown``; for readers on other hosts
+  ``output`` (an output log's offsets and schema) and ``state_schema`` (an operator's).
 
 Run as ``python -m stretch.cluster.node --node-id ID`` with the secret in the environment
 (``STRETCH_CLUSTER_SECRET``, never on the command line) and, for mutual TLS, the paths of its
@@ -47,6 +49,7 @@ from pyarrow import flight
 
 from stretch.channels import open_writer
 from stretch.cluster import recovery
+from stretch.cluster.output_logs import encode_schema, output_info, output_range
 from stretch.cluster.shm_transport import NotVisible, staged_batches
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
 from stretch.datastream.job_client import JobClient
@@ -57,7 +60,7 @@ from stretch.state.arena import Arena
 from stretch.state.key_groups import key_groups_of
 from stretch.state.key_groups import warm_up as warm_key_groups
 from stretch.state.keyed_table import KeyedTable
-from stretch.state.queryable import read_state
+from stretch.state.queryable import read_key_group, read_state
 from stretch.state.snapshot import (
     SCHEMA as SNAPSHOT_SCHEMA,
 )
@@ -362,6 +365,8 @@ class NodeServer(flight.FlightServerBase):
             job_name, _, operator = rest.partition(":")
             job = self._job(job_name)
             return flight.RecordBatchStream(read_state(KeyedTable(job.arena(operator))))
+        if kind == "output":
+            return flight.RecordBatchStream(output_range(rest))
         raise flight.FlightServerError(f"unknown ticket {kind!r}")
 
     # ---- actions --------------------------------------------------------------------------------
@@ -639,6 +644,17 @@ class NodeServer(flight.FlightServerBase):
             "key_groups": np.flatnonzero(self.owned).tolist() if self.owned is not None else [],
             "jobs": {name: j.client.describe() for name, j in self.jobs.items()},
         }
+
+    def _act_output(self, body: bytes) -> dict:
+        """An output log's readable offsets and schema (``output_logs.output_info``)."""
+        return output_info(body)
+
+    def _act_state_schema(self, body: bytes) -> dict:
+        """The schema of an operator's keyed state rows here (as ``state:`` streams them)."""
+        msg = json.loads(body)
+        table = KeyedTable(self._job(msg["job"]).arena(msg["operator"]))
+        kg = next((kg for kg in range(table.maxp) if table.n_keys(kg)), 0)
+        return {"schema": encode_schema(read_key_group(table, kg).schema)}
 
     def _act_rescale(self, body: bytes) -> dict:
         msg = json.loads(body)

@@ -3,8 +3,10 @@
 Every party presents ``cert_chain`` (PEM; signed by ``root_certificates``, the cluster's CA) and
 accepts a peer only if that CA signed the peer's certificate; the cluster's secret is still
 checked on every call. The certificate must name the address peers dial (127.0.0.1 for nodes on
-this host: ``subjectAltName = IP:127.0.0.1``). The cluster keeps the three paths (not the keys)
-in ``tls.json`` in its directory, so writers in other processes of the host find them.
+this host: ``subjectAltName = IP:127.0.0.1``; each host's address across hosts). The cluster keeps
+the three paths (not the keys) in ``tls.json`` in its directory, so writers in other processes of
+the host find them; a caller by the cluster's URL brings its own (``tls=``, or the JSON of a
+ClusterTLS in ``$STRETCH_CLUSTER_TLS``).
 """
 
 from __future__ import annotations

@@ -6,19 +6,24 @@ from pyspark.sql.datasource import DataSource
 
 from stretch.channels import output_schema
 from stretch.cluster import job_nodes
+from stretch.cluster.addresses import is_url
+from stretch.cluster.client import ClusterConnection
+from stretch.cluster.output_logs import decode_schema
 from stretch.jobs import JobNotFound
 from stretch.jobs import find as find_job
 from stretch.spark.cluster_sink import ClusterStreamWriter
 from stretch.spark.cluster_source import ClusterBatchReader, ClusterStateReader, ClusterStreamReader
+from stretch.spark.options import cluster_credentials
 from stretch.spark.schemas import spark_ddl
 from stretch.spark.sink import StretchStreamWriter
 from stretch.spark.source import StretchBatchReader, StretchStreamReader
-from stretch.spark.state_source import StretchStateReader, state_schema
+from stretch.spark.state_source import StretchStateReader, state_ddl, state_schema
 
 
 class StretchDataSource(DataSource):
     """``format("stretch")`` with options ``job`` (a job name or id) and ``channel``; with
-    ``cluster`` (a cluster's address), the job of that name on the cluster's nodes."""
+    ``cluster`` (a cluster's address: its directory, or its URL with option ``secret``), the job
+    of that name on the cluster's nodes."""
 
     @classmethod
     def name(cls) -> str:
@@ -34,6 +39,8 @@ class StretchDataSource(DataSource):
         """What a read returns, so that Spark needs no schema from the user: an output channel's
         records, or (``option("state", operator)``) an operator's keyed state."""
         job = self._required("job")
+        if is_url(self.options.get("cluster")):
+            return self._remote_schema(job)
         if self.options.get("cluster"):
             job = self._node_job(job, running=bool(self.options.get("state")))
         if self.options.get("state"):
@@ -51,6 +58,30 @@ class StretchDataSource(DataSource):
             except JobNotFound:
                 continue
         raise JobNotFound(f"no node of the cluster at {self.options['cluster']} runs job {job!r} now")
+
+    def _remote_schema(self, job: str) -> str:
+        """The schema as a node of the cluster at a URL answers it (the driver, for a removed one)."""
+        address = self.options["cluster"]
+        secret, tls = cluster_credentials(self.options)
+        with ClusterConnection(address, secret, tls) as connection:
+            nodes = connection.jobs().get(job, {}).get("nodes") or []
+            if not nodes:
+                raise JobNotFound(f"the cluster at {address} runs no job {job!r}")
+            if self.options.get("state"):
+                running = [n for n in nodes if n in connection.locations()]
+                if not running:
+                    raise JobNotFound(f"no node of the cluster at {address} runs job {job!r} now")
+                body = {"job": job, "operator": self.options["state"]}
+                return state_ddl(decode_schema(connection.action(running[0], "state_schema", body)["schema"]))
+            channel = self._required("channel")
+            for node in nodes:
+                schema = decode_schema(connection.output_info(node, job, channel)["schema"])
+                if schema is not None:
+                    return spark_ddl(schema)
+        raise ValueError(
+            f"channel {channel!r} of job {job!r} has no declared type and no data yet: declare the output type "
+            "of the stream that feeds it"
+        )
 
     def streamWriter(self, schema, overwrite: bool):
         if self.options.get("cluster"):  # a job on a stretch cluster: rows go to their key groups' nodes

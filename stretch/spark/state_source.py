@@ -28,7 +28,11 @@ class KeyGroups(InputPartition):
 def state_schema(job: str, operator: str) -> str:
     """The Spark schema of an operator's keyed state (``job``: a running job's name or id)."""
     with QueryableState(find(job).state_location(operator)["arena"]) as state:
-        schema = state.schema()
+        return state_ddl(state.schema())
+
+
+def state_ddl(schema: pa.Schema) -> str:
+    """The Spark schema of keyed state rows of Arrow schema ``schema``."""
     return spark_ddl(pa.schema([(f.name, spark_values(pa.array([], f.type)).type) for f in schema]))
 
 

@@ -1,7 +1,8 @@
 """Stretch nodes inside Spark executors: on local-cluster[2,2,1024] (two executor JVMs of two task
-slots each, as the pip wheel runs them), each node is a long-running task of an executor; a node
-added and one removed while a job runs, and a node killed while a checkpointed job runs, checked
-against the plain-Python reference."""
+slots each, as the pip wheel runs them), each node is a long-running task of an executor, listening
+on every interface and advertising the executor's address; a writer by the cluster's URL while a
+node is added and one removed, and a node killed while a checkpointed job runs, checked against
+the plain-Python reference."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.test_hosts import network_address
+
 SCRIPT = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
     from pyspark.sql import SparkSession
-    from stretch.cluster import StretchCluster
+    from stretch.cluster import ClusterWriter, StretchCluster
     from stretch.common.records import to_batch
     from tests.cluster.jobs import PAIR, count_sum_job, reference
     from tests.cluster.test_cluster import batches, outputs
@@ -42,9 +45,10 @@ SCRIPT = textwrap.dedent(
     spark.sparkContext.setLogLevel("ERROR")
     data = batches(5, 20, 40)
     try:
-        with StretchCluster.on_spark(spark, nodes=2, directory=sys.argv[1]) as cluster:
+        with StretchCluster.on_spark(spark, nodes=2, directory=sys.argv[1], host="0.0.0.0") as cluster:
             client = count_sum_job().execute_async("on-spark", cluster=cluster)
-            with client.writer("in") as w:
+            locations = [cluster.url, *cluster.connection.locations().values()]
+            with ClusterWriter(cluster.url, "on-spark", "in", secret=cluster.secret) as w:
                 for i, records in enumerate(data[:10]):
                     w.write(to_batch(records, PAIR), query="q", batch=i)
                 added = cluster.add_node()
@@ -71,6 +75,7 @@ SCRIPT = textwrap.dedent(
         "added": added.key_groups_moved,
         "removed": removed.key_groups_moved,
         "statuses": statuses,
+        "locations": locations,
         "exact": final == reference(rows) and len(got) == len(rows),
     }), flush=True)
     """
@@ -91,6 +96,8 @@ def test_nodes_run_as_tasks_of_executor_jvms_and_hand_key_groups_over(tmp_path):
     assert result["in_executors"]  # each node process runs under an executor JVM, not the driver
     assert result["added"] == 42 and result["removed"] > 0  # 2 -> 3: a third of 128 key groups
     assert result["statuses"] == {"node-1": "FINISHED", "node-2": "FINISHED"}
+    here = os.environ.get("SPARK_LOCAL_IP") or network_address()
+    assert all(loc.startswith(f"grpc://{here}:") for loc in result["locations"])  # not loopback
     assert result["exact"]
     deadline = time.monotonic() + 30  # the executors and their nodes end with the application
     while _leftovers(tmp_path) and time.monotonic() < deadline:

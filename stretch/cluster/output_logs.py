@@ -1,0 +1,50 @@
+"""A node's output logs served over Flight, for readers on other hosts (Spark's, by URL).
+
+On the node's host a reader opens the log's files by path; elsewhere it asks the node: action
+``output`` (body ``{"job": "<job>@<node>", "channel"}``) answers the log's readable offsets, the
+first of the job's current run and the channel's schema; ticket ``output:{"job", "channel",
+"start", "end"}`` streams batches ``start`` .. ``end``. The driver answers the same for a node that
+was removed, whose log stays where it wrote it (readable from the driver where the driver shares
+the node's filesystem: nodes on the driver's host).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pyarrow as pa
+
+from stretch.channels import OutputLog, locate_output, output_schema
+
+
+def encode_schema(schema: pa.Schema | None) -> str | None:
+    return None if schema is None else base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def decode_schema(text: str | None) -> pa.Schema | None:
+    return None if text is None else pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+def output_info(body: bytes) -> dict:
+    """Offsets (``start``, ``end``, ``run_start``) and ``schema`` of an output channel's log."""
+    msg = json.loads(body)
+    where = locate_output(msg["job"], msg["channel"])
+    with OutputLog(where["log"]) as log:
+        start, end = log.start, log.end
+    try:
+        schema = output_schema(msg["job"], msg["channel"])
+    except ValueError:  # no declared type and nothing written yet
+        schema = None
+    return {"start": start, "end": end, "run_start": where["run_start"], "schema": encode_schema(schema)}
+
+
+def output_range(ticket: str) -> pa.Table:
+    """Batches ``start`` .. ``end`` of an output channel's log, as one table."""
+    msg = json.loads(ticket)
+    with OutputLog(locate_output(msg["job"], msg["channel"])["log"]) as log:
+        batches = [b.replace_schema_metadata(None) for b in log.read(int(msg["start"]), int(msg["end"]))]
+    if not batches:
+        return pa.table({})
+    schema = batches[0].schema
+    return pa.Table.from_batches([b if b.schema.equals(schema) else b.cast(schema) for b in batches])
