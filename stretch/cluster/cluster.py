@@ -45,6 +45,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from stretch import channels
 from stretch.cluster import recovery
 from stretch.cluster.addresses import LOOPBACK
 from stretch.cluster.client import ClusterConnection, ClusterWriter
@@ -327,9 +328,7 @@ class StretchCluster:
         for name, blob in jobs.items():
             self._jobs[name] = blob
             self._outputs[name] = entries[name].get("outputs", [])
-            for node_id in fresh:
-                self.connection.action(node_id, "submit", blob)
-            self._ran_on(name, fresh)
+            self._ran_on(name, {node_id: self._submit(node_id, blob) for node_id in fresh})
             interval = entries[name].get("interval_ms")
             if interval:
                 self._interval = min(self._interval or interval / 1000, interval / 1000)
@@ -339,6 +338,7 @@ class StretchCluster:
             entries = json.loads((self.directory / "jobs.json").read_text())
             for entry in entries.values():
                 entry["nodes"] = [n for n in entry.get("nodes", []) if n not in fresh]
+                entry["starts"] = {n: s for n, s in entry.get("starts", {}).items() if n not in fresh}
             self._write("jobs.json", entries)
             raise
 
@@ -377,16 +377,22 @@ class StretchCluster:
         node = self._nodes[node_id] = _Node(node_id, self.launcher.start(node_id, self._secret, self.tls))
         self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
         for name, blob in self._jobs.items():
-            self.connection.action(node_id, "submit", blob)
-            self._ran_on(name, [node_id])
+            self._ran_on(name, {node_id: self._submit(node_id, blob)})
         return node
 
-    def _ran_on(self, job: str, nodes: list[str]) -> None:
-        """Record in ``jobs.json`` that ``job`` ran on ``nodes``: readers of its output (and of
-        its state) look at every node it ran on, removed ones too."""
+    def _submit(self, node_id: str, blob: bytes) -> dict[str, int]:
+        """Start a job on a node; returns where its output channels' logs start for this run."""
+        return self.connection.action(node_id, "submit", blob).get("outputs", {})
+
+    def _ran_on(self, job: str, starts: dict[str, dict[str, int]]) -> None:
+        """Record in ``jobs.json`` that ``job`` ran on these nodes, and where each node's output
+        logs start for this cluster's run of it: readers of its output (and of its state) look at
+        every node it ran on, removed ones too, from there (a log keeps earlier runs of the name,
+        on earlier clusters too, before it)."""
         jobs = json.loads((self.directory / "jobs.json").read_text())
         entry = jobs.setdefault(job, {})
-        entry["nodes"] = [*entry.get("nodes", []), *(n for n in nodes if n not in entry.get("nodes", []))]
+        entry["nodes"] = [*entry.get("nodes", []), *(n for n in starts if n not in entry.get("nodes", []))]
+        entry.setdefault("starts", {}).update(starts)
         self._write("jobs.json", jobs)
 
     def _own(self, node_id: str) -> None:
@@ -497,9 +503,7 @@ class StretchCluster:
                 spec=spec_name, outputs=self._outputs[name], interval_ms=config.checkpoint.interval_ms
             )
         self._write("jobs.json", jobs)
-        for node_id in self._nodes:
-            self.connection.action(node_id, "submit", blob)
-        self._ran_on(name, list(self._nodes))
+        self._ran_on(name, {node_id: self._submit(node_id, blob) for node_id in self._nodes})
         if checkpointed:
             interval = config.checkpoint.interval_ms
             if interval:
@@ -882,6 +886,17 @@ class ClusterJobClient:
     def writer(self, channel: str, key=None) -> ClusterWriter:
         """A writer into the job's input channel ``channel``, each row to the node owning its key group."""
         return self.cluster.writer(self.name, channel, key)
+
+    def open_reader(self, channel: str):
+        """This run's records of output channel ``channel``, from every node the job ran on
+        (removed ones too), node after node. A node's part ends where the job ended there: read
+        after ``end`` and ``wait`` (a running job's results: Spark's ``readStream`` with
+        ``option("cluster", ...)``). Reads the logs' files: on the nodes' host."""
+        entry = self.cluster.connection.jobs().get(self.name, {})
+        starts = entry.get("starts", {})
+        for node in entry.get("nodes", []):
+            start = starts.get(node, {}).get(channel)
+            yield from channels.open_reader(f"{self.name}@{node}", channel, from_offset=start)
 
     def end(self, channel: str) -> None:
         """End input channel ``channel`` on every node: the job finishes there once it processed it."""

@@ -406,7 +406,11 @@ class NodeServer(flight.FlightServerBase):
                 recovery.save_manifest(durable, self.node_id, manifest)
             self._place(job)  # its tables now, not in the first handoff's stall
             barrier_all(job)
-        return {"job_id": self.jobs[spec["name"]].client.get_job_id()}
+        job = self.jobs[spec["name"]]  # its output starts here: earlier runs of the name came before
+        return {
+            "job_id": job.client.get_job_id(),
+            "outputs": {c: log.end_offset for c, _r, log in job.outputs()},
+        }
 
     def _act_own(self, body: bytes) -> dict:
         """The key groups this node owns from now on (a node that starts, or restarts)."""

@@ -70,23 +70,29 @@ class _ClusterChannel(_Cluster):
         self.logs()  # an unknown cluster or job: an error now
 
     def logs(self) -> dict[str, dict]:
-        """node -> its log's ``start``, ``end`` and ``run_start`` (and ``log``, its directory, on
-        this host)."""
+        """node -> its log's ``start``, ``end``, ``run_start`` and ``first``, the first result
+        of the cluster's run of the job there (a log keeps earlier runs of the name before it)
+        (and ``log``, its directory, on this host)."""
         out = {}
-        if self.remote:
-            with self.connection() as c:
+        with self.connection() as c:
+            entry = c.jobs().get(self.job, {})
+            if self.remote:
                 for node in self.job_nodes(self.job):
                     out[node] = c.output_info(node, self.job, self.channel)
-            return out
-        for node in self.job_nodes(self.job):
-            reply = locate_output(f"{self.job}@{node}", self.channel)
-            with OutputLog(reply["log"]) as log:
-                out[node] = {
-                    "start": log.start,
-                    "end": log.end,
-                    "run_start": reply["run_start"],
-                    "log": reply["log"],
-                }
+        if not self.remote:
+            for node in self.job_nodes(self.job):
+                reply = locate_output(f"{self.job}@{node}", self.channel)
+                with OutputLog(reply["log"]) as log:
+                    out[node] = {
+                        "start": log.start,
+                        "end": log.end,
+                        "run_start": reply["run_start"],
+                        "log": reply["log"],
+                    }
+        for node, info in out.items():
+            recorded = entry.get("starts", {}).get(node, {}).get(self.channel)
+            fallback = info["run_start"] if info["run_start"] is not None else info["start"]
+            info["first"] = max(info["start"], recorded if recorded is not None else fallback)
         return out
 
     def ends(self) -> dict[str, int]:
@@ -97,8 +103,8 @@ class _ClusterChannel(_Cluster):
         out = []
         for node, stop in end.items():
             first = start.get(node)
-            if first is None:  # a node that joined since: from its log's first result
-                first = logs[node]["start"]
+            if first is None:  # a node that joined since: from its first result of this run
+                first = logs[node]["first"]
             if self.remote:
                 n = max(1, min(self.parts, stop - first))
                 bounds = [first + (stop - first) * i // n for i in range(n + 1)]
@@ -123,10 +129,7 @@ class ClusterStreamReader(_ClusterChannel, DataSourceStreamReader):
     from each node's first result of its current run."""
 
     def initialOffset(self) -> dict:
-        starts = {}
-        for node, info in self.logs().items():
-            starts[node] = info["run_start"] if info["run_start"] is not None else info["start"]
-        return {"nodes": starts}
+        return {"nodes": {node: info["first"] for node, info in self.logs().items()}}
 
     def latestOffset(self, start=None, limit=None) -> dict:
         return {"nodes": self.ends()}

@@ -199,3 +199,34 @@ def test_a_job_with_broadcast_state_is_refused_before_any_node_is_asked(tmp_path
     cluster = StretchCluster(tmp_path, 128, 8, owns_directory=False)
     with pytest.raises(ValueError, match="broadcast state"):
         env.execute_async("broadcast", cluster=cluster)
+
+
+def test_a_later_clusters_run_of_a_job_name_reads_back_only_its_own_results(tmp_path):
+    """Output logs are named by job and node and outlive a cluster; the next cluster's run of the
+    same name continues them, and its readers (the client's, Spark's batch reader) start at its
+    own first result."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from stretch.spark.cluster_source import ClusterBatchReader
+
+    runs = [batches(7, 4, 20), batches(8, 3, 20)]
+    for n, data in enumerate(runs):
+        with StretchCluster.local(nodes=2, directory=tmp_path / f"cluster-{n}") as cluster:
+            client = count_sum_job().execute_async("rerun", cluster=cluster)
+            with client.writer("in") as writer:
+                for i, records in enumerate(data):
+                    writer.write(to_batch(records, PAIR), query="q", batch=i)
+            client.end("in")
+            assert set(client.wait(120).values()) == {"FINISHED"}
+            got = list(client.open_reader("out"))
+            schema = StructType(
+                [StructField(f, t) for f, t in (("f0", StringType()), ("f1", LongType()), ("f2", LongType()))]
+            )
+            spark_reader = ClusterBatchReader(
+                {"cluster": cluster.address, "job": "rerun", "channel": "out"}, schema
+            )
+            rows = [r for p in spark_reader.partitions() for b in spark_reader.read(p) for r in b.to_pylist()]
+        expected = reference([r for records in data for r in records])
+        assert len(got) == sum(len(records) for records in data)  # one result per record of this run
+        assert {k: (c, s) for k, c, s in got if (c, s) == expected[k]} == expected
+        assert sorted(tuple(r.values()) for r in rows) == sorted(got)
