@@ -4,7 +4,7 @@ One level above the node engine: each node runs today's engine for the key group
 the cluster moves key groups between nodes (copying their state) when nodes come and go.
 """
 
-from stretch.cluster.client import ClusterWriter, NotOwner, job_nodes
+from stretch.cluster.client import ClusterWriter, NodeUnreachable, NotOwner, job_nodes
 from stretch.cluster.cluster import ClusterJobClient, HandoffReport, NodeLost, StretchCluster
 from stretch.cluster.routing import RoutingStore, RoutingTable, plan_add_node, plan_remove_node
 from stretch.cluster.tls import ClusterTLS
@@ -15,6 +15,7 @@ __all__ = [
     "ClusterWriter",
     "HandoffReport",
     "NodeLost",
+    "NodeUnreachable",
     "NotOwner",
     "RoutingStore",
     "RoutingTable",

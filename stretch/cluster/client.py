@@ -13,6 +13,7 @@ nothing wherever its key groups are now (the marks move with the key groups).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -30,6 +31,10 @@ from stretch.cluster.tls import TLS_ENV, ClusterTLS
 from stretch.common.records import schema_for, to_batch
 from stretch.common.typeinfo import TypeInformation
 from stretch.state.key_groups import key_groups_of
+
+
+class NodeUnreachable(flight.FlightUnavailableError):
+    """A node did not answer: its process died, or its host is unreachable (the message names it)."""
 
 
 class NotOwner(RuntimeError):
@@ -131,19 +136,36 @@ class ClusterConnection:
 
     def action(self, node: str, kind: str, body: bytes | dict = b"") -> dict:
         raw = json.dumps(body).encode() if isinstance(body, dict) else body
-        (result,) = list(self.client(node).do_action(flight.Action(kind, raw), self.options))
+        with self._reaching(node):
+            (result,) = list(self.client(node).do_action(flight.Action(kind, raw), self.options))
         return json.loads(result.body.to_pybytes())
 
     def put(self, node: str, command: dict, table: pa.Table) -> None:
         descriptor = flight.FlightDescriptor.for_command(json.dumps(command).encode())
-        writer, _ = self.client(node).do_put(descriptor, table.schema, self.options)
-        try:
-            writer.write_table(table)
-        finally:
-            writer.close()
+        with self._reaching(node):
+            writer, _ = self.client(node).do_put(descriptor, table.schema, self.options)
+            try:
+                writer.write_table(table)
+            finally:
+                writer.close()
 
     def get(self, node: str, ticket: str) -> pa.Table:
-        return self.client(node).do_get(flight.Ticket(ticket.encode()), self.options).read_all()
+        with self._reaching(node):
+            return self.client(node).do_get(flight.Ticket(ticket.encode()), self.options).read_all()
+
+    @contextlib.contextmanager
+    def _reaching(self, node: str):
+        """A call to a node that does not answer raises NodeUnreachable, naming the node."""
+        try:
+            yield
+        except NodeUnreachable:
+            raise
+        except flight.FlightUnavailableError as e:
+            where = self._locations.get(node, "?")
+            raise NodeUnreachable(
+                f"node {node} of the cluster at {self.address} ({where}) does not answer: its process "
+                f"ended or its host is unreachable ({str(e).splitlines()[0]})"
+            ) from None
 
     def driver(self) -> flight.FlightClient:
         """A client of the cluster's driver (``cluster.url``, or ``driver.json`` in its directory)."""

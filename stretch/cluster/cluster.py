@@ -64,9 +64,10 @@ from stretch.cluster.routing import (
 )
 from stretch.cluster.tls import ClusterTLS
 from stretch.common import user_code
+from stretch.datastream.job_client import RescaleReport
 from stretch.errors import JobExecutionError
 from stretch.runtime.state_dir import channel_dir, job_dir_name, write_private
-from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
+from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM, key_group
 
 STEP_BYTES = 4 << 20
 """About the state a handoff step moves: its key groups wait while it is copied, so a step of a
@@ -934,19 +935,39 @@ class ClusterJobClient:
         """Checkpoint every node now (``StretchCluster.checkpoint``)."""
         return self.cluster.checkpoint()
 
-    def rescale(self, operator_name: str, parallelism: int, *, node: str) -> dict:
+    def rescale(
+        self, operator_name: str, parallelism: int, timeout: float | None = None, *, node: str
+    ) -> RescaleReport:
         """A live rescale of ``operator_name`` inside one node (copy-free, as on one machine)."""
         if node not in self.cluster.nodes:
             raise LookupError(f"no node {node!r} in the cluster (nodes: {self.cluster.nodes})")
-        return self.cluster.connection.action(
-            node, "rescale", {"job": self.name, "operator": operator_name, "parallelism": parallelism}
-        )
+        body = {"job": self.name, "operator": operator_name, "parallelism": parallelism, "timeout": timeout}
+        return RescaleReport(**self.cluster.connection.action(node, "rescale", body))
 
-    def query_state(self, operator: str):
-        """An operator's keyed state over all nodes (one row per key; no rows before any key)."""
-        every = [self.cluster.connection.get(n, f"state:{self.name}:{operator}") for n in self.cluster.nodes]
+    def query_state(self, operator: str, key=None, key_groups=None) -> pa.Table:
+        """An operator's keyed state over all nodes (one row per key; no rows before any key).
+
+        ``key`` narrows it to one key (asked of the node owning its key group), ``key_groups`` to
+        some key groups (each asked of its owner), as ``JobClient.query_state``."""
+        owners = self.cluster.table.owners
+        if key is not None:
+            key_groups = [key_group(key, len(owners))]
+        asked: dict[str, list[int] | None] = dict.fromkeys(self.cluster.nodes)
+        if key_groups is not None:
+            asked = {}
+            for kg in map(int, key_groups):
+                asked.setdefault(owners[kg], []).append(kg)
+        every = [
+            self.cluster.connection.get(
+                node, "state:" + json.dumps({"job": self.name, "operator": operator, "key_groups": groups})
+            )
+            for node, groups in asked.items()
+        ] or [self.cluster.connection.get(self.cluster.nodes[0], f"state:{self.name}:{operator}")]
         tables = [t for t in every if t.num_rows]  # a node without keys may not know their type
-        return pa.concat_tables(tables) if tables else every[0]
+        table = pa.concat_tables(tables) if tables else every[0]
+        if key is not None:
+            table = table.filter(pa.array([k == key for k in table.column("key").to_pylist()], pa.bool_()))
+        return table
 
 
 def _checkpoint_path(directory: str | os.PathLike | None) -> Path | None:

@@ -361,10 +361,14 @@ class NodeServer(flight.FlightServerBase):
         if kind == "snapshot":
             batches = self.parked.pop(rest, [])
             return flight.RecordBatchStream(pa.Table.from_batches(batches, SNAPSHOT_SCHEMA))
-        if kind == "state":
-            job_name, _, operator = rest.partition(":")
+        if kind == "state":  # <job>:<operator>, or {"job", "operator", "key_groups"}
+            if rest.startswith("{"):
+                msg = json.loads(rest)
+                job_name, operator, groups = msg["job"], msg["operator"], msg.get("key_groups")
+            else:
+                (job_name, _, operator), groups = rest.partition(":"), None
             job = self._job(job_name)
-            return flight.RecordBatchStream(read_state(KeyedTable(job.arena(operator))))
+            return flight.RecordBatchStream(read_state(KeyedTable(job.arena(operator)), groups))
         if kind == "output":
             return flight.RecordBatchStream(output_range(rest))
         raise flight.FlightServerError(f"unknown ticket {kind!r}")
@@ -662,7 +666,7 @@ class NodeServer(flight.FlightServerBase):
 
     def _act_rescale(self, body: bytes) -> dict:
         msg = json.loads(body)
-        report = self._job(msg["job"]).client.rescale(msg["operator"], msg["parallelism"])
+        report = self._job(msg["job"]).client.rescale(msg["operator"], msg["parallelism"], msg.get("timeout"))
         return {**report.__dict__}
 
     def _act_end(self, body: bytes) -> dict:

@@ -230,3 +230,36 @@ def test_a_later_clusters_run_of_a_job_name_reads_back_only_its_own_results(tmp_
         assert len(got) == sum(len(records) for records in data)  # one result per record of this run
         assert {k: (c, s) for k, c, s in got if (c, s) == expected[k]} == expected
         assert sorted(tuple(r.values()) for r in rows) == sorted(got)
+
+
+def test_state_by_key_or_key_groups_a_rescale_report_and_a_dead_node_named(tmp_path):
+    from stretch.cluster import NodeUnreachable
+    from stretch.datastream.job_client import RescaleReport
+
+    data = batches(9, 10, 40)
+    with StretchCluster.local(nodes=2, directory=tmp_path / "c") as cluster:
+        client = count_sum_job().execute_async("by-key", cluster=cluster)
+        with client.writer("in") as writer:
+            for i, records in enumerate(data):
+                writer.write(to_batch(records, PAIR), query="q", batch=i)
+        expected = reference([r for records in data for r in records])
+        report = client.rescale("counts", 3, node="node-1", timeout=60)
+        assert isinstance(report, RescaleReport) and (report.old_parallelism, report.new_parallelism) == (
+            2,
+            3,
+        )
+        client.end("in")
+        assert set(client.wait(120).values()) == {"FINISHED"}
+        for key in ("user-7", "user-123", "nobody"):  # one key, from the node owning it
+            rows = client.query_state("counts", key=key).to_pylist()
+            assert [(r["key"], r["count"], r["sum"]) for r in rows] == (
+                [(key, *expected[key])] if key in expected else []
+            )
+        some = [0, 5, 64, 127]  # key groups on both nodes
+        rows = client.query_state("counts", key_groups=some).to_pylist()
+        assert {r["key"]: (r["count"], r["sum"]) for r in rows} == {
+            k: v for k, v in expected.items() if key_group(k, 128) in some
+        }
+        os.kill(cluster.launcher.pids()["node-1"], 9)
+        with pytest.raises(NodeUnreachable, match=r"node node-1 of the cluster at .* does not answer"):
+            client.query_state("counts")
