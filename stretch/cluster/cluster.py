@@ -133,6 +133,8 @@ class StretchCluster:
         self._interval: float | None = None  # seconds between checkpoints, the jobs' shortest
         self._checkpoint_id = 0
         self._supervisor: threading.Thread | None = None
+        self._job_watch: threading.Thread | None = None
+        self.failures: dict[str, dict] = {}  # job -> the node it failed on, and how
         self._stopping = threading.Event()
         self.recoveries: list[dict] = []  # one per node failure: which nodes, key groups, rows replayed
         self.supervisor_errors: list[BaseException] = []
@@ -505,6 +507,11 @@ class StretchCluster:
             )
         self._write("jobs.json", jobs)
         self._ran_on(name, {node_id: self._submit(node_id, blob) for node_id in self._nodes})
+        if self._job_watch is None:
+            self._job_watch = threading.Thread(
+                target=self._watch_jobs, name="stretch-cluster-jobs", daemon=True
+            )
+            self._job_watch.start()
         if checkpointed:
             interval = config.checkpoint.interval_ms
             if interval:
@@ -546,6 +553,24 @@ class StretchCluster:
                 target=self._watch, name="stretch-cluster-supervisor", daemon=True
             )
             self._supervisor.start()
+
+    def _watch_jobs(self) -> None:
+        """A job that fails on one node fails on all, as a Flink job does when a task fails: its
+        copies on the other nodes are cancelled (``wait`` then raises the failed node's error)."""
+        while not self._stopping.wait(0.5):
+            for node in list(self.nodes):
+                try:
+                    failed = self.connection.action(node, "failed")
+                except Exception:  # a node that died: the supervisor's, or the caller's, to see
+                    continue
+                for job, error in failed.items():
+                    if job in self.failures:
+                        continue
+                    self.failures[job] = {"node": node, "error": error}
+                    for other in list(self.nodes):
+                        if other != node:
+                            with contextlib.suppress(Exception):
+                                self.connection.action(other, "cancel", {"job": job})
 
     def _watch(self) -> None:
         last = time.monotonic()
@@ -848,6 +873,8 @@ class StretchCluster:
         self._stopping.set()
         if self._supervisor is not None:
             self._supervisor.join(30)
+        if self._job_watch is not None:
+            self._job_watch.join(30)
         if self._elasticity is not None:
             self._elasticity.stop()
         if self._driver is not None:

@@ -685,6 +685,14 @@ class NodeServer(flight.FlightServerBase):
             return {"status": "FAILED", "error": f"{type(e).__name__}: {e}"}
         return {"status": status.name if status is not None else job.client.describe().get("status")}
 
+    def _act_failed(self, body: bytes) -> dict:
+        """Jobs that failed here, each with its error (the cluster then cancels it elsewhere)."""
+        return {
+            name: f"{type(job.coordinator.error).__name__}: {job.coordinator.error}"
+            for name, job in self.jobs.items()
+            if job.coordinator.status.name == "FAILED"
+        }
+
     def _act_cancel(self, body: bytes) -> dict:
         msg = json.loads(body)
         self._job(msg["job"]).client.cancel()

@@ -31,9 +31,13 @@ def test_wrong_names_empty_state_and_a_failed_job_say_what_happened(tmp_path):
         with pytest.raises(
             JobExecutionError, match=r"job 'fails' failed on node node-\d: UserFunctionError: .*thirteen"
         ):
-            for _ in range(30):  # the node without key 'b' runs on: each wait returns after 1 s
-                failing.wait(timeout=1)
-        failing.cancel()
+            failing.wait(timeout=60)  # the node without key 'b' is cancelled: the whole job failed
+        failed_on = cluster.failures["fails"]["node"]
+        statuses = {
+            n: r["status"]
+            for n, r in ((n, cluster.connection.action(n, "wait", {"job": "fails"})) for n in cluster.nodes)
+        }
+        assert statuses == {n: "FAILED" if n == failed_on else "CANCELED" for n in cluster.nodes}
         client.cancel()
 
 
