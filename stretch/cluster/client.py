@@ -7,24 +7,51 @@ moving); the writer then reloads the routing table and sends that part again, sp
 row is lost or sent twice. With ``query`` and ``batch`` (a Spark micro-batch), each key group of
 a node takes a (query, batch) at most once, so a replayed micro-batch changes nothing wherever
 its key groups are now (the marks move with the key groups).
+
+A broadcast channel (the rows of a job's ``broadcast(descriptor)`` stream) is not split: every
+node of the broadcast membership (``members.json``) takes the whole batch, each (query, batch) at
+most once per node. A node that joins copies the broadcast state of a member first; from then
+until the membership names it, that member refuses writers of the older membership, which load it
+again and send the rows to the nodes that have not taken them, the new one included.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 from pyarrow import flight
 
-from stretch.cluster.node import NOT_OWNER, SECRET_HEADER, column_of
+from stretch.cluster.node import NOT_MEMBER, NOT_OWNER, SECRET_HEADER, column_of
 from stretch.cluster.routing import RoutingStore, RoutingTable
 from stretch.cluster.tls import ClusterTLS
 from stretch.common.records import schema_for, to_batch
 from stretch.common.typeinfo import TypeInformation
 from stretch.state.key_groups import key_groups_of
+
+
+MEMBERS_FILE = "members.json"
+
+
+@dataclass(frozen=True)
+class Members:
+    """The nodes that take a broadcast channel's rows (``members.json``), version ``version``: a
+    node that joins is a member once it holds the broadcast state of the others."""
+
+    version: int
+    nodes: tuple[str, ...]
+
+    @classmethod
+    def load(cls, address: str | Path) -> Members:
+        try:
+            raw = json.loads((Path(address) / MEMBERS_FILE).read_text())
+        except FileNotFoundError:
+            raise LookupError(f"the cluster at {address} has no broadcast membership") from None
+        return cls(int(raw["version"]), tuple(raw["nodes"]))
 
 
 class NotOwner(RuntimeError):
@@ -117,8 +144,9 @@ class ClusterWriter:
         self.connection = ClusterConnection(address)
         self.job, self.channel = job, channel
         info = json.loads((self.connection.directory / "jobs.json").read_text()).get(job, {})
+        self.broadcast = channel in info.get("broadcast", ())  # every node takes every row
         self.key = key if key is not None else info.get("inputs", {}).get(channel)
-        if self.key is None:
+        if self.key is None and not self.broadcast:
             raise LookupError(f"no job {job!r} with input channel {channel!r} on the cluster; give key=")
         declared = info.get("types", {}).get(channel)
         self.type_info = TypeInformation.from_json(declared) if declared else None
@@ -126,6 +154,7 @@ class ClusterWriter:
         self.retry_for = retry_for
         self.table: RoutingTable = self.connection.store.load()
         self.refusals = 0  # parts sent again because their key groups had moved
+        self.members: Members | None = None  # a broadcast channel's nodes, loaded at its first write
 
     def write(self, data, query: str | None = None, batch: int | None = None) -> None:
         """Send records (a RecordBatch, a Table or a list of tuples/Rows) to their nodes.
@@ -145,6 +174,10 @@ class ClusterWriter:
         command = {"op": "write", "job": self.job, "channel": self.channel, "query": query, "batch": batch}
         pending = [self._shaped(p) for p in parts if p.num_rows]
         deadline = time.monotonic() + self.retry_for
+        if self.broadcast:
+            for part in pending:
+                self._to_every_node(part, command, deadline)
+            return
         while pending:
             part = pending.pop(0)
             kgs = key_groups_of(column_of(part, self.key), len(self.table.owners))
@@ -165,6 +198,38 @@ class ClusterWriter:
                     self.refusals += 1
                     self._reload()
                     pending.append(rows)
+
+    def _to_every_node(self, part: pa.RecordBatch, command: dict, deadline: float) -> None:
+        """Rows of a broadcast channel to every node of the cluster's broadcast membership. A node
+        that refuses (it knows a newer membership: a node joined, or it left) or is gone makes the
+        writer load the membership again and send to the nodes that have not taken the rows yet."""
+        if self.members is None:
+            self.members = Members.load(self.connection.directory)
+        table = pa.Table.from_batches([part])
+        done: set[str] = set()
+        while True:
+            pending = [n for n in self.members.nodes if n not in done]
+            if not pending:
+                return
+            for node in pending:
+                try:
+                    self.connection.put(node, {**command, "members": self.members.version}, table)
+                except (flight.FlightServerError, flight.FlightUnavailableError, LookupError) as e:
+                    if NOT_MEMBER not in str(e) and not isinstance(e, (flight.FlightUnavailableError, LookupError)):
+                        raise
+                    if time.monotonic() > deadline:
+                        raise NotOwner(
+                            f"broadcast rows of job {self.job!r} did not reach every node within "
+                            f"{self.retry_for} s: {e}"
+                        ) from e
+                    self.refusals += 1
+                    latest = Members.load(self.connection.directory)
+                    if latest.version == self.members.version:
+                        time.sleep(0.002)
+                    self.members = latest
+                    self.connection.locations()
+                    break
+                done.add(node)
 
     def _shaped(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """A batch in the channel's declared schema (columns by position: Spark's names and

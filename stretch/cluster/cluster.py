@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import pickle
 import secrets
 import shutil
 import tempfile
@@ -42,11 +43,11 @@ from pathlib import Path
 import pyarrow as pa
 
 from stretch.cluster import recovery
-from stretch.cluster.client import ClusterConnection, ClusterWriter
+from stretch.cluster.client import MEMBERS_FILE, ClusterConnection, ClusterWriter, Members
 from stretch.cluster.driver import DriverServer
 from stretch.cluster.elasticity import NodeElasticity
 from stretch.cluster.launchers import LocalNodes, SparkNodes
-from stretch.cluster.node import cluster_inputs
+from stretch.cluster.node import broadcast_channels, cluster_inputs
 from stretch.cluster.recovery import NodeLost
 from stretch.cluster.routing import (
     RoutingStore,
@@ -110,6 +111,7 @@ class StretchCluster:
         self._owns_directory = owns_directory
         self._nodes: dict[str, _Node] = {}
         self._jobs: dict[str, bytes] = {}  # job name -> its pickled plan and config
+        self._broadcast: set[str] = set()  # the jobs with broadcast state
         self._next = 0
         self._secret = ""
         self.store = RoutingStore(directory)
@@ -231,6 +233,7 @@ class StretchCluster:
             self.store.save(self.table)
         for node_id in ids:
             self._own(node_id)
+        self._publish_members(ids)
         self._serve()
 
     def _serve(self) -> None:
@@ -297,8 +300,11 @@ class StretchCluster:
                 "own",
                 {"version": stored.version, "key_groups": [], "max_parallelism": self.max_parallelism},
             )
+        self._publish_members(fresh)
         for name, blob in jobs.items():
             self._jobs[name] = blob
+            if entries[name].get("broadcast"):
+                self._broadcast.add(name)
             self._outputs[name] = entries[name].get("outputs", [])
             for node_id in fresh:
                 self.connection.action(node_id, "submit", blob)
@@ -381,21 +387,13 @@ class StretchCluster:
                 f"job {name!r} enables checkpointing: give the cluster a checkpoint directory every node "
                 "can read (StretchCluster.local(..., checkpoint_dir=...) or on_spark(..., checkpoint_dir=...))"
             )
-        broadcast = [
-            s.name for s in plan.stages if s.operator is not None and s.operator.kind == "broadcast_process"
-        ]
-        if broadcast:
-            raise ValueError(
-                f"job {name!r} has broadcast state ({', '.join(broadcast)}), which a cluster does not "
-                "support yet: its nodes are fed by key group, so only one node would get the broadcast "
-                "elements; run the job on one node engine (env.execute_async without cluster=)"
-            )
         if plan.max_parallelism != self.max_parallelism:
             raise ValueError(
                 f"job {name!r} has max parallelism {plan.max_parallelism}; the cluster routes "
                 f"{self.max_parallelism} key groups: set env.set_max_parallelism({self.max_parallelism})"
             )
         inputs = cluster_inputs(plan)
+        broadcast = broadcast_channels(plan)
         checkpointed = bool(config.checkpointing)
         # the nodes checkpoint the job (not its engine): its channels stay fed straight, as the
         # handoff's barrier needs, and the node journals what it takes
@@ -414,6 +412,9 @@ class StretchCluster:
             if channel is not None:
                 types[channel] = type_info.to_json() if type_info is not None else None
         jobs[name] = {"inputs": inputs, "types": types}
+        if broadcast:  # writers send their rows to every node (client.Members)
+            jobs[name]["broadcast"] = broadcast
+            self._broadcast.add(name)
         if checkpointed:  # a restarted driver runs it again, from the checkpoint directory
             (self.directory / "jobs").mkdir(mode=0o700, exist_ok=True)
             spec_name = f"{job_dir_name(name)}.job"
@@ -562,6 +563,9 @@ class StretchCluster:
     def _forget(self, node_id: str) -> None:
         """A node that died: out of the cluster (its process reaped)."""
         self._nodes.pop(node_id, None)
+        members = Members.load(self.directory)
+        if node_id in members.nodes:  # writers of broadcast rows stop waiting for it
+            self._publish_members([n for n in members.nodes if n != node_id])
         self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
         self.connection.forget(node_id)
         self.launcher.stop(node_id)
@@ -598,7 +602,7 @@ class StretchCluster:
     def _add_node(self) -> HandoffReport:
         node_id = f"node-{self._next}"
         self._next += 1
-        self._start_node(node_id)
+        self._start_joining(node_id)
         self.connection.action(
             node_id,
             "own",
@@ -619,9 +623,56 @@ class StretchCluster:
         if node not in self._nodes:
             raise LookupError(f"no node {node!r} in the cluster (nodes: {self.nodes})")
         report = self._handoff(plan_remove_node(self.table, node))
+        self._leave_members(node)
         self.connection.action(node, "retire")
         self._stop_node(node)
         return report
+
+    # ---- broadcast membership: the nodes that take every broadcast row (client.Members) --------
+    def _publish_members(self, nodes: list[str], version: int | None = None) -> int:
+        """Publish the broadcast membership, as its next version unless ``version`` is given."""
+        if version is None:
+            try:
+                version = Members.load(self.directory).version + 1
+            except LookupError:
+                version = 0
+        self._write(MEMBERS_FILE, {"version": version, "nodes": list(nodes)})
+        return version
+
+    def _start_joining(self, node_id: str) -> None:
+        """Start a node that joins the cluster, its jobs with broadcast state starting from the
+        broadcast state a member holds. That member is fenced first (from then on it refuses
+        broadcast rows of the current membership, and parks its broadcast state as of every row it
+        took before); the new node's jobs start from that state; only then is the next membership,
+        with the new node, published: so every broadcast row reaches the new node exactly once,
+        in the copied state or sent to it (see client.ClusterWriter)."""
+        self._nodes[node_id] = _Node(node_id, self.launcher.start(node_id, self._secret, self.tls))
+        self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
+        for name, blob in self._jobs.items():
+            if name not in self._broadcast:
+                self.connection.action(node_id, "submit", blob)
+                self._ran_on(name, [node_id])
+        members = Members.load(self.directory)
+        version, nodes = members.version + 1, list(members.nodes)
+        try:
+            if self._broadcast:
+                fenced = self.connection.action(nodes[0], "broadcast_fence", {"members": version})
+                for name in sorted(self._broadcast):
+                    table = self.connection.get(nodes[0], f"broadcast:{fenced['tickets'][name]}")
+                    states = dict(zip(table.column("operator").to_pylist(), table.column("state").to_pylist()))
+                    body = {"spec": self._jobs[name], "states": states, "marks": fenced["marks"][name]}
+                    self.connection.action(node_id, "join", pickle.dumps({**body, "members": version}))
+                    self._ran_on(name, [node_id])
+            nodes.append(node_id)
+        finally:  # the fenced member takes rows of this version on, the new node in it or not
+            self._publish_members(nodes, version)
+
+    def _leave_members(self, node_id: str) -> None:
+        """A node leaving (its key groups handed away) takes no more broadcast rows: the
+        membership without it first, then the node refuses writers that still send it some."""
+        members = Members.load(self.directory)
+        self._publish_members([n for n in members.nodes if n != node_id])
+        self.connection.action(node_id, "broadcast_leave")
 
     def _state_bytes_per_key_group(self, moves: dict[int, str]) -> dict[int, float]:
         """Each moving key group's share of its node's state (the nodes' jobs' state bytes over

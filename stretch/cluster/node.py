@@ -47,8 +47,11 @@ from pyarrow import flight
 from stretch.channels import open_writer
 from stretch.cluster import recovery
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
+from stretch.datastream.broadcast_stream import input_side, keyed_input_field
 from stretch.datastream.job_client import JobClient
+from stretch.datastream.two_inputs import LEFT, RIGHT
 from stretch.jobs import find
+from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.channel_log import ChannelLog
 from stretch.runtime.coordinator import Coordinator
 from stretch.state.arena import Arena
@@ -70,6 +73,8 @@ from stretch.state.snapshot import (
 SECRET_HEADER = "x-stretch-cluster-secret"
 SECRET_ENV = "STRETCH_CLUSTER_SECRET"
 NOT_OWNER = "NOT_OWNER"
+NOT_MEMBER = "NOT_MEMBER"  # a broadcast write of an older membership than the node is at
+LEFT_CLUSTER = 1 << 62  # the membership version of a node that left: it takes no broadcast row
 
 
 class SecretCheck(flight.ServerMiddlewareFactory):
@@ -102,6 +107,7 @@ def cluster_inputs(plan) -> dict[str, object]:
     straight by an input channel keyed by that field (re-keying across nodes goes through Spark).
     """
     inputs, fed = {}, set()
+    feeds = broadcast_feeds(plan)
     for stage in plan.stages:
         name = getattr(stage.source, "channel_name", None)
         if stage.kind == "source" and name is None:
@@ -109,6 +115,12 @@ def cluster_inputs(plan) -> dict[str, object]:
                 f"source {stage.name!r} is not an input channel: on a cluster a job reads its input "
                 "from channels (ChannelSource) that the cluster's writers route by key group"
             )
+        if name in feeds:  # an input of a broadcast operator
+            field, gate = feeds[name]
+            if field is not BROADCAST:
+                inputs[name] = field
+                fed.add(gate)
+            continue
         if name is not None:
             if not stage.direct:
                 raise ValueError(
@@ -126,6 +138,85 @@ def cluster_inputs(plan) -> dict[str, object]:
     return inputs
 
 
+BROADCAST = object()  # broadcast_feeds' mark of a channel whose rows every node takes
+
+
+def broadcast_channels(plan) -> list[str]:
+    """The input channels a job reads as broadcast streams: their rows go to every node."""
+    return [name for name, (field, _gate) in broadcast_feeds(plan).items() if field is BROADCAST]
+
+
+def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
+    """Input channel -> (key field, or ``BROADCAST``; the gate it feeds) of each channel that feeds
+    a broadcast operator, else a ValueError saying why the job cannot run on a cluster.
+
+    The keyed input must be keyed by a field of the channel's records right away, as any keyed
+    input on a cluster; the broadcast input may pass stateless steps first (every node runs them
+    on every row), but no sink: each node would write every one of its records."""
+    gates = {
+        s.input_gate: s
+        for s in plan.stages
+        if s.kind == "keyed" and s.operator is not None and s.operator.kind == "broadcast_process"
+    }
+    feeds: dict[str, tuple[object, int]] = {}
+    if not gates:
+        return feeds
+    for stage in plan.stages:
+        name = getattr(stage.source, "channel_name", None)
+        if name is None:
+            continue
+        steps = list(_walk_steps(stage.chain))
+        targets = {step.gate for step, _parent in steps if step.kind == "to_gate" and step.gate in gates}
+        if not targets:
+            continue
+        gate = min(targets)
+        operator = gates[gate]
+        sides = {input_side(step.fn) for step, _parent in steps if step.kind == "map"} - {None}
+        if sides == {LEFT}:
+            chain = stage.chain
+            head = chain[0] if len(chain) == 1 else None
+            if head is None or input_side(head.fn) != LEFT or len(head.children) != 1:
+                raise ValueError(
+                    f"input channel {name!r} is not keyed by a field right away: on a cluster, key the "
+                    "channel's records by a field first (key_by('field') or key_by(position)), then "
+                    "connect the broadcast stream"
+                )
+            field = keyed_input_field(operator.operator.key.selector)
+            if field is None:
+                raise ValueError(
+                    f"operator {operator.name!r} reads input channel {name!r} "
+                    + (
+                        "keyed by a function: on a cluster, key the channel's records by a field "
+                        "(key_by('field') or key_by(position))"
+                        if operator.operator.fn.keyed
+                        else "without a key: on a cluster rows are routed by key group, so key the "
+                        "stream by a field and use a KeyedBroadcastProcessFunction"
+                    )
+                )
+            feeds[name] = (field, gate)
+            continue
+        for step, parent in steps:
+            side = input_side(parent.fn) if parent is not None else None
+            if step.kind == "to_gate" and (step.gate not in gates or side != RIGHT):
+                raise ValueError(
+                    f"input channel {name!r} feeds operator {step.name!r} besides being broadcast: on a "
+                    "cluster every node takes every row of a broadcast channel, so it may feed nothing else"
+                )
+            if step.kind in ("to_sink", "to_chained_sink", "side"):
+                raise ValueError(
+                    f"input channel {name!r} is broadcast and also written to a sink: on a cluster every "
+                    "node takes every row of a broadcast channel, so each node would write each record"
+                )
+        feeds[name] = (BROADCAST, gate)
+    return feeds
+
+
+def _walk_steps(steps, parent=None):
+    for step in steps:
+        yield step, parent
+        yield from _walk_steps(step.children, step)
+
+
 class NodeJob:
     """One job as this node runs it: under the name ``<job>@<node>`` so that nodes on one host
     keep apart their control sockets and output logs.
@@ -134,14 +225,29 @@ class NodeJob:
     it takes before the job sees it, and its output channels show only what a checkpoint of the
     node covers (``commit``), so that another node can restore its key groups exactly."""
 
-    def __init__(self, name: str, node_id: str, plan, config, checkpoint_dir: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        node_id: str,
+        plan,
+        config,
+        checkpoint_dir: str | None = None,
+        broadcast_start: dict[str, bytes] | None = None,
+    ):
         self.name = name
         self.node_id = node_id
         self.inputs = cluster_inputs(plan)
+        self.broadcast = broadcast_channels(plan)  # every node takes all their rows
+        self.broadcast_marks: dict[tuple[str, str], int] = {}  # (channel, query) -> last batch taken
+        self.broadcast_ops = {
+            s.name: s.id for s in plan.stages if s.operator is not None and s.operator.kind == "broadcast_process"
+        }
         self.max_parallelism = plan.max_parallelism
         self.keyed = [s.name for s in plan.stages if s.kind == "keyed"]
         self.checkpoint_dir = checkpoint_dir
         self.coordinator = Coordinator(plan, f"{name}@{node_id}", config)
+        for operator, state in (broadcast_start or {}).items():  # before any instance starts
+            self.coordinator.broadcast_start[self.broadcast_ops[operator]] = state
         self.client = JobClient(self.coordinator)._start()
         self.job = find(self.client)
         self.writers: dict = {}
@@ -185,6 +291,30 @@ class NodeJob:
                     raise TimeoutError(f"output {runner.spec.name!r} of job {self.name!r} did not catch up")
                 time.sleep(0.001)
 
+    def drain(self, timeout: float = 60.0) -> None:
+        """Return once the job's sources read every row appended to the channels they read (those
+        not keyed right away, such as a broadcast operator's inputs): a barrier through the keyed
+        gates then covers them too."""
+        deadline = time.monotonic() + timeout
+        for channel, gate in self.coordinator.channels.inputs.items():
+            tail = gate.tail
+            while gate.cursor(0) < tail and self.coordinator.status.name == "RUNNING":
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the source of channel {channel!r} of job {self.name!r} did not catch up")
+                time.sleep(0.001)
+
+    def broadcast_states(self) -> dict[str, bytes]:
+        """Each broadcast operator's broadcast state (pickled), as of the rows barriered so far:
+        the latest version its board holds."""
+        states = {}
+        for operator, stage_id in self.broadcast_ops.items():
+            board = BroadcastBoard.attach(self.coordinator.resources.boards[stage_id])
+            try:
+                states[operator] = board.before(1 << 40) or b""
+            finally:
+                board.close()
+        return states
+
     def journal_offsets(self) -> dict[str, int]:
         return {channel: log.end_offset for channel, log in self.journals.items()}
 
@@ -197,7 +327,7 @@ class NodeJob:
     def writer(self, channel: str):
         w = self.writers.get(channel)
         if w is None:
-            if channel not in self.inputs:
+            if channel not in self.inputs and channel not in self.broadcast:
                 raise KeyError(
                     f"job {self.name!r} has no input channel {channel!r} (inputs: {sorted(self.inputs)})"
                 )
@@ -248,6 +378,8 @@ class NodeServer(flight.FlightServerBase):
         self._tickets = itertools.count()
         self.max_parallelism: int | None = None
         self.checkpoint_dir = checkpoint_dir
+        self.members = 0  # broadcast writes of an older membership version are refused (cluster.members)
+        self.parked_broadcast: dict[str, dict[str, bytes]] = {}  # fenced broadcast states for a do_get
         if checkpoint_dir is not None:  # a node id starts afresh: nothing of an earlier node of that id
             shutil.rmtree(recovery.node_dir(checkpoint_dir, node_id), ignore_errors=True)
             recovery.save_manifest(checkpoint_dir, node_id, recovery.load_manifest(checkpoint_dir, node_id))
@@ -271,6 +403,9 @@ class NodeServer(flight.FlightServerBase):
         batch = batch[0]
         with self.lock:
             job = self._job(cmd["job"])
+            if cmd["channel"] in job.broadcast:
+                self._write_broadcast(job, cmd, batch)
+                return
             field = job.inputs.get(cmd["channel"])
             if field is None:
                 raise flight.FlightServerError(
@@ -294,6 +429,23 @@ class NodeServer(flight.FlightServerBase):
             if rows.num_rows:
                 job.take(cmd["channel"], rows, query, batch_id)
                 mark[np.unique(kgs[fresh])] = batch_id
+
+    def _write_broadcast(self, job: NodeJob, cmd: dict, batch: pa.RecordBatch) -> None:
+        """Rows of a broadcast channel: every node takes them all, each (query, batch) at most once
+        per node; refused (``NOT_MEMBER``) if the writer's membership is older than this node's
+        (a node joined, copying this one's broadcast state: the writer must send it the rows too)."""
+        given = cmd.get("members")
+        if given is None or given < self.members:
+            raise flight.FlightServerError(
+                f"{NOT_MEMBER} members={self.members}: node {self.node_id} takes broadcast rows of "
+                f"membership {self.members} on only (the writer's is {given}); reload the members"
+            )
+        query, batch_id = cmd.get("query"), cmd.get("batch")
+        if query is not None:
+            if batch_id <= job.broadcast_marks.get((cmd["channel"], query), -1):
+                return
+            job.broadcast_marks[(cmd["channel"], query)] = batch_id
+        job.take(cmd["channel"], batch, query, batch_id)
 
     def _load(self, cmd: dict, batches: list[pa.RecordBatch]) -> None:
         self._load_into(self._job(cmd["job"]), cmd["operator"], cmd["description"], batches)
@@ -319,6 +471,12 @@ class NodeServer(flight.FlightServerBase):
         if kind == "snapshot":
             batches = self.parked.pop(rest, [])
             return flight.RecordBatchStream(pa.Table.from_batches(batches, SNAPSHOT_SCHEMA))
+        if kind == "broadcast":  # a fenced job's broadcast states: one row per broadcast operator
+            states = self.parked_broadcast.pop(rest, {})
+            table = pa.table(
+                {"operator": pa.array(list(states), pa.string()), "state": pa.array(list(states.values()), pa.large_binary())}
+            )
+            return flight.RecordBatchStream(table)
         if kind == "state":
             job_name, _, operator = rest.partition(":")
             job = self._job(job_name)
@@ -343,7 +501,46 @@ class NodeServer(flight.FlightServerBase):
         return job
 
     def _act_submit(self, body: bytes) -> dict:
-        spec = cloudpickle.loads(body)  # the caller holds the cluster's secret
+        return self._submit(cloudpickle.loads(body))  # the caller holds the cluster's secret
+
+    def _act_join(self, body: bytes) -> dict:
+        """Submit a job with broadcast state on a node that joins the cluster: its broadcast
+        operators start from the state another node held at its fence (``broadcast_fence``), with
+        that node's broadcast marks, and it takes broadcast rows of membership ``members`` on."""
+        msg = cloudpickle.loads(body)
+        spec = cloudpickle.loads(msg["spec"])
+        reply = self._submit(spec, msg["states"])
+        with self.lock:
+            job = self._job(spec["name"])
+            for channel, query, batch in msg["marks"]:
+                job.broadcast_marks[(channel, query)] = batch
+            self.members = max(self.members, msg["members"])
+        return reply
+
+    def _act_broadcast_fence(self, body: bytes) -> dict:
+        """From now on refuse broadcast rows of a membership older than ``members``, and park each
+        job's broadcast state as of every broadcast row taken before (for a ``do_get``
+        ``broadcast:<ticket>``), with its broadcast marks: what a joining node starts from."""
+        msg = json.loads(body)
+        with self.lock:
+            self.members = max(self.members, msg["members"])
+            jobs = [job for job in self.jobs.values() if job.broadcast_ops]
+            marks = {job.name: [[c, q, b] for (c, q), b in job.broadcast_marks.items()] for job in jobs}
+        tickets = {}
+        for job in jobs:  # no broadcast row comes in meanwhile: none of the new membership is sent yet
+            barrier_all(job)
+            ticket = tickets[job.name] = str(next(self._tickets))
+            self.parked_broadcast[ticket] = job.broadcast_states()
+        return {"tickets": tickets, "marks": marks}
+
+    def _act_broadcast_leave(self, body: bytes) -> dict:
+        """A node leaving the cluster takes no more broadcast rows: writers still sending it some
+        learn the membership without it."""
+        with self.lock:
+            self.members = LEFT_CLUSTER
+        return {"ok": True}
+
+    def _submit(self, spec: dict, broadcast_start: dict[str, bytes] | None = None) -> dict:
         with self.lock:
             if spec["name"] in self.jobs:
                 raise flight.FlightServerError(f"job {spec['name']!r} already runs on node {self.node_id}")
@@ -352,7 +549,7 @@ class NodeServer(flight.FlightServerBase):
                     "every job of a cluster must have the cluster's max parallelism"
                 )
             durable = self.checkpoint_dir if spec.get("checkpointed") else None
-            job = NodeJob(spec["name"], self.node_id, spec["plan"], spec["config"], durable)
+            job = NodeJob(spec["name"], self.node_id, spec["plan"], spec["config"], durable, broadcast_start)
             self.jobs[spec["name"]] = job
             if durable is not None:  # where its output starts, should the node die before a checkpoint
                 manifest = recovery.load_manifest(durable, self.node_id)
@@ -608,7 +805,7 @@ class NodeServer(flight.FlightServerBase):
         that each job finishes, its outputs complete and readable after the node is gone."""
         with self.lock:
             for job in self.jobs.values():
-                for channel in job.inputs:
+                for channel in [*job.inputs, *job.broadcast]:
                     job.writer(channel).end()
         return {name: self._act_wait(json.dumps({"job": name}).encode())["status"] for name in self.jobs}
 
@@ -632,8 +829,10 @@ def barrier_all(job: NodeJob) -> None:
     """Return once every keyed operator of ``job`` processed every row appended before this call.
 
     The engine's barrier places an epoch record at the current parallelism in the operator's
-    gate and returns when every instance has passed it.
+    gate and returns when every instance has passed it; rows of channels that pass a source stage
+    first (a broadcast operator's inputs) are drained into the gates before.
     """
+    job.drain()
     for operator in job.keyed:
         reply = job.client.control({"op": "barrier", "operator": operator})
         if not reply.get("ok"):
