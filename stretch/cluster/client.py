@@ -33,7 +33,6 @@ from stretch.common.records import schema_for, to_batch
 from stretch.common.typeinfo import TypeInformation
 from stretch.state.key_groups import key_groups_of
 
-
 MEMBERS_FILE = "members.json"
 
 
@@ -215,7 +214,9 @@ class ClusterWriter:
                 try:
                     self.connection.put(node, {**command, "members": self.members.version}, table)
                 except (flight.FlightServerError, flight.FlightUnavailableError, LookupError) as e:
-                    if NOT_MEMBER not in str(e) and not isinstance(e, (flight.FlightUnavailableError, LookupError)):
+                    if NOT_MEMBER not in str(e) and not isinstance(
+                        e, (flight.FlightUnavailableError, LookupError)
+                    ):
                         raise
                     if time.monotonic() > deadline:
                         raise NotOwner(

@@ -659,7 +659,9 @@ class StretchCluster:
                 fenced = self.connection.action(nodes[0], "broadcast_fence", {"members": version})
                 for name in sorted(self._broadcast):
                     table = self.connection.get(nodes[0], f"broadcast:{fenced['tickets'][name]}")
-                    states = dict(zip(table.column("operator").to_pylist(), table.column("state").to_pylist()))
+                    states = dict(
+                        zip(table.column("operator").to_pylist(), table.column("state").to_pylist())
+                    )
                     body = {"spec": self._jobs[name], "states": states, "marks": fenced["marks"][name]}
                     self.connection.action(node_id, "join", pickle.dumps({**body, "members": version}))
                     self._ran_on(name, [node_id])

@@ -240,7 +240,9 @@ class NodeJob:
         self.broadcast = broadcast_channels(plan)  # every node takes all their rows
         self.broadcast_marks: dict[tuple[str, str], int] = {}  # (channel, query) -> last batch taken
         self.broadcast_ops = {
-            s.name: s.id for s in plan.stages if s.operator is not None and s.operator.kind == "broadcast_process"
+            s.name: s.id
+            for s in plan.stages
+            if s.operator is not None and s.operator.kind == "broadcast_process"
         }
         self.max_parallelism = plan.max_parallelism
         self.keyed = [s.name for s in plan.stages if s.kind == "keyed"]
@@ -300,7 +302,9 @@ class NodeJob:
             tail = gate.tail
             while gate.cursor(0) < tail and self.coordinator.status.name == "RUNNING":
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"the source of channel {channel!r} of job {self.name!r} did not catch up")
+                    raise TimeoutError(
+                        f"the source of channel {channel!r} of job {self.name!r} did not catch up"
+                    )
                 time.sleep(0.001)
 
     def broadcast_states(self) -> dict[str, bytes]:
@@ -474,7 +478,10 @@ class NodeServer(flight.FlightServerBase):
         if kind == "broadcast":  # a fenced job's broadcast states: one row per broadcast operator
             states = self.parked_broadcast.pop(rest, {})
             table = pa.table(
-                {"operator": pa.array(list(states), pa.string()), "state": pa.array(list(states.values()), pa.large_binary())}
+                {
+                    "operator": pa.array(list(states), pa.string()),
+                    "state": pa.array(list(states.values()), pa.large_binary()),
+                }
             )
             return flight.RecordBatchStream(table)
         if kind == "state":

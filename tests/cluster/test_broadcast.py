@@ -1,0 +1,168 @@
+"""Broadcast state on a cluster: the rules channel reaches every node, a node added later starts
+from the rules the others hold, and the alerts and keyed state equal a plain-Python model."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+from stretch import channels
+from stretch.cluster import StretchCluster
+from stretch.cluster.client import Members, job_nodes
+from stretch.cluster.node import NOT_MEMBER
+from stretch.common.records import to_batch
+from stretch.datastream import BroadcastProcessFunction, StreamExecutionEnvironment
+from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from tests.cluster.jobs import ALERT, LIMITS, PAIR, RULE, Threshold, ThresholdModel, threshold_job
+
+KEYS = [f"user-{i}" for i in range(120)]
+
+
+def events(seed: int, count: int) -> list[tuple[str, int]]:
+    rng = random.Random(seed)
+    return [(rng.choice(KEYS), rng.randint(0, 60)) for _ in range(count)]
+
+
+def output(job: str, node: str) -> list[tuple]:
+    """What the job wrote on ``node`` so far (its output log stays readable after the node left)."""
+    where = channels.locate_output(f"{job}@{node}", "out")
+    with channels.OutputLog(where["log"]) as log:
+        return [tuple(row.values()) for batch in log.read(log.start, log.end) for row in batch.to_pylist()]
+
+
+def wait_for(what, predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def acks(job: str, node: str) -> list[tuple]:
+    return [r for r in output(job, node) if r[0].startswith("rule:")]
+
+
+def alerts(job: str, nodes: list[str]) -> list[tuple]:
+    return [r for node in nodes for r in output(job, node) if not r[0].startswith("rule:")]
+
+
+def test_rules_reach_every_node_also_one_added_later_and_a_replay_changes_nothing():
+    """Rules, then events, a node added (the keys it takes must see the rules), a rule change and
+    a replayed rules batch, more events, a node removed, more events: the alerts and each key's
+    count of events over the limit are the model's. Each step waits until the job processed the
+    previous one, since a broadcast operator's two inputs have no order between them (as in Flink)."""
+    model = ThresholdModel()
+    job = "limits"
+    with StretchCluster.local(nodes=2, step=16) as cluster:
+        client = threshold_job().execute_async(job, cluster=cluster)
+        written = []
+
+        def send_events(writer, batch: int, rows) -> None:
+            writer.write(to_batch(rows, PAIR), query="events", batch=batch)
+            model.events(rows)
+            written.extend(rows)
+            nodes = job_nodes(cluster.address, job)  # removed ones too: their outputs stay
+            wait_for("the events' alerts", lambda: len(alerts(job, nodes)) == len(written))
+
+        with client.writer("rules") as rules, client.writer("events") as feed:
+            first = [("g0", 10), ("g1", 20), ("g2", 30), ("g3", 40)]
+            rules.write(to_batch(first, RULE), query="rules", batch=0)
+            model.rules(first)
+            wait_for("the rules on both nodes", lambda: all(len(acks(job, n)) == 4 for n in cluster.nodes))
+            send_events(feed, 0, events(1, 300))
+
+            added = cluster.add_node()
+            assert added.key_groups_moved > 0 and cluster.nodes == ["node-0", "node-1", "node-2"]
+            # a replay the added node must drop by the marks it copied with the rules
+            rules.write(to_batch(first, RULE), query="rules", batch=0)
+            send_events(feed, 1, events(2, 300))
+            moved = {k for k, *_ in output(job, "node-2")}
+            assert moved, "the added node took no event"
+
+            change = [("g0", 45), ("g2", 5)]
+            rules.write(to_batch(change, RULE), query="rules", batch=1)
+            rules.write(to_batch(first, RULE), query="rules", batch=0)  # Spark replays a micro-batch
+            model.rules(change)
+            wait_for(
+                "the rule change on every node",
+                lambda: [len(acks(job, n)) for n in cluster.nodes] == [6, 6, 2],
+            )
+            send_events(feed, 2, events(3, 300))
+
+            cluster.remove_node("node-0")
+            send_events(feed, 3, events(4, 300))
+            state = {r["key"]: r["over"] for r in client.query_state("threshold").to_pylist()}
+        client.cancel()
+
+    everywhere = ["node-0", "node-1", "node-2"]
+    assert sorted(alerts(job, everywhere)) == sorted(model.alerts)
+    assert state == {k: v for k, v in model.over.items()}
+    assert sorted(acks(job, "node-2")) == [("rule:g0", 45, -1, -1), ("rule:g2", 5, -1, -1)]
+
+
+def test_a_broadcast_write_of_an_older_membership_is_refused_and_the_writer_sends_it_again():
+    """A member fenced for a newer membership refuses a writer of the older one; the writer loads
+    the membership and sends the rows to the nodes that had not taken them, once each."""
+    job = "fenced"
+    with StretchCluster.local(nodes=2, step=16) as cluster:
+        client = threshold_job().execute_async(job, cluster=cluster)
+        members = Members.load(cluster.address)
+        assert members.nodes == ("node-0", "node-1")
+        with client.writer("rules") as rules:
+            rules.write(to_batch([("g1", 7)], RULE))
+            wait_for("the rule", lambda: all(len(acks(job, n)) == 1 for n in cluster.nodes))
+            cluster.connection.action("node-1", "broadcast_fence", {"members": members.version + 1})
+            command = {"op": "write", "job": job, "channel": "rules", "query": None, "batch": None}
+            with pytest.raises(flight.FlightServerError, match=NOT_MEMBER):
+                late = pa.Table.from_batches([to_batch([("g1", 8)], RULE)])
+                cluster.connection.put("node-1", {**command, "members": members.version}, late)
+            cluster._publish_members(["node-0", "node-1"], members.version + 1)
+            rules.write(to_batch([("g2", 9)], RULE))  # node-0 takes it, node-1 refuses, then takes it
+            assert rules.refusals == 1
+            wait_for("the second rule", lambda: all(len(acks(job, n)) == 2 for n in cluster.nodes))
+        client.cancel()
+    for node in ("node-0", "node-1"):
+        assert sorted(acks(job, node)) == [("rule:g1", 7, -1, -1), ("rule:g2", 9, -1, -1)]
+
+
+def _broadcast_job(keyed: bool = True, echo_rules: bool = False) -> StreamExecutionEnvironment:
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_max_parallelism(128)
+    rules = env.from_source(ChannelSource("rules", RULE, durable=False), None, "rules")
+    if echo_rules:
+        rules.sink_to(ChannelSink("echo"))
+    events = env.from_source(ChannelSource("events", PAIR, durable=False), None, "events")
+    if keyed:
+        events.key_by(0).connect(rules.broadcast(LIMITS)).process(Threshold(), ALERT).sink_to(
+            ChannelSink("out")
+        )
+    else:
+        events.connect(rules.broadcast(LIMITS)).process(Echo(), ALERT).sink_to(ChannelSink("out"))
+    return env
+
+
+class Echo(BroadcastProcessFunction):
+    def process_element(self, value, ctx):
+        yield value[0], value[1], -1, -1
+
+    def process_broadcast_element(self, value, ctx):
+        ctx.get_broadcast_state(LIMITS).put(*value)
+
+
+@pytest.mark.parametrize(
+    ("keyed", "echo_rules", "reason"),
+    [
+        (False, False, "without a key: on a cluster rows are routed by key group"),
+        (True, True, "is broadcast and also written to a sink"),
+    ],
+)
+def test_a_broadcast_job_a_cluster_cannot_route_is_refused_before_any_node_is_asked(
+    tmp_path, keyed, echo_rules, reason
+):
+    cluster = StretchCluster(tmp_path, 128, 8, owns_directory=False)  # no node: none may be asked
+    with pytest.raises(ValueError, match=reason):
+        _broadcast_job(keyed, echo_rules).execute_async("refused", cluster=cluster)
