@@ -166,3 +166,60 @@ def test_a_broadcast_job_a_cluster_cannot_route_is_refused_before_any_node_is_as
     cluster = StretchCluster(tmp_path, 128, 8, owns_directory=False)  # no node: none may be asked
     with pytest.raises(ValueError, match=reason):
         _broadcast_job(keyed, echo_rules).execute_async("refused", cluster=cluster)
+
+
+def test_a_killed_node_is_restored_on_nodes_that_hold_the_rules_already(tmp_path):
+    """A checkpointed job: the key groups of a node killed after a checkpoint are restored on the
+    others (its journal's events replayed there, seeing the rules they hold); broadcast rows are
+    not journaled for that, and writers of rules leave the dead node out."""
+    import os
+    import signal
+
+    model = ThresholdModel()
+    job = "guarded"
+    with StretchCluster.local(nodes=3, step=16, checkpoint_dir=tmp_path / "checkpoints") as cluster:
+        env = threshold_job()
+        env.enable_checkpointing()  # on demand: the test says when
+        client = env.execute_async(job, cluster=cluster)
+        written = []
+
+        def visible(predicate):  # a checkpointed job's output shows what a checkpoint covers
+            def check():
+                cluster.checkpoint()
+                return predicate()
+
+            return check
+
+        with client.writer("rules") as rules, client.writer("events") as feed:
+            first = [("g0", 10), ("g1", 20), ("g2", 30), ("g3", 40)]
+            rules.write(to_batch(first, RULE), query="rules", batch=0)
+            model.rules(first)
+            wait_for("the rules", visible(lambda: all(len(acks(job, n)) == 4 for n in cluster.nodes)))
+            for batch in (0, 1):
+                rows = events(10 + batch, 200)
+                feed.write(to_batch(rows, PAIR), query="events", batch=batch)
+                model.events(rows)
+                written.extend(rows)
+                if batch == 0:
+                    nodes = list(cluster.nodes)
+                    wait_for("the alerts", visible(lambda: len(alerts(job, nodes)) == len(written)))
+            os.kill(cluster.launcher.pids()["node-1"], signal.SIGKILL)  # batch 1 only in its journal
+            wait_for("the restore", lambda: cluster.recoveries, 120)
+            assert Members.load(cluster.address).nodes == ("node-0", "node-2")
+            feed.write(to_batch(rows, PAIR), query="events", batch=1)  # replayed: dropped
+            change = [("g1", 3)]
+            rules.write(to_batch(change, RULE), query="rules", batch=1)
+            model.rules(change)
+            live = ["node-0", "node-2"]
+            wait_for("the rule change", visible(lambda: [len(acks(job, n)) for n in live] == [5, 5]))
+            rows = events(12, 200)
+            feed.write(to_batch(rows, PAIR), query="events", batch=2)
+            model.events(rows)
+            written.extend(rows)
+            everywhere = ["node-0", "node-1", "node-2"]
+            wait_for("the alerts", visible(lambda: len(alerts(job, everywhere)) == len(written)))
+            state = {r["key"]: r["over"] for r in client.query_state("threshold").to_pylist()}
+        client.cancel()
+        assert cluster.recoveries[0]["rows_replayed"] > 0 and not cluster.supervisor_errors
+    assert sorted(alerts(job, everywhere)) == sorted(model.alerts)
+    assert state == dict(model.over)
