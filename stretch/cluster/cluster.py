@@ -62,6 +62,10 @@ from stretch.common import user_code
 from stretch.runtime.state_dir import channel_dir, job_dir_name, write_private
 from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
 
+NOT_RESUMED = (
+    "it has broadcast state, which the checkpoint directory does not keep (a node that dies is "
+    "restored on nodes that hold it; a restarted driver's new nodes would start without it)"
+)
 STEP_BYTES = 4 << 20
 """About the state a handoff step moves: its key groups wait while it is copied, so a step of a
 large state holds fewer key groups (at least one; a finer max parallelism makes finer steps)."""
@@ -303,8 +307,6 @@ class StretchCluster:
         self._publish_members(fresh)
         for name, blob in jobs.items():
             self._jobs[name] = blob
-            if entries[name].get("broadcast"):
-                self._broadcast.add(name)
             self._outputs[name] = entries[name].get("outputs", [])
             for node_id in fresh:
                 self.connection.action(node_id, "submit", blob)
@@ -415,7 +417,9 @@ class StretchCluster:
         if broadcast:  # writers send their rows to every node (client.Members)
             jobs[name]["broadcast"] = broadcast
             self._broadcast.add(name)
-        if checkpointed:  # a restarted driver runs it again, from the checkpoint directory
+        if checkpointed and broadcast:  # survives a node's death (the others hold the broadcast state)
+            jobs[name]["not_resumed"] = NOT_RESUMED
+        elif checkpointed:  # a restarted driver runs it again, from the checkpoint directory
             (self.directory / "jobs").mkdir(mode=0o700, exist_ok=True)
             spec_name = f"{job_dir_name(name)}.job"
             write_private(self.directory / "jobs" / spec_name, blob)
@@ -573,6 +577,14 @@ class StretchCluster:
     def job(self, name: str) -> ClusterJobClient:
         """The client of a job the cluster runs (one a restarted driver resumed, too)."""
         if name not in self._jobs:
+            try:
+                reason = (
+                    json.loads((self.directory / "jobs.json").read_text()).get(name, {}).get("not_resumed")
+                )
+            except FileNotFoundError:
+                reason = None
+            if reason:
+                raise LookupError(f"job {name!r} was not resumed: {reason}; submit it again")
             raise LookupError(f"the cluster runs no job {name!r} (jobs: {sorted(self._jobs)})")
         return ClusterJobClient(self, name)
 

@@ -223,3 +223,19 @@ def test_a_killed_node_is_restored_on_nodes_that_hold_the_rules_already(tmp_path
         assert cluster.recoveries[0]["rows_replayed"] > 0 and not cluster.supervisor_errors
     assert sorted(alerts(job, everywhere)) == sorted(model.alerts)
     assert state == dict(model.over)
+
+
+def test_a_restarted_driver_says_why_it_did_not_resume_a_job_with_broadcast_state(tmp_path):
+    """The checkpoint directory keeps no broadcast state, so a driver started again on the
+    cluster's directories (its nodes new) does not resume such a job, and says so."""
+    (tmp_path / "jobs.json").write_text("{}")
+    first = StretchCluster(tmp_path, 128, 8, owns_directory=False, checkpoint_dir=tmp_path / "ck")
+    env = threshold_job()
+    env.enable_checkpointing()
+    plan, config = env._compile(env._sinks)
+    first.submit(plan, "rules-job", config)  # no node yet: only the cluster's directory changes
+    first._stopping.set()  # the driver dies: what a next one finds is the directory as it is
+    second = StretchCluster(tmp_path, 128, 8, owns_directory=False, checkpoint_dir=tmp_path / "ck")
+    assert second._stored_jobs() == {}
+    with pytest.raises(LookupError, match="was not resumed: it has broadcast state"):
+        second.job("rules-job")
