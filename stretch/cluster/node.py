@@ -17,9 +17,16 @@ Calls (Flight):
 - ``do_put`` ``{"op": "load", job, operator, description}``: key groups' state (Arrow IPC
   key-group snapshot batches) into the operator's live arena, before the key groups are adopted.
 - ``do_get`` ``snapshot:<ticket>``: the state a ``release`` copied out; ``state:<job>:<operator>``:
-  an operator's keyed state here (one row per key).
+  an operator's keyed state here (one row per key); ``broadcast:<ticket>``: a job's broadcast
+  states a ``broadcast_fence`` parked (one row per broadcast operator).
 - actions (JSON): ``submit`` (a cloudpickled plan), ``own``, ``release``, ``adopt``, ``status``,
-  ``rescale``, ``end``, ``wait``, ``cancel``, ``retire``, ``shutdown``.
+  ``rescale``, ``end``, ``wait``, ``cancel``, ``retire``, ``shutdown``; for jobs with broadcast
+  state, ``broadcast_fence``, ``join`` (a pickled plan with the broadcast state it starts from)
+  and ``broadcast_leave``.
+
+Rows of a broadcast channel (a job's ``broadcast(descriptor)`` input) are not owned by key group:
+every node of the broadcast membership takes them all, each (query, batch) once per node, and
+refuses (``NOT_MEMBER``) writers of a membership older than the one it was fenced for.
 
 Run as ``python -m stretch.cluster.node --node-id ID`` with the secret in the environment
 (``STRETCH_CLUSTER_SECRET``, never on the command line) and, for mutual TLS, the paths of its
