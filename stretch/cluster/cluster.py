@@ -19,6 +19,10 @@ snapshot) and forgets it; the new owner loads it into its live arena and only th
 rows. Writers that meet a refusal reload the table and send
 again, so a key waits at most for its own step.
 
+Jobs with broadcast state run too: their broadcast channels go whole to every node of the
+broadcast membership (``members.json``), and a node that joins starts from a member's broadcast
+state, copied at a fence (see ``_start_joining`` and client.ClusterWriter).
+
 With a checkpoint directory (``checkpoint_dir``), checkpointed jobs run too: nodes journal what
 they take and checkpoint their key groups there, and a node that dies, at any point of a handoff
 too, is restored on the others; a driver that dies is resumed by the next one started on the same
@@ -340,10 +344,11 @@ class StretchCluster:
         tmp.write_text(text)
         tmp.replace(self.directory / name)
 
-    def _start_node(self, node_id: str) -> _Node:
+    def _start_node(self, node_id: str, jobs: dict[str, bytes] | None = None) -> _Node:
+        """Start a node running the cluster's jobs (or ``jobs``)."""
         node = self._nodes[node_id] = _Node(node_id, self.launcher.start(node_id, self._secret, self.tls))
         self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
-        for name, blob in self._jobs.items():
+        for name, blob in (self._jobs if jobs is None else jobs).items():
             self.connection.action(node_id, "submit", blob)
             self._ran_on(name, [node_id])
         return node
@@ -567,9 +572,10 @@ class StretchCluster:
     def _forget(self, node_id: str) -> None:
         """A node that died: out of the cluster (its process reaped)."""
         self._nodes.pop(node_id, None)
-        members = Members.load(self.directory)
-        if node_id in members.nodes:  # writers of broadcast rows stop waiting for it
-            self._publish_members([n for n in members.nodes if n != node_id])
+        with contextlib.suppress(LookupError):  # writers of broadcast rows stop waiting for it
+            members = Members.load(self.directory)
+            if node_id in members.nodes:
+                self._publish_members([n for n in members.nodes if n != node_id])
         self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
         self.connection.forget(node_id)
         self.launcher.stop(node_id)
@@ -658,12 +664,7 @@ class StretchCluster:
         took before); the new node's jobs start from that state; only then is the next membership,
         with the new node, published: so every broadcast row reaches the new node exactly once,
         in the copied state or sent to it (see client.ClusterWriter)."""
-        self._nodes[node_id] = _Node(node_id, self.launcher.start(node_id, self._secret, self.tls))
-        self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
-        for name, blob in self._jobs.items():
-            if name not in self._broadcast:
-                self.connection.action(node_id, "submit", blob)
-                self._ran_on(name, [node_id])
+        self._start_node(node_id, {n: b for n, b in self._jobs.items() if n not in self._broadcast})
         members = Members.load(self.directory)
         version, nodes = members.version + 1, list(members.nodes)
         try:

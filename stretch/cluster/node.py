@@ -452,11 +452,11 @@ class NodeServer(flight.FlightServerBase):
                 f"membership {self.members} on only (the writer's is {given}); reload the members"
             )
         query, batch_id = cmd.get("query"), cmd.get("batch")
-        if query is not None:
-            if batch_id <= job.broadcast_marks.get((cmd["channel"], query), -1):
-                return
-            job.broadcast_marks[(cmd["channel"], query)] = batch_id
+        if query is not None and batch_id <= job.broadcast_marks.get((cmd["channel"], query), -1):
+            return
         job.take(cmd["channel"], batch, query, batch_id)
+        if query is not None:
+            job.broadcast_marks[(cmd["channel"], query)] = batch_id
 
     def _load(self, cmd: dict, batches: list[pa.RecordBatch]) -> None:
         self._load_into(self._job(cmd["job"]), cmd["operator"], cmd["description"], batches)

@@ -112,3 +112,33 @@ class ThresholdModel:
             limit = self.limits.get(group_of(key))
             self.over[key] += limit is not None and n > limit
             self.alerts.append((key, n, -1 if limit is None else limit, self.over[key]))
+
+
+class Accumulate(KeyedBroadcastProcessFunction):
+    """Rules add to their group's total (applied twice or missed, a total shows it); each event
+    reports its group's total."""
+
+    def process_element(self, value, ctx):
+        key, n = value
+        yield key, n, ctx.get_broadcast_state(LIMITS).get(group_of(key)) or 0, -1
+
+    def process_broadcast_element(self, value, ctx):
+        group, delta = value
+        totals = ctx.get_broadcast_state(LIMITS)
+        totals.put(group, (totals.get(group) or 0) + delta)
+        yield f"rule:{group}", delta, -1, -1
+
+
+def accumulate_job() -> StreamExecutionEnvironment:
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.set_max_parallelism(128)
+    rules = env.from_source(ChannelSource("rules", RULE, durable=False), None, "rules").broadcast(LIMITS)
+    (
+        env.from_source(ChannelSource("events", PAIR, durable=False), None, "events")
+        .key_by(0)
+        .connect(rules)
+        .process(Accumulate(), ALERT)
+        .sink_to(ChannelSink("out"))
+    )
+    return env

@@ -4,6 +4,7 @@ from the rules the others hold, and the alerts and keyed state equal a plain-Pyt
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import pyarrow as pa
@@ -17,7 +18,17 @@ from stretch.cluster.node import NOT_MEMBER
 from stretch.common.records import to_batch
 from stretch.datastream import BroadcastProcessFunction, StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
-from tests.cluster.jobs import ALERT, LIMITS, PAIR, RULE, Threshold, ThresholdModel, threshold_job
+from tests.cluster.jobs import (
+    ALERT,
+    LIMITS,
+    PAIR,
+    RULE,
+    Threshold,
+    ThresholdModel,
+    accumulate_job,
+    group_of,
+    threshold_job,
+)
 
 KEYS = [f"user-{i}" for i in range(120)]
 
@@ -102,6 +113,64 @@ def test_rules_reach_every_node_also_one_added_later_and_a_replay_changes_nothin
     assert sorted(alerts(job, everywhere)) == sorted(model.alerts)
     assert state == {k: v for k, v in model.over.items()}
     assert sorted(acks(job, "node-2")) == [("rule:g0", 45, -1, -1), ("rule:g2", 5, -1, -1)]
+
+
+def test_rules_written_while_a_node_joins_reach_it_exactly_once():
+    """A thread writes rules (each adds to a group's total) before, while and after a node joins:
+    every node, the new one included, ends with the totals of all rules, each applied once (the
+    new node's from the state it copied, or sent to it after the copy)."""
+    job = "totals"
+    rng = random.Random(7)
+    deltas: list[list[tuple[str, int]]] = []
+    with StretchCluster.local(nodes=2, step=16) as cluster:
+        client = accumulate_job().execute_async(job, cluster=cluster)
+        errors = []
+        started, joined = threading.Event(), threading.Event()
+
+        def stream():
+            try:
+                with client.writer("rules") as rules:
+                    after = 0
+                    while after < 20:
+                        batch = [
+                            (f"g{rng.randrange(4)}", rng.randint(1, 9)) for _ in range(rng.randint(1, 3))
+                        ]
+                        rules.write(to_batch(batch, RULE))  # no (query, batch): each write once
+                        deltas.append(batch)
+                        after += joined.is_set()
+                        if len(deltas) == 10:
+                            started.set()
+                        time.sleep(0.01)
+            except BaseException as e:
+                errors.append(e)
+                started.set()
+
+        feeder = threading.Thread(target=stream)
+        feeder.start()
+        started.wait(120)
+        cluster.add_node()
+        joined.set()
+        feeder.join(300)
+        assert not errors, errors
+        count = sum(len(b) for b in deltas)
+        wait_for(
+            "the rules on the old nodes",
+            lambda: [len(acks(job, n)) for n in ("node-0", "node-1")] == [count] * 2,
+        )
+        direct = len(acks(job, "node-2"))
+        assert 0 < direct < count  # the rules before the copy came with it, the others were sent
+        expected: dict[str, int] = {}
+        for group, delta in (r for b in deltas for r in b):
+            expected[group] = expected.get(group, 0) + delta
+        with client.writer("events") as feed:
+            probe = [(key, 0) for key in KEYS]
+            feed.write(to_batch(probe, PAIR))
+        wait_for("the probes", lambda: len(alerts(job, cluster.nodes)) == len(probe))
+        seen = {(r[0], r[2]) for r in alerts(job, cluster.nodes)}
+        by_node = {n: {r[0] for r in alerts(job, [n])} for n in cluster.nodes}
+        client.cancel()
+    assert by_node["node-2"], "the new node took no key"
+    assert seen == {(key, expected.get(group_of(key), 0)) for key in KEYS}
 
 
 def test_a_broadcast_write_of_an_older_membership_is_refused_and_the_writer_sends_it_again():
