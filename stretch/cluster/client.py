@@ -7,12 +7,6 @@ moving); the writer then reloads the routing table and sends that part again, sp
 row is lost or sent twice. With ``query`` and ``batch`` (a Spark micro-batch), each key group of
 a node takes a (query, batch) at most once, so a replayed micro-batch changes nothing wherever
 its key groups are now (the marks move with the key groups).
-
-A broadcast channel (the rows of a job's ``broadcast(descriptor)`` stream) is not split: every
-node of the broadcast membership (``members.json``) takes the whole batch, each (query, batch) at
-most once per node. A node that joins copies the broadcast state of a member first; from then
-until the membership names it, that member refuses writers of the older membership, which load it
-again and send the rows to the nodes that have not taken them, the new one included.
 """
 
 from __future__ import annotations
@@ -73,6 +67,10 @@ class ClusterConnection:
     def locations(self) -> dict[str, str]:
         self._locations = json.loads((self.directory / "nodes.json").read_text())
         return self._locations
+
+    def members(self) -> Members:
+        """The cluster's broadcast membership now (``members.json``)."""
+        return Members.load(self.directory)
 
     def client(self, node: str) -> flight.FlightClient:
         c = self._clients.get(node)
@@ -137,14 +135,20 @@ class ClusterWriter:
     """Writes records into input channel ``channel`` of job ``job`` on the cluster at ``address``.
 
     ``key``: the field the job keys the channel by (the cluster knows it for jobs it was given).
+
+    A broadcast channel (the rows of a job's ``broadcast(descriptor)`` stream) is not split: every
+    node of the broadcast membership (``members.json``) takes the whole batch, each (query, batch)
+    at most once per node. A node that joins copies the broadcast state of a member first; from
+    then until the membership names it, that member refuses writers of the older membership, which
+    load it again and send the rows to the nodes that have not taken them, the new one included.
     """
 
     def __init__(self, address: str | Path, job: str, channel: str, key=None, retry_for: float = 60.0):
         self.connection = ClusterConnection(address)
         self.job, self.channel = job, channel
         info = json.loads((self.connection.directory / "jobs.json").read_text()).get(job, {})
-        self.broadcast = channel in info.get("broadcast", ())  # every node takes every row
         self.key = key if key is not None else info.get("inputs", {}).get(channel)
+        self.broadcast = channel in info.get("broadcast", ())  # every node takes every row
         if self.key is None and not self.broadcast:
             raise LookupError(f"no job {job!r} with input channel {channel!r} on the cluster; give key=")
         declared = info.get("types", {}).get(channel)
@@ -203,7 +207,7 @@ class ClusterWriter:
         that refuses (it knows a newer membership: a node joined, or it left) or is gone makes the
         writer load the membership again and send to the nodes that have not taken the rows yet."""
         if self.members is None:
-            self.members = Members.load(self.connection.directory)
+            self.members = self.connection.members()
         table = pa.Table.from_batches([part])
         done: set[str] = set()
         while True:
@@ -224,7 +228,7 @@ class ClusterWriter:
                             f"{self.retry_for} s: {e}"
                         ) from e
                     self.refusals += 1
-                    latest = Members.load(self.connection.directory)
+                    latest = self.connection.members()
                     if latest.version == self.members.version:
                         time.sleep(0.002)
                     self.members = latest

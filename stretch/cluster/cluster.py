@@ -239,9 +239,9 @@ class StretchCluster:
         self.table = stored if stored is not None else RoutingTable.initial(ids, self.max_parallelism)
         if stored is None:
             self.store.save(self.table)
+        self._publish_members(ids)  # the nodes that take broadcast rows
         for node_id in ids:
             self._own(node_id)
-        self._publish_members(ids)
         self._serve()
 
     def _serve(self) -> None:
