@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from stretch.cluster import recovery
+from stretch.cluster import broadcast_restore, recovery
 from stretch.cluster.client import MEMBERS_FILE, ClusterConnection, ClusterWriter, Members
 from stretch.cluster.driver import DriverServer
 from stretch.cluster.elasticity import NodeElasticity
@@ -66,10 +66,6 @@ from stretch.common import user_code
 from stretch.runtime.state_dir import channel_dir, job_dir_name, write_private
 from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
 
-NOT_RESUMED = (
-    "it has broadcast state, which the checkpoint directory does not keep (a node that dies is "
-    "restored on nodes that hold it; a restarted driver's new nodes would start without it)"
-)
 STEP_BYTES = 4 << 20
 """About the state a handoff step moves: its key groups wait while it is copied, so a step of a
 large state holds fewer key groups (at least one; a finer max parallelism makes finer steps)."""
@@ -308,16 +304,24 @@ class StretchCluster:
                 "own",
                 {"version": stored.version, "key_groups": [], "max_parallelism": self.max_parallelism},
             )
-        self._publish_members(fresh)
+        try:
+            previous = list(Members.load(self.directory).nodes)
+        except LookupError:
+            previous = list(old)
         for name, blob in jobs.items():
             self._jobs[name] = blob
             self._outputs[name] = entries[name].get("outputs", [])
-            for node_id in fresh:
-                self.connection.action(node_id, "submit", blob)
+            if entries[name].get("broadcast"):
+                self._broadcast.add(name)
+                self._resume_broadcast(name, blob, previous, fresh)
+            else:
+                for node_id in fresh:
+                    self.connection.action(node_id, "submit", blob)
             self._ran_on(name, fresh)
             interval = entries[name].get("interval_ms")
             if interval:
                 self._interval = min(self._interval or interval / 1000, interval / 1000)
+        self._publish_members(fresh)  # broadcast rows come now: after the old ones replayed
         pending = None
         try:
             step = json.loads((self.directory / "handoff.json").read_text())
@@ -335,6 +339,18 @@ class StretchCluster:
         (self.directory / "handoff.json").unlink(missing_ok=True)
         self._serve()
         self._supervise()
+
+    def _resume_broadcast(self, name: str, blob: bytes, previous: list[str], fresh: list[str]) -> None:
+        """Start a checkpointed job with broadcast state on a restarted driver's new nodes from an
+        old member's latest broadcast point, and replay that member's broadcast journal since (see
+        cluster.broadcast_restore): before the key groups are restored, so their replayed rows see
+        the broadcast state the old nodes had at their end."""
+        point = broadcast_restore.restore_point(self.checkpoint_dir, previous, name)
+        body = {"spec": blob, "states": point["states"], "marks": point["marks"], "members": 0}
+        replay = {"job": name, "node": point["node"], "journal": point["journal"]}
+        for node_id in fresh:
+            self.connection.action(node_id, "join", pickle.dumps(body))
+            self.connection.action(node_id, "broadcast_replay", replay)
 
     def _write(self, name: str, value) -> None:
         self._write_text(name, json.dumps(value))
@@ -422,9 +438,7 @@ class StretchCluster:
         if broadcast:  # writers send their rows to every node (client.Members)
             jobs[name]["broadcast"] = broadcast
             self._broadcast.add(name)
-        if checkpointed and broadcast:  # survives a node's death (the others hold the broadcast state)
-            jobs[name]["not_resumed"] = NOT_RESUMED
-        elif checkpointed:  # a restarted driver runs it again, from the checkpoint directory
+        if checkpointed:  # a restarted driver runs it again, from the checkpoint directory
             (self.directory / "jobs").mkdir(mode=0o700, exist_ok=True)
             spec_name = f"{job_dir_name(name)}.job"
             write_private(self.directory / "jobs" / spec_name, blob)
@@ -583,14 +597,6 @@ class StretchCluster:
     def job(self, name: str) -> ClusterJobClient:
         """The client of a job the cluster runs (one a restarted driver resumed, too)."""
         if name not in self._jobs:
-            try:
-                reason = (
-                    json.loads((self.directory / "jobs.json").read_text()).get(name, {}).get("not_resumed")
-                )
-            except FileNotFoundError:
-                reason = None
-            if reason:
-                raise LookupError(f"job {name!r} was not resumed: {reason}; submit it again")
             raise LookupError(f"the cluster runs no job {name!r} (jobs: {sorted(self._jobs)})")
         return ClusterJobClient(self, name)
 

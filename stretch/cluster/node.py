@@ -52,7 +52,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from stretch.channels import open_writer
-from stretch.cluster import recovery
+from stretch.cluster import broadcast_restore, recovery
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
 from stretch.datastream.broadcast_stream import input_side, keyed_input_field
 from stretch.datastream.job_client import JobClient
@@ -271,6 +271,13 @@ class NodeJob:
                 journal.register("checkpoint", 0)  # keeps what the latest checkpoint does not cover
             for _channel, _runner, log in self.outputs():
                 log.set_committed(log.end_offset)  # nothing shows before a checkpoint covers it
+        self.broadcast_journals: dict[str, ChannelLog] = {}  # replayed whole by a restarted driver
+        if checkpoint_dir is not None:
+            for channel in self.broadcast:
+                journal = self.broadcast_journals[channel] = recovery.open_journal(
+                    checkpoint_dir, node_id, name, channel
+                )
+                journal.register("checkpoint", 0)
 
     def outputs(self) -> list:
         """(channel, sink runner, log) of each output channel the job writes itself."""
@@ -283,7 +290,7 @@ class NodeJob:
     def take(self, channel: str, rows: pa.RecordBatch, query, batch_id) -> None:
         """Rows into the job: journaled first (a checkpointed job), so that a node restoring this
         node's key groups finds every row the job was given."""
-        journal = self.journals.get(channel)
+        journal = self.journals.get(channel, self.broadcast_journals.get(channel))
         if journal is not None:
             journal.append(recovery.tagged(rows, query, batch_id))
         self.writer(channel).write(rows)
@@ -361,8 +368,17 @@ class NodeJob:
         for a in self._arenas.values():
             a.close()
         self._arenas.clear()
-        for log in self.journals.values():
+        for log in [*self.journals.values(), *self.broadcast_journals.values()]:
             log.close()
+
+    def broadcast_point(self) -> dict:
+        """Its broadcast states, broadcast marks and broadcast journals' ends now (after a
+        flush): where a restarted driver's new nodes can start the job from."""
+        return {
+            "states": self.broadcast_states(),
+            "marks": [[c, q, b] for (c, q), b in self.broadcast_marks.items()],
+            "journal": {channel: log.end_offset for channel, log in self.broadcast_journals.items()},
+        }
 
 
 class NodeServer(flight.FlightServerBase):
@@ -528,6 +544,10 @@ class NodeServer(flight.FlightServerBase):
             job = self._job(spec["name"])
             for channel, query, batch in msg["marks"]:
                 job.broadcast_marks[(channel, query)] = batch
+            if job.checkpoint_dir is not None:  # a restarted driver may start from here
+                broadcast_restore.save_start(
+                    job.checkpoint_dir, self.node_id, job.name, msg["states"], msg["marks"]
+                )
             self.members = max(self.members, msg["members"])
         return reply
 
@@ -680,6 +700,7 @@ class NodeServer(flight.FlightServerBase):
         size = recovery.write_checkpoint(
             path, operators, marks, {"key_groups": kgs, "version": self.version, "node": self.node_id}
         )
+        points = self._save_broadcast(durable, path)
         owned = np.flatnonzero(self.owned).tolist()
         manifest = {
             "checkpoint": str(path),
@@ -694,11 +715,51 @@ class NodeServer(flight.FlightServerBase):
                 log.set_committed(outputs[job.name][channel])
             for channel, log in job.journals.items():  # whole segments before it go
                 log.commit("checkpoint", journal[job.name][channel])
+            for channel, log in job.broadcast_journals.items():
+                log.commit("checkpoint", points[job.name]["journal"][channel])
         # periodic checkpoints replace each other; a release's stays while its adopter needs it
         for old in directory.glob("c*"):
             if old != path and name.startswith("c"):
                 shutil.rmtree(old, ignore_errors=True)
         return {"path": str(path), "bytes": size, "key_groups": len(kgs)}
+
+    @staticmethod
+    def _save_broadcast(durable: list[NodeJob], path) -> dict[str, dict]:
+        """The broadcast point of each checkpointed job with broadcast state, saved next to a
+        checkpoint (its rows processed: the caller flushed them), for a restarted driver."""
+        points = {job.name: job.broadcast_point() for job in durable if job.broadcast_ops}
+        if points:
+            broadcast_restore.save_checkpoint(path, points)
+        return points
+
+    def _act_broadcast_replay(self, body: bytes) -> dict:
+        """Take again the broadcast rows an old node's journal holds of a job from ``journal``
+        (channel -> offset; from its first row if not given), each (query, batch) once: a
+        restarted driver's new node, started from that node's broadcast point."""
+        msg = json.loads(body)
+        taken = 0
+        with self.lock:
+            job = self._job(msg["job"])
+            for channel in job.broadcast:
+                directory = recovery.journal_dir(self.checkpoint_dir, msg["node"], job.name, channel)
+                try:
+                    log = ChannelLog(directory, create=False)
+                except LookupError:
+                    continue
+                try:
+                    start = max(int(msg["journal"].get(channel, 0)), log.start_offset)
+                    for batch in log.read(start, log.end_offset):
+                        query, batch_id = recovery.tag_of(batch)
+                        rows = batch.replace_schema_metadata(None)
+                        if query is not None and batch_id <= job.broadcast_marks.get((channel, query), -1):
+                            continue
+                        job.take(channel, rows, query, batch_id)
+                        if query is not None:
+                            job.broadcast_marks[(channel, query)] = batch_id
+                        taken += rows.num_rows
+                finally:
+                    log.close()
+        return {"rows_replayed": taken}
 
     def _act_checkpoint(self, body: bytes) -> dict:
         """Checkpoint the key groups this node owns (every checkpointed job's) into the cluster's

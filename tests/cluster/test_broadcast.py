@@ -294,17 +294,81 @@ def test_a_killed_node_is_restored_on_nodes_that_hold_the_rules_already(tmp_path
     assert state == dict(model.over)
 
 
-def test_a_restarted_driver_says_why_it_did_not_resume_a_job_with_broadcast_state(tmp_path):
-    """The checkpoint directory keeps no broadcast state, so a driver started again on the
-    cluster's directories (its nodes new) does not resume such a job, and says so."""
-    (tmp_path / "jobs.json").write_text("{}")
-    first = StretchCluster(tmp_path, 128, 8, owns_directory=False, checkpoint_dir=tmp_path / "ck")
-    env = threshold_job()
-    env.enable_checkpointing()
-    plan, config = env._compile(env._sinks)
-    first.submit(plan, "rules-job", config)  # no node yet: only the cluster's directory changes
-    first._stopping.set()  # the driver dies: what a next one finds is the directory as it is
-    second = StretchCluster(tmp_path, 128, 8, owns_directory=False, checkpoint_dir=tmp_path / "ck")
-    assert second._stored_jobs() == {}
-    with pytest.raises(LookupError, match="was not resumed: it has broadcast state"):
-        second.job("rules-job")
+DRIVER = """
+import json, os, sys
+from stretch.cluster import StretchCluster
+from stretch.common.records import to_batch
+from tests.cluster.jobs import PAIR, RULE, threshold_job
+from tests.cluster.test_broadcast import FIRST, CHANGE, events
+
+directory, checkpoints, name = sys.argv[1:4]
+cluster = StretchCluster.local(nodes=2, directory=directory, checkpoint_dir=checkpoints, step=16)
+print(json.dumps(list(cluster.launcher.pids().values())), flush=True)
+env = threshold_job()
+env.enable_checkpointing()
+client = env.execute_async(name, cluster=cluster)
+rules, feed = client.writer("rules"), client.writer("events")
+rules.write(to_batch(FIRST, RULE), query="rules", batch=0)
+cluster.checkpoint()  # its barrier: the rules are applied on both nodes
+feed.write(to_batch(events(20, 200), PAIR), query="events", batch=0)
+cluster.checkpoint()
+feed.write(to_batch(events(21, 200), PAIR), query="events", batch=1)  # only in the journals
+rules.write(to_batch(CHANGE, RULE), query="rules", batch=1)  # only in the broadcast journals
+os.kill(os.getpid(), 9)
+"""
+FIRST = [("g0", 10), ("g1", 20), ("g2", 30), ("g3", 40)]
+CHANGE = [("g0", 45), ("g2", 5)]
+
+
+def test_a_restarted_driver_starts_its_new_nodes_from_the_broadcast_state_the_old_ones_had(tmp_path):
+    """The driver is killed (its nodes end with it) after a checkpoint, with events and a rule
+    change taken since only into the journals; a driver started again on the same directories
+    starts the job on its new nodes from an old node's checkpointed broadcast state and replays
+    its broadcast journal (the rule change), then restores the key groups, whose replayed events
+    see the rules as they were at the end. Replays of both channels are dropped."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    directory, checkpoints, name = tmp_path / "cluster", tmp_path / "ck", "restarted-rules"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(directory), str(checkpoints), name], stdout=subprocess.PIPE
+    )
+    pids = json.loads(proc.stdout.readline())
+    proc.wait(300)
+    proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    wait_for("the old nodes' end", lambda: not any(os.path.exists(f"/proc/{pid}") for pid in pids))
+    model = ThresholdModel()
+    model.rules(FIRST)
+    model.events(events(20, 200))
+    model.rules(CHANGE)  # replayed before the key groups' events
+    model.events(events(21, 200))
+    with StretchCluster.local(nodes=2, directory=directory, checkpoint_dir=checkpoints) as cluster:
+        fresh = cluster.nodes
+        client = cluster.job(name)
+
+        def visible(predicate):
+            def check():
+                cluster.checkpoint()
+                return predicate()
+
+            return check
+
+        wait_for("the replayed rule change", visible(lambda: all(len(acks(name, n)) == 2 for n in fresh)))
+        with client.writer("rules") as rules, client.writer("events") as feed:
+            rules.write(to_batch(CHANGE, RULE), query="rules", batch=1)  # Spark replays: dropped
+            feed.write(to_batch(events(21, 200), PAIR), query="events", batch=1)  # dropped too
+            rows = events(22, 200)
+            feed.write(to_batch(rows, PAIR), query="events", batch=2)
+            model.events(rows)
+            nodes = job_nodes(cluster.address, name)
+            wait_for("the alerts", visible(lambda: len(alerts(name, nodes)) == len(model.alerts)))
+            state = {r["key"]: r["over"] for r in client.query_state("threshold").to_pylist()}
+        assert [sorted(acks(name, n)) for n in fresh] == [sorted(acks(name, fresh[0]))] * 2
+        assert sorted(acks(name, fresh[0])) == [("rule:g0", 45, -1, -1), ("rule:g2", 5, -1, -1)]
+        client.cancel()
+    assert sorted(alerts(name, nodes)) == sorted(model.alerts)
+    assert state == dict(model.over)
