@@ -405,7 +405,7 @@ class NodeServer(flight.FlightServerBase):
         self._tickets = itertools.count()
         self.max_parallelism: int | None = None
         self.checkpoint_dir = checkpoint_dir
-        self.members = 0  # broadcast writes of an older membership version are refused (cluster.members)
+        self.members = 0  # broadcast writes of an older membership are refused (client.Members)
         self.parked_broadcast: dict[str, dict[str, bytes]] = {}  # fenced broadcast states for a do_get
         if checkpoint_dir is not None:  # a node id starts afresh: nothing of an earlier node of that id
             shutil.rmtree(recovery.node_dir(checkpoint_dir, node_id), ignore_errors=True)
