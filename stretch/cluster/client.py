@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,13 +25,32 @@ import pyarrow as pa
 from pyarrow import flight
 
 from stretch.cluster.addresses import is_url
-from stretch.cluster.node import NOT_OWNER, SECRET_ENV, SECRET_HEADER, column_of
+from stretch.cluster.node import NOT_MEMBER, NOT_OWNER, SECRET_ENV, SECRET_HEADER, column_of
 from stretch.cluster.routing import RoutingStore, RoutingTable
 from stretch.cluster.shm_transport import NO_SHM, SharedBatches
 from stretch.cluster.tls import TLS_ENV, ClusterTLS
 from stretch.common.records import schema_for, to_batch
 from stretch.common.typeinfo import TypeInformation
 from stretch.state.key_groups import key_groups_of
+
+MEMBERS_FILE = "members.json"
+
+
+@dataclass(frozen=True)
+class Members:
+    """The nodes that take a broadcast channel's rows (``members.json``), version ``version``: a
+    node that joins is a member once it holds the broadcast state of the others."""
+
+    version: int
+    nodes: tuple[str, ...]
+
+    @classmethod
+    def load(cls, address: str | Path) -> Members:
+        try:
+            raw = json.loads((Path(address) / MEMBERS_FILE).read_text())
+        except FileNotFoundError:
+            raise LookupError(f"the cluster at {address} has no broadcast membership") from None
+        return cls(int(raw["version"]), tuple(raw["nodes"]))
 
 
 class NodeUnreachable(flight.FlightUnavailableError):
@@ -123,6 +143,15 @@ class ClusterConnection:
         else:
             self._locations = self.topology()["nodes"]
         return self._locations
+
+    def members(self) -> Members:
+        """The cluster's broadcast membership now (``members.json``, or the driver's answer)."""
+        if self.url is None:
+            return Members.load(self.directory)
+        raw = self.topology().get("members")
+        if raw is None:
+            raise LookupError(f"the cluster at {self.address} has no broadcast membership")
+        return Members(int(raw["version"]), tuple(raw["nodes"]))
 
     # ---- calls ----------------------------------------------------------------------------------
     def client(self, node: str) -> flight.FlightClient:
@@ -244,6 +273,12 @@ class ClusterWriter:
     (its directory, or its URL with ``secret`` and, for TLS, ``tls``: see ClusterConnection).
 
     ``key``: the field the job keys the channel by (the cluster knows it for jobs it was given).
+
+    A broadcast channel (the rows of a job's ``broadcast(descriptor)`` stream) is not split: every
+    node of the broadcast membership (``members.json``) takes the whole batch, each (query, batch)
+    at most once per node. A node that joins copies the broadcast state of a member first; from
+    then until the membership names it, that member refuses writers of the older membership, which
+    load it again and send the rows to the nodes that have not taken them, the new one included.
     """
 
     def __init__(
@@ -260,7 +295,8 @@ class ClusterWriter:
         self.job, self.channel = job, channel
         info = self.connection.jobs().get(job, {})
         self.key = key if key is not None else info.get("inputs", {}).get(channel)
-        if self.key is None:
+        self.broadcast = channel in info.get("broadcast", ())  # every node takes every row
+        if self.key is None and not self.broadcast:
             raise LookupError(f"no job {job!r} with input channel {channel!r} on the cluster; give key=")
         declared = info.get("types", {}).get(channel)
         self.type_info = TypeInformation.from_json(declared) if declared else None
@@ -269,6 +305,7 @@ class ClusterWriter:
         self.table: RoutingTable = self.connection.routing()
         self.refusals = 0  # parts sent again because their key groups had moved
         self.shared = SharedBatches()  # parts for nodes on this host go through shared memory
+        self.members: Members | None = None  # a broadcast channel's nodes, loaded at its first write
 
     def write(self, data, query: str | None = None, batch: int | None = None) -> None:
         """Send records (a RecordBatch, a Table or a list of tuples/Rows) to their nodes.
@@ -288,6 +325,10 @@ class ClusterWriter:
         command = {"op": "write", "job": self.job, "channel": self.channel, "query": query, "batch": batch}
         pending = [self._shaped(p) for p in parts if p.num_rows]
         deadline = time.monotonic() + self.retry_for
+        if self.broadcast:
+            for part in pending:
+                self._to_every_node(part, command, deadline)
+            return
         while pending:
             part = pending.pop(0)
             kgs = key_groups_of(column_of(part, self.key), len(self.table.owners))
@@ -323,6 +364,40 @@ class ClusterWriter:
                     raise
                 self.shared.refused(node)
         self.connection.put(node, command, pa.Table.from_batches([rows]))
+
+    def _to_every_node(self, part: pa.RecordBatch, command: dict, deadline: float) -> None:
+        """Rows of a broadcast channel to every node of the cluster's broadcast membership. A node
+        that refuses (it knows a newer membership: a node joined, or it left) or is gone makes the
+        writer load the membership again and send to the nodes that have not taken the rows yet."""
+        if self.members is None:
+            self.members = self.connection.members()
+        table = pa.Table.from_batches([part])
+        done: set[str] = set()
+        while True:
+            pending = [n for n in self.members.nodes if n not in done]
+            if not pending:
+                return
+            for node in pending:
+                try:
+                    self.connection.put(node, {**command, "members": self.members.version}, table)
+                except (flight.FlightServerError, flight.FlightUnavailableError, LookupError) as e:
+                    if NOT_MEMBER not in str(e) and not isinstance(
+                        e, (flight.FlightUnavailableError, LookupError)
+                    ):
+                        raise
+                    if time.monotonic() > deadline:
+                        raise NotOwner(
+                            f"broadcast rows of job {self.job!r} did not reach every node within "
+                            f"{self.retry_for} s: {e}"
+                        ) from e
+                    self.refusals += 1
+                    latest = self.connection.members()
+                    if latest.version == self.members.version:
+                        time.sleep(0.002)
+                    self.members = latest
+                    self.connection.locations()
+                    break
+                done.add(node)
 
     def _shaped(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """A batch in the channel's declared schema (columns by position: Spark's names and

@@ -22,6 +22,10 @@ snapshot) and forgets it; the new owner loads it into its live arena and only th
 rows. Writers that meet a refusal reload the table and send
 again, so a key waits at most for its own step.
 
+Jobs with broadcast state run too: their broadcast channels go whole to every node of the
+broadcast membership (``members.json``), and a node that joins starts from a member's broadcast
+state, copied at a fence (see ``_start_joining`` and client.ClusterWriter).
+
 With a checkpoint directory (``checkpoint_dir``), checkpointed jobs run too: nodes journal what
 they take and checkpoint their key groups there, and a node that dies, at any point of a handoff
 too, is restored on the others; a driver that dies is resumed by the next one started on the same
@@ -34,6 +38,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import pickle
 import secrets
 import shutil
 import tempfile
@@ -46,13 +51,13 @@ from pathlib import Path
 import pyarrow as pa
 
 from stretch import channels
-from stretch.cluster import recovery
+from stretch.cluster import broadcast_restore, recovery
 from stretch.cluster.addresses import LOOPBACK
-from stretch.cluster.client import ClusterConnection, ClusterWriter
+from stretch.cluster.client import MEMBERS_FILE, ClusterConnection, ClusterWriter, Members
 from stretch.cluster.driver import DriverServer
 from stretch.cluster.elasticity import NodeElasticity
 from stretch.cluster.launchers import LocalNodes, SparkNodes
-from stretch.cluster.node import cluster_inputs
+from stretch.cluster.node import broadcast_channels, cluster_inputs
 from stretch.cluster.recovery import NodeLost
 from stretch.cluster.routing import (
     RoutingStore,
@@ -120,6 +125,7 @@ class StretchCluster:
         self._owns_directory = owns_directory
         self._nodes: dict[str, _Node] = {}
         self._jobs: dict[str, bytes] = {}  # job name -> its pickled plan and config
+        self._broadcast: set[str] = set()  # the jobs with broadcast state
         self._next = 0
         self._secret = ""
         self.store = RoutingStore(directory)
@@ -258,6 +264,7 @@ class StretchCluster:
         self.table = stored if stored is not None else RoutingTable.initial(ids, self.max_parallelism)
         if stored is None:
             self.store.save(self.table)
+        self._publish_members(ids)  # the nodes that take broadcast rows
         for node_id in ids:
             self._own(node_id)
         self.started = True
@@ -328,13 +335,23 @@ class StretchCluster:
                 "own",
                 {"version": stored.version, "key_groups": [], "max_parallelism": self.max_parallelism},
             )
+        try:
+            previous = list(Members.load(self.directory).nodes)
+        except LookupError:
+            previous = list(old)
         for name, blob in jobs.items():
             self._jobs[name] = blob
             self._outputs[name] = entries[name].get("outputs", [])
-            self._ran_on(name, {node_id: self._submit(node_id, blob) for node_id in fresh})
+            if entries[name].get("broadcast"):
+                self._broadcast.add(name)
+                starts = self._resume_broadcast(name, blob, previous, fresh)
+            else:
+                starts = {node_id: self._submit(node_id, blob) for node_id in fresh}
+            self._ran_on(name, starts)
             interval = entries[name].get("interval_ms")
             if interval:
                 self._interval = min(self._interval or interval / 1000, interval / 1000)
+        self._publish_members(fresh)  # broadcast rows come now: after the old ones replayed
         try:
             self._restore_all(stored, old, fresh)
         except BaseException:  # nothing ran on the fresh nodes: readers must not look for them
@@ -368,6 +385,22 @@ class StretchCluster:
         self.started = True
         self._supervise()
 
+    def _resume_broadcast(
+        self, name: str, blob: bytes, previous: list[str], fresh: list[str]
+    ) -> dict[str, dict[str, int]]:
+        """Start a checkpointed job with broadcast state on a restarted driver's new nodes from an
+        old member's latest broadcast point, and replay that member's broadcast journal since (see
+        cluster.broadcast_restore): before the key groups are restored, so their replayed rows see
+        the broadcast state the old nodes had at their end."""
+        point = broadcast_restore.restore_point(self.checkpoint_dir, previous, name)
+        body = {"spec": blob, "states": point["states"], "marks": point["marks"], "members": 0}
+        replay = {"job": name, "node": point["node"], "journal": point["journal"]}
+        starts = {}
+        for node_id in fresh:
+            starts[node_id] = self.connection.action(node_id, "join", pickle.dumps(body)).get("outputs", {})
+            self.connection.action(node_id, "broadcast_replay", replay)
+        return starts
+
     def _write(self, name: str, value) -> None:
         self._write_text(name, json.dumps(value))
 
@@ -376,10 +409,11 @@ class StretchCluster:
         tmp.write_text(text)
         tmp.replace(self.directory / name)
 
-    def _start_node(self, node_id: str) -> _Node:
+    def _start_node(self, node_id: str, jobs: dict[str, bytes] | None = None) -> _Node:
+        """Start a node running the cluster's jobs (or ``jobs``)."""
         node = self._nodes[node_id] = _Node(node_id, self.launcher.start(node_id, self._secret, self.tls))
         self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
-        for name, blob in self._jobs.items():
+        for name, blob in (self._jobs if jobs is None else jobs).items():
             self._ran_on(name, {node_id: self._submit(node_id, blob)})
         return node
 
@@ -428,8 +462,9 @@ class StretchCluster:
         return self._secret
 
     def topology(self) -> dict:
-        """The routing table, the nodes' locations and the jobs (inputs, types, nodes), as the
-        driver answers them to callers by URL (the directory's files, read as they are now)."""
+        """The routing table, the nodes' locations, the jobs (inputs, types, nodes) and the
+        broadcast membership, as the driver answers them to callers by URL (the directory's files,
+        read as they are now)."""
         table = self.store.load()
         try:
             jobs = json.loads((self.directory / "jobs.json").read_text())
@@ -439,10 +474,15 @@ class StretchCluster:
         for entry in jobs.values():
             entry.pop("spec", None)
             entry.pop("interval_ms", None)
+        try:
+            members = json.loads((self.directory / MEMBERS_FILE).read_text())
+        except FileNotFoundError:
+            members = None
         return {
             "routing": json.loads(table.to_json()) if table is not None else None,
             "nodes": nodes,
             "jobs": jobs,
+            "members": members,
         }
 
     @property
@@ -465,21 +505,13 @@ class StretchCluster:
                 f"job {name!r} enables checkpointing: give the cluster a checkpoint directory every node "
                 "can read (StretchCluster.local(..., checkpoint_dir=...) or on_spark(..., checkpoint_dir=...))"
             )
-        broadcast = [
-            s.name for s in plan.stages if s.operator is not None and s.operator.kind == "broadcast_process"
-        ]
-        if broadcast:
-            raise ValueError(
-                f"job {name!r} has broadcast state ({', '.join(broadcast)}), which a cluster does not "
-                "support yet: its nodes are fed by key group, so only one node would get the broadcast "
-                "elements; run the job on one node engine (env.execute_async without cluster=)"
-            )
         if plan.max_parallelism != self.max_parallelism:
             raise ValueError(
                 f"job {name!r} has max parallelism {plan.max_parallelism}; the cluster routes "
                 f"{self.max_parallelism} key groups: set env.set_max_parallelism({self.max_parallelism})"
             )
         inputs = cluster_inputs(plan)
+        broadcast = broadcast_channels(plan)
         checkpointed = bool(config.checkpointing)
         # the nodes checkpoint the job (not its engine): its channels stay fed straight, as the
         # handoff's barrier needs, and the node journals what it takes
@@ -498,6 +530,9 @@ class StretchCluster:
             if channel is not None:
                 types[channel] = type_info.to_json() if type_info is not None else None
         jobs[name] = {"inputs": inputs, "types": types}
+        if broadcast:  # writers send their rows to every node (client.Members)
+            jobs[name]["broadcast"] = broadcast
+            self._broadcast.add(name)
         if checkpointed:  # a restarted driver runs it again, from the checkpoint directory
             (self.directory / "jobs").mkdir(mode=0o700, exist_ok=True)
             spec_name = f"{job_dir_name(name)}.job"
@@ -677,6 +712,10 @@ class StretchCluster:
     def _forget(self, node_id: str) -> None:
         """A node that died: out of the cluster (its process reaped)."""
         self._nodes.pop(node_id, None)
+        with contextlib.suppress(LookupError):  # writers of broadcast rows stop waiting for it
+            members = Members.load(self.directory)
+            if node_id in members.nodes:
+                self._publish_members([n for n in members.nodes if n != node_id])
         self._write("nodes.json", {n.id: n.location for n in self._nodes.values()})
         self.connection.forget(node_id)
         self.launcher.stop(node_id)
@@ -717,7 +756,7 @@ class StretchCluster:
     def _add_node(self) -> HandoffReport:
         node_id = f"node-{self._next}"
         self._next += 1
-        self._start_node(node_id)
+        self._start_joining(node_id)
         self.connection.action(
             node_id,
             "own",
@@ -739,10 +778,56 @@ class StretchCluster:
         if node not in self._nodes:
             raise LookupError(f"no node {node!r} in the cluster (nodes: {self.nodes})")
         report = self._handoff(plan_remove_node(self.table, node))
+        self._leave_members(node)
         self.connection.action(node, "retire")
         self._stop_node(node)
         self._collect_garbage()  # its journal: its key groups' new owners journal them now
         return report
+
+    # ---- broadcast membership: the nodes that take every broadcast row (client.Members) --------
+    def _publish_members(self, nodes: list[str], version: int | None = None) -> int:
+        """Publish the broadcast membership, as its next version unless ``version`` is given."""
+        if version is None:
+            try:
+                version = Members.load(self.directory).version + 1
+            except LookupError:
+                version = 0
+        self._write(MEMBERS_FILE, {"version": version, "nodes": list(nodes)})
+        return version
+
+    def _start_joining(self, node_id: str) -> None:
+        """Start a node that joins the cluster, its jobs with broadcast state starting from the
+        broadcast state a member holds. That member is fenced first (from then on it refuses
+        broadcast rows of the current membership, and parks its broadcast state as of every row it
+        took before); the new node's jobs start from that state; only then is the next membership,
+        with the new node, published: so every broadcast row reaches the new node exactly once,
+        in the copied state or sent to it (see client.ClusterWriter)."""
+        self._start_node(node_id, {n: b for n, b in self._jobs.items() if n not in self._broadcast})
+        members = Members.load(self.directory)
+        version, nodes = members.version + 1, list(members.nodes)
+        try:
+            if self._broadcast:
+                fenced = self.connection.action(nodes[0], "broadcast_fence", {"members": version})
+                for name in sorted(self._broadcast):
+                    table = self.connection.get(nodes[0], f"broadcast:{fenced['tickets'][name]}")
+                    states = dict(
+                        zip(table.column("operator").to_pylist(), table.column("state").to_pylist())
+                    )
+                    body = {"spec": self._jobs[name], "states": states, "marks": fenced["marks"][name]}
+                    joined = self.connection.action(
+                        node_id, "join", pickle.dumps({**body, "members": version})
+                    )
+                    self._ran_on(name, {node_id: joined.get("outputs", {})})
+            nodes.append(node_id)
+        finally:  # the fenced member takes rows of this version on, the new node in it or not
+            self._publish_members(nodes, version)
+
+    def _leave_members(self, node_id: str) -> None:
+        """A node leaving (its key groups handed away) takes no more broadcast rows: the
+        membership without it first, then the node refuses writers that still send it some."""
+        members = Members.load(self.directory)
+        self._publish_members([n for n in members.nodes if n != node_id])
+        self.connection.action(node_id, "broadcast_leave")
 
     def _state_bytes_per_key_group(self, moves: dict[int, str]) -> dict[int, float]:
         """Each moving key group's share of its node's state (the nodes' jobs' state bytes over

@@ -18,10 +18,18 @@ Calls (Flight):
   key-group snapshot batches) into the operator's live arena, before the key groups are adopted.
 - ``do_get`` ``snapshot:<ticket>``: the state a ``release`` copied out; ``state:<job>:<operator>``:
   an operator's keyed state here (one row per key); ``output:{job, channel, start, end}``: a range
-  of an output channel's log (see cluster.output_logs), for readers on other hosts.
+  of an output channel's log (see cluster.output_logs), for readers on other hosts;
+  ``broadcast:<ticket>``: a job's broadcast states a ``broadcast_fence`` parked (one row per
+  broadcast operator).
 - actions (JSON): ``submit`` (a cloudpickled plan), ``own``, ``release``, ``adopt``, ``status``,
   ``rescale``, ``end``, ``wait``, ``cancel``, ``retire``, ``shutdown``; for readers on other hosts
-  ``output`` (an output log's offsets and schema) and ``state_schema`` (an operator's).
+  ``output`` (an output log's offsets and schema) and ``state_schema`` (an operator's); for jobs
+  with broadcast state, ``broadcast_fence``, ``join`` (a pickled plan with the broadcast state it
+  starts from) and ``broadcast_leave``.
+
+Rows of a broadcast channel (a job's ``broadcast(descriptor)`` input) are not owned by key group:
+every node of the broadcast membership takes them all, each (query, batch) once per node, and
+refuses (``NOT_MEMBER``) writers of a membership older than the one it was fenced for.
 
 Run as ``python -m stretch.cluster.node --node-id ID`` with the secret in the environment
 (``STRETCH_CLUSTER_SECRET``, never on the command line) and, for mutual TLS, the paths of its
@@ -48,12 +56,15 @@ import pyarrow as pa
 from pyarrow import flight
 
 from stretch.channels import open_writer
-from stretch.cluster import recovery
+from stretch.cluster import broadcast_restore, recovery
 from stretch.cluster.output_logs import encode_schema, output_info, output_range
 from stretch.cluster.shm_transport import NotVisible, staged_batches
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
+from stretch.datastream.broadcast_stream import input_side, keyed_input_field
 from stretch.datastream.job_client import JobClient
+from stretch.datastream.two_inputs import LEFT, RIGHT
 from stretch.jobs import find
+from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.channel_log import ChannelLog
 from stretch.runtime.coordinator import Coordinator
 from stretch.state.arena import Arena
@@ -75,6 +86,8 @@ from stretch.state.snapshot import (
 SECRET_HEADER = "x-stretch-cluster-secret"
 SECRET_ENV = "STRETCH_CLUSTER_SECRET"
 NOT_OWNER = "NOT_OWNER"
+NOT_MEMBER = "NOT_MEMBER"  # a broadcast write of an older membership than the node is at
+LEFT_CLUSTER = 1 << 62  # the membership version of a node that left: it takes no broadcast row
 
 
 def plain_errors(call):
@@ -124,6 +137,7 @@ def cluster_inputs(plan) -> dict[str, object]:
     straight by an input channel keyed by that field (re-keying across nodes goes through Spark).
     """
     inputs, fed = {}, set()
+    feeds = broadcast_feeds(plan)
     for stage in plan.stages:
         name = getattr(stage.source, "channel_name", None)
         if stage.kind == "source" and name is None:
@@ -131,6 +145,12 @@ def cluster_inputs(plan) -> dict[str, object]:
                 f"source {stage.name!r} is not an input channel: on a cluster a job reads its input "
                 "from channels (ChannelSource) that the cluster's writers route by key group"
             )
+        if name in feeds:  # an input of a broadcast operator
+            field, gate = feeds[name]
+            if field is not BROADCAST:
+                inputs[name] = field
+                fed.add(gate)
+            continue
         if name is not None:
             if stage.chain and stage.chain[0].kind == "assign":
                 raise ValueError(
@@ -154,6 +174,85 @@ def cluster_inputs(plan) -> dict[str, object]:
     return inputs
 
 
+BROADCAST = object()  # broadcast_feeds' mark of a channel whose rows every node takes
+
+
+def broadcast_channels(plan) -> list[str]:
+    """The input channels a job reads as broadcast streams: their rows go to every node."""
+    return [name for name, (field, _gate) in broadcast_feeds(plan).items() if field is BROADCAST]
+
+
+def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
+    """Input channel -> (key field, or ``BROADCAST``; the gate it feeds) of each channel that feeds
+    a broadcast operator, else a ValueError saying why the job cannot run on a cluster.
+
+    The keyed input must be keyed by a field of the channel's records right away, as any keyed
+    input on a cluster; the broadcast input may pass stateless steps first (every node runs them
+    on every row), but no sink: each node would write every one of its records."""
+    gates = {
+        s.input_gate: s
+        for s in plan.stages
+        if s.kind == "keyed" and s.operator is not None and s.operator.kind == "broadcast_process"
+    }
+    feeds: dict[str, tuple[object, int]] = {}
+    if not gates:
+        return feeds
+    for stage in plan.stages:
+        name = getattr(stage.source, "channel_name", None)
+        if name is None:
+            continue
+        steps = list(_walk_steps(stage.chain))
+        targets = {step.gate for step, _parent in steps if step.kind == "to_gate" and step.gate in gates}
+        if not targets:
+            continue
+        gate = min(targets)
+        operator = gates[gate]
+        sides = {input_side(step.fn) for step, _parent in steps if step.kind == "map"} - {None}
+        if sides == {LEFT}:
+            chain = stage.chain
+            head = chain[0] if len(chain) == 1 else None
+            if head is None or input_side(head.fn) != LEFT or len(head.children) != 1:
+                raise ValueError(
+                    f"input channel {name!r} is not keyed by a field right away: on a cluster, key the "
+                    "channel's records by a field first (key_by('field') or key_by(position)), then "
+                    "connect the broadcast stream"
+                )
+            field = keyed_input_field(operator.operator.key.selector)
+            if field is None:
+                raise ValueError(
+                    f"operator {operator.name!r} reads input channel {name!r} "
+                    + (
+                        "keyed by a function: on a cluster, key the channel's records by a field "
+                        "(key_by('field') or key_by(position))"
+                        if operator.operator.fn.keyed
+                        else "without a key: on a cluster rows are routed by key group, so key the "
+                        "stream by a field and use a KeyedBroadcastProcessFunction"
+                    )
+                )
+            feeds[name] = (field, gate)
+            continue
+        for step, parent in steps:
+            side = input_side(parent.fn) if parent is not None else None
+            if step.kind == "to_gate" and (step.gate not in gates or side != RIGHT):
+                raise ValueError(
+                    f"input channel {name!r} feeds operator {step.name!r} besides being broadcast: on a "
+                    "cluster every node takes every row of a broadcast channel, so it may feed nothing else"
+                )
+            if step.kind in ("to_sink", "to_chained_sink", "side"):
+                raise ValueError(
+                    f"input channel {name!r} is broadcast and also written to a sink: on a cluster every "
+                    "node takes every row of a broadcast channel, so each node would write each record"
+                )
+        feeds[name] = (BROADCAST, gate)
+    return feeds
+
+
+def _walk_steps(steps, parent=None):
+    for step in steps:
+        yield step, parent
+        yield from _walk_steps(step.children, step)
+
+
 class NodeJob:
     """One job as this node runs it: under the name ``<job>@<node>`` so that nodes on one host
     keep apart their control sockets and output logs.
@@ -162,14 +261,31 @@ class NodeJob:
     it takes before the job sees it, and its output channels show only what a checkpoint of the
     node covers (``commit``), so that another node can restore its key groups exactly."""
 
-    def __init__(self, name: str, node_id: str, plan, config, checkpoint_dir: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        node_id: str,
+        plan,
+        config,
+        checkpoint_dir: str | None = None,
+        broadcast_start: dict[str, bytes] | None = None,
+    ):
         self.name = name
         self.node_id = node_id
         self.inputs = cluster_inputs(plan)
+        self.broadcast = broadcast_channels(plan)  # every node takes all their rows
+        self.broadcast_marks: dict[tuple[str, str], int] = {}  # (channel, query) -> last batch taken
+        self.broadcast_ops = {
+            s.name: s.id
+            for s in plan.stages
+            if s.operator is not None and s.operator.kind == "broadcast_process"
+        }
         self.max_parallelism = plan.max_parallelism
         self.keyed = [s.name for s in plan.stages if s.kind == "keyed"]
         self.checkpoint_dir = checkpoint_dir
         self.coordinator = Coordinator(plan, f"{name}@{node_id}", config)
+        for operator, state in (broadcast_start or {}).items():  # before any instance starts
+            self.coordinator.broadcast_start[self.broadcast_ops[operator]] = state
         self.client = JobClient(self.coordinator)._start()
         self.job = find(self.client)
         self.writers: dict = {}
@@ -184,6 +300,13 @@ class NodeJob:
                 journal.register("checkpoint", 0)  # keeps what the latest checkpoint does not cover
             for _channel, _runner, log in self.outputs():
                 log.set_committed(log.end_offset)  # nothing shows before a checkpoint covers it
+        self.broadcast_journals: dict[str, ChannelLog] = {}  # replayed whole by a restarted driver
+        if checkpoint_dir is not None:
+            for channel in self.broadcast:
+                journal = self.broadcast_journals[channel] = recovery.open_journal(
+                    checkpoint_dir, node_id, name, channel
+                )
+                journal.register("checkpoint", 0)
 
     def outputs(self) -> list:
         """(channel, sink runner, log) of each output channel the job writes itself."""
@@ -196,7 +319,7 @@ class NodeJob:
     def take(self, channel: str, rows: pa.RecordBatch, query, batch_id) -> None:
         """Rows into the job: journaled first (a checkpointed job), so that a node restoring this
         node's key groups finds every row the job was given."""
-        journal = self.journals.get(channel)
+        journal = self.journals.get(channel, self.broadcast_journals.get(channel))
         if journal is not None:
             journal.append(recovery.tagged(rows, query, batch_id))
         self.writer(channel).write(rows)
@@ -213,6 +336,32 @@ class NodeJob:
                     raise TimeoutError(f"output {runner.spec.name!r} of job {self.name!r} did not catch up")
                 time.sleep(0.001)
 
+    def drain(self, timeout: float = 60.0) -> None:
+        """Return once the job's sources read every row appended to the channels they read (those
+        not keyed right away, such as a broadcast operator's inputs): a barrier through the keyed
+        gates then covers them too."""
+        deadline = time.monotonic() + timeout
+        for channel, gate in self.coordinator.channels.inputs.items():
+            tail = gate.tail
+            while gate.cursor(0) < tail and self.coordinator.status.name == "RUNNING":
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"the source of channel {channel!r} of job {self.name!r} did not catch up"
+                    )
+                time.sleep(0.001)
+
+    def broadcast_states(self) -> dict[str, bytes]:
+        """Each broadcast operator's broadcast state (pickled), as of the rows barriered so far:
+        the latest version its board holds."""
+        states = {}
+        for operator, stage_id in self.broadcast_ops.items():
+            board = BroadcastBoard.attach(self.coordinator.resources.boards[stage_id])
+            try:
+                states[operator] = board.before(1 << 40) or b""
+            finally:
+                board.close()
+        return states
+
     def journal_offsets(self) -> dict[str, int]:
         return {channel: log.end_offset for channel, log in self.journals.items()}
 
@@ -225,7 +374,7 @@ class NodeJob:
     def writer(self, channel: str):
         w = self.writers.get(channel)
         if w is None:
-            if channel not in self.inputs:
+            if channel not in self.inputs and channel not in self.broadcast:
                 raise KeyError(
                     f"job {self.name!r} has no input channel {channel!r} (inputs: {sorted(self.inputs)})"
                 )
@@ -248,8 +397,17 @@ class NodeJob:
         for a in self._arenas.values():
             a.close()
         self._arenas.clear()
-        for log in self.journals.values():
+        for log in [*self.journals.values(), *self.broadcast_journals.values()]:
             log.close()
+
+    def broadcast_point(self) -> dict:
+        """Its broadcast states, broadcast marks and broadcast journals' ends now (after a
+        flush): where a restarted driver's new nodes can start the job from."""
+        return {
+            "states": self.broadcast_states(),
+            "marks": [[c, q, b] for (c, q), b in self.broadcast_marks.items()],
+            "journal": {channel: log.end_offset for channel, log in self.broadcast_journals.items()},
+        }
 
 
 class NodeServer(flight.FlightServerBase):
@@ -276,6 +434,8 @@ class NodeServer(flight.FlightServerBase):
         self._tickets = itertools.count()
         self.max_parallelism: int | None = None
         self.checkpoint_dir = checkpoint_dir
+        self.members = 0  # broadcast writes of an older membership are refused (client.Members)
+        self.parked_broadcast: dict[str, dict[str, bytes]] = {}  # fenced broadcast states for a do_get
         if checkpoint_dir is not None:  # a node id starts afresh: nothing of an earlier node of that id
             shutil.rmtree(recovery.node_dir(checkpoint_dir, node_id), ignore_errors=True)
             recovery.save_manifest(checkpoint_dir, node_id, recovery.load_manifest(checkpoint_dir, node_id))
@@ -300,6 +460,9 @@ class NodeServer(flight.FlightServerBase):
         batch = batch[0]
         with self.lock:
             job = self._job(cmd["job"])
+            if cmd["channel"] in job.broadcast:
+                self._write_broadcast(job, cmd, batch)
+                return
             field = job.inputs.get(cmd["channel"])
             if field is None:
                 raise flight.FlightServerError(
@@ -336,6 +499,23 @@ class NodeServer(flight.FlightServerBase):
             raise flight.FlightServerError(str(e)) from None
         return {"ok": True}
 
+    def _write_broadcast(self, job: NodeJob, cmd: dict, batch: pa.RecordBatch) -> None:
+        """Rows of a broadcast channel: every node takes them all, each (query, batch) at most once
+        per node; refused (``NOT_MEMBER``) if the writer's membership is older than this node's
+        (a node joined, copying this one's broadcast state: the writer must send it the rows too)."""
+        given = cmd.get("members")
+        if given is None or given < self.members:
+            raise flight.FlightServerError(
+                f"{NOT_MEMBER} members={self.members}: node {self.node_id} takes broadcast rows of "
+                f"membership {self.members} on only (the writer's is {given}); reload the members"
+            )
+        query, batch_id = cmd.get("query"), cmd.get("batch")
+        if query is not None and batch_id <= job.broadcast_marks.get((cmd["channel"], query), -1):
+            return
+        job.take(cmd["channel"], batch, query, batch_id)
+        if query is not None:
+            job.broadcast_marks[(cmd["channel"], query)] = batch_id
+
     def _load(self, cmd: dict, batches: list[pa.RecordBatch]) -> None:
         self._load_into(self._job(cmd["job"]), cmd["operator"], cmd["description"], batches)
 
@@ -361,6 +541,15 @@ class NodeServer(flight.FlightServerBase):
         if kind == "snapshot":
             batches = self.parked.pop(rest, [])
             return flight.RecordBatchStream(pa.Table.from_batches(batches, SNAPSHOT_SCHEMA))
+        if kind == "broadcast":  # a fenced job's broadcast states: one row per broadcast operator
+            states = self.parked_broadcast.pop(rest, {})
+            table = pa.table(
+                {
+                    "operator": pa.array(list(states), pa.string()),
+                    "state": pa.array(list(states.values()), pa.large_binary()),
+                }
+            )
+            return flight.RecordBatchStream(table)
         if kind == "state":  # <job>:<operator>, or {"job", "operator", "key_groups"}
             if rest.startswith("{"):
                 msg = json.loads(rest)
@@ -392,7 +581,50 @@ class NodeServer(flight.FlightServerBase):
         return job
 
     def _act_submit(self, body: bytes) -> dict:
-        spec = cloudpickle.loads(body)  # the caller holds the cluster's secret
+        return self._submit(cloudpickle.loads(body))  # the caller holds the cluster's secret
+
+    def _act_join(self, body: bytes) -> dict:
+        """Submit a job with broadcast state on a node that joins the cluster: its broadcast
+        operators start from the state another node held at its fence (``broadcast_fence``), with
+        that node's broadcast marks, and it takes broadcast rows of membership ``members`` on."""
+        msg = cloudpickle.loads(body)
+        spec = cloudpickle.loads(msg["spec"])
+        reply = self._submit(spec, msg["states"])
+        with self.lock:
+            job = self._job(spec["name"])
+            for channel, query, batch in msg["marks"]:
+                job.broadcast_marks[(channel, query)] = batch
+            if job.checkpoint_dir is not None:  # a restarted driver may start from here
+                broadcast_restore.save_start(
+                    job.checkpoint_dir, self.node_id, job.name, msg["states"], msg["marks"]
+                )
+            self.members = max(self.members, msg["members"])
+        return reply
+
+    def _act_broadcast_fence(self, body: bytes) -> dict:
+        """From now on refuse broadcast rows of a membership older than ``members``, and park each
+        job's broadcast state as of every broadcast row taken before (for a ``do_get``
+        ``broadcast:<ticket>``), with its broadcast marks: what a joining node starts from."""
+        msg = json.loads(body)
+        with self.lock:
+            self.members = max(self.members, msg["members"])
+            jobs = [job for job in self.jobs.values() if job.broadcast_ops]
+            marks = {job.name: [[c, q, b] for (c, q), b in job.broadcast_marks.items()] for job in jobs}
+        tickets = {}
+        for job in jobs:  # no broadcast row comes in meanwhile: none of the new membership is sent yet
+            barrier_all(job)
+            ticket = tickets[job.name] = str(next(self._tickets))
+            self.parked_broadcast[ticket] = job.broadcast_states()
+        return {"tickets": tickets, "marks": marks}
+
+    def _act_broadcast_leave(self, body: bytes) -> dict:
+        """A node leaving the cluster takes no more broadcast rows: writers still sending it some
+        learn the membership without it."""
+        with self.lock:
+            self.members = LEFT_CLUSTER
+        return {"ok": True}
+
+    def _submit(self, spec: dict, broadcast_start: dict[str, bytes] | None = None) -> dict:
         with self.lock:
             if spec["name"] in self.jobs:
                 raise flight.FlightServerError(f"job {spec['name']!r} already runs on node {self.node_id}")
@@ -401,7 +633,7 @@ class NodeServer(flight.FlightServerBase):
                     "every job of a cluster must have the cluster's max parallelism"
                 )
             durable = self.checkpoint_dir if spec.get("checkpointed") else None
-            job = NodeJob(spec["name"], self.node_id, spec["plan"], spec["config"], durable)
+            job = NodeJob(spec["name"], self.node_id, spec["plan"], spec["config"], durable, broadcast_start)
             self.jobs[spec["name"]] = job
             if durable is not None:  # where its output starts, should the node die before a checkpoint
                 manifest = recovery.load_manifest(durable, self.node_id)
@@ -541,6 +773,7 @@ class NodeServer(flight.FlightServerBase):
         size = recovery.write_checkpoint(
             path, operators, marks, {"key_groups": kgs, "version": self.version, "node": self.node_id}
         )
+        points = self._save_broadcast(durable, path)
         owned = np.flatnonzero(self.owned).tolist()
         manifest = {
             "checkpoint": str(path),
@@ -555,11 +788,51 @@ class NodeServer(flight.FlightServerBase):
                 log.set_committed(outputs[job.name][channel])
             for channel, log in job.journals.items():  # whole segments before it go
                 log.commit("checkpoint", journal[job.name][channel])
+            for channel, log in job.broadcast_journals.items():
+                log.commit("checkpoint", points[job.name]["journal"][channel])
         # periodic checkpoints replace each other; a release's stays while its adopter needs it
         for old in directory.glob("c*"):
             if old != path and name.startswith("c"):
                 shutil.rmtree(old, ignore_errors=True)
         return {"path": str(path), "bytes": size, "key_groups": len(kgs)}
+
+    @staticmethod
+    def _save_broadcast(durable: list[NodeJob], path) -> dict[str, dict]:
+        """The broadcast point of each checkpointed job with broadcast state, saved next to a
+        checkpoint (its rows processed: the caller flushed them), for a restarted driver."""
+        points = {job.name: job.broadcast_point() for job in durable if job.broadcast_ops}
+        if points:
+            broadcast_restore.save_checkpoint(path, points)
+        return points
+
+    def _act_broadcast_replay(self, body: bytes) -> dict:
+        """Take again the broadcast rows an old node's journal holds of a job from ``journal``
+        (channel -> offset; from its first row if not given), each (query, batch) once: a
+        restarted driver's new node, started from that node's broadcast point."""
+        msg = json.loads(body)
+        taken = 0
+        with self.lock:
+            job = self._job(msg["job"])
+            for channel in job.broadcast:
+                directory = recovery.journal_dir(self.checkpoint_dir, msg["node"], job.name, channel)
+                try:
+                    log = ChannelLog(directory, create=False)
+                except LookupError:
+                    continue
+                try:
+                    start = max(int(msg["journal"].get(channel, 0)), log.start_offset)
+                    for batch in log.read(start, log.end_offset):
+                        query, batch_id = recovery.tag_of(batch)
+                        rows = batch.replace_schema_metadata(None)
+                        if query is not None and batch_id <= job.broadcast_marks.get((channel, query), -1):
+                            continue
+                        job.take(channel, rows, query, batch_id)
+                        if query is not None:
+                            job.broadcast_marks[(channel, query)] = batch_id
+                        taken += rows.num_rows
+                finally:
+                    log.close()
+        return {"rows_replayed": taken}
 
     def _act_checkpoint(self, body: bytes) -> dict:
         """Checkpoint the key groups this node owns (every checkpointed job's) into the cluster's
@@ -703,7 +976,7 @@ class NodeServer(flight.FlightServerBase):
         that each job finishes, its outputs complete and readable after the node is gone."""
         with self.lock:
             for job in self.jobs.values():
-                for channel in job.inputs:
+                for channel in [*job.inputs, *job.broadcast]:
                     job.writer(channel).end()
         return {name: self._act_wait(json.dumps({"job": name}).encode())["status"] for name in self.jobs}
 
@@ -727,8 +1000,10 @@ def barrier_all(job: NodeJob) -> None:
     """Return once every keyed operator of ``job`` processed every row appended before this call.
 
     The engine's barrier places an epoch record at the current parallelism in the operator's
-    gate and returns when every instance has passed it.
+    gate and returns when every instance has passed it; rows of channels that pass a source stage
+    first (a broadcast operator's inputs) are drained into the gates before.
     """
+    job.drain()
     for operator in job.keyed:
         reply = job.client.control({"op": "barrier", "operator": operator})
         if not reply.get("ok"):

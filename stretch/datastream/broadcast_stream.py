@@ -20,7 +20,7 @@ from stretch.contracts.functions import (
     KeySelector,
 )
 from stretch.contracts.state import MapStateDescriptor
-from stretch.datastream.two_inputs import LEFT, key_of, selector_of, union_tagged
+from stretch.datastream.two_inputs import LEFT, _Tag, key_of, selector_of, union_tagged
 from stretch.plan.specs import BroadcastSpec
 from stretch.runtime.operators.broadcast import BROADCAST_KEY
 
@@ -93,3 +93,17 @@ class _BroadcastKey(KeySelector):
             n = int.from_bytes(os.urandom(4), "little")
         self.next = n + 1
         return n
+
+
+def input_side(fn) -> int | None:
+    """The input of a two-input operator that a chained step tags its elements as (``LEFT``: the
+    connected stream, ``RIGHT``: the broadcast one), or None for a step that tags nothing. A
+    cluster reads it to tell a job's broadcast channels from its keyed ones."""
+    return fn.side if isinstance(fn, _Tag) else None
+
+
+def keyed_input_field(key_selector) -> str | int | None:
+    """The field a broadcast operator's keyed input is keyed by (``key_by(0)``, ``key_by("id")``),
+    or None if it is keyed by a function or not keyed: what a cluster routes its rows by."""
+    inner = key_selector.selector if isinstance(key_selector, _BroadcastKey) else None
+    return inner if isinstance(inner, (str, int)) and not isinstance(inner, bool) else None

@@ -129,6 +129,9 @@ class Coordinator:
         self.arenas: dict[int, Arena] = {}
         self.control: ControlBlock | None = None
         self.resources: JobResources | None = None
+        # stage id -> the broadcast state (pickled) a broadcast operator starts from when no
+        # checkpoint gives one: a cluster node that joins starts from what the other nodes hold
+        self.broadcast_start: dict[int, bytes] = {}
         self._sink_runners: list[SinkRunner] = []
         self.collected: dict = {}  # sink id -> QueueWriter, for execute_and_collect in checkpointed jobs
         self.controller: ElasticController | None = None
@@ -333,6 +336,8 @@ class Coordinator:
                     saved_state = broadcast_file(self.checkpointer.store.path(restore["id"]), stage.id)
                     if saved_state.exists():  # absent: no instance owned its key groups at the barrier
                         board.put_start(saved_state.read_bytes())
+                elif stage.id in self.broadcast_start:
+                    board.put_start(self.broadcast_start[stage.id])
             p = self._parallelism.get(stage.id, stage.parallelism)
             self.control.publish(op_index, 0, range_assignment(p, stage.max_parallelism))
             gate = self.gates[stage.input_gate]

@@ -1,14 +1,15 @@
-"""The job the cluster tests run, and its plain-Python reference: a running count and sum per key."""
+"""The jobs the cluster tests run, and their plain-Python references: a running count and sum per
+key; limits per group of keys broadcast to keyed events."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
 from stretch.common import Types
-from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment
+from stretch.datastream import KeyedBroadcastProcessFunction, KeyedProcessFunction, StreamExecutionEnvironment
 from stretch.datastream.connectors import DiscardingSink
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
-from stretch.datastream.state import ValueStateDescriptor
+from stretch.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
 PAIR = Types.TUPLE([Types.STRING(), Types.LONG()])
 
@@ -107,3 +108,98 @@ def reference(records) -> dict[str, tuple[int, int]]:
         count[key] += 1
         total[key] += n
     return {k: (count[k], total[k]) for k in count}
+
+
+# ---- broadcast state: rules (a limit per group of keys) broadcast to keyed events -----------------
+RULE = Types.TUPLE([Types.STRING(), Types.LONG()])  # (group, limit)
+ALERT = Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG(), Types.LONG()])
+LIMITS = MapStateDescriptor("limits", Types.STRING(), Types.LONG())
+
+
+def group_of(key: str) -> str:
+    return f"g{int(key.rsplit('-', 1)[1]) % 4}"
+
+
+class Threshold(KeyedBroadcastProcessFunction):
+    """Each event reports the limit of its key's group in force and how many of the key's events
+    went over their limit so far (keyed state); each rule reports itself, from the instance
+    that applies it (once per node)."""
+
+    def open(self, runtime_context):
+        self.over = runtime_context.get_state(ValueStateDescriptor("over", Types.LONG()))
+
+    def process_element(self, value, ctx):
+        key, n = value
+        limit = ctx.get_broadcast_state(LIMITS).get(group_of(key))
+        over = (self.over.value() or 0) + (limit is not None and n > limit)
+        self.over.update(over)
+        yield key, n, -1 if limit is None else limit, over
+
+    def process_broadcast_element(self, value, ctx):
+        group, limit = value
+        ctx.get_broadcast_state(LIMITS).put(group, limit)
+        yield f"rule:{group}", limit, -1, -1
+
+
+def threshold_job(max_parallelism: int = 128, parallelism: int = 2) -> StreamExecutionEnvironment:
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(parallelism)
+    env.set_max_parallelism(max_parallelism)
+    rules = env.from_source(ChannelSource("rules", RULE, durable=False), None, "rules").broadcast(LIMITS)
+    (
+        env.from_source(ChannelSource("events", PAIR, durable=False), None, "events")
+        .key_by(0)
+        .connect(rules)
+        .process(Threshold(), ALERT)
+        .name("threshold")
+        .sink_to(ChannelSink("out"))
+    )
+    return env
+
+
+class ThresholdModel:
+    """The reference: rules and events applied in the order the test makes the job see them."""
+
+    def __init__(self):
+        self.limits: dict[str, int] = {}
+        self.over: dict[str, int] = defaultdict(int)
+        self.alerts: list[tuple] = []
+
+    def rules(self, rules) -> None:
+        self.limits.update(rules)
+
+    def events(self, events) -> None:
+        for key, n in events:
+            limit = self.limits.get(group_of(key))
+            self.over[key] += limit is not None and n > limit
+            self.alerts.append((key, n, -1 if limit is None else limit, self.over[key]))
+
+
+class Accumulate(KeyedBroadcastProcessFunction):
+    """Rules add to their group's total (applied twice or missed, a total shows it); each event
+    reports its group's total."""
+
+    def process_element(self, value, ctx):
+        key, n = value
+        yield key, n, ctx.get_broadcast_state(LIMITS).get(group_of(key)) or 0, -1
+
+    def process_broadcast_element(self, value, ctx):
+        group, delta = value
+        totals = ctx.get_broadcast_state(LIMITS)
+        totals.put(group, (totals.get(group) or 0) + delta)
+        yield f"rule:{group}", delta, -1, -1
+
+
+def accumulate_job() -> StreamExecutionEnvironment:
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.set_max_parallelism(128)
+    rules = env.from_source(ChannelSource("rules", RULE, durable=False), None, "rules").broadcast(LIMITS)
+    (
+        env.from_source(ChannelSource("events", PAIR, durable=False), None, "events")
+        .key_by(0)
+        .connect(rules)
+        .process(Accumulate(), ALERT)
+        .sink_to(ChannelSink("out"))
+    )
+    return env

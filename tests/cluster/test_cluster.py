@@ -178,29 +178,6 @@ def test_a_checkpointed_job_is_refused_by_a_cluster_without_a_checkpoint_directo
         env.execute_async("checkpointed", cluster=cluster)
 
 
-def test_a_job_with_broadcast_state_is_refused_before_any_node_is_asked(tmp_path):
-    from stretch.common import Types
-    from stretch.datastream import KeyedBroadcastProcessFunction, StreamExecutionEnvironment
-    from stretch.datastream.state import MapStateDescriptor
-
-    class Limits(KeyedBroadcastProcessFunction):
-        def process_element(self, value, ctx):
-            yield value
-
-        def process_broadcast_element(self, value, ctx):
-            yield value
-
-    env = StreamExecutionEnvironment.get_execution_environment()
-    env.set_max_parallelism(128)
-    rules = env.from_collection([("a", 1)]).broadcast(
-        MapStateDescriptor("limits", Types.STRING(), Types.LONG())
-    )
-    env.from_collection([("a", 2)]).key_by(lambda e: e[0]).connect(rules).process(Limits()).print()
-    cluster = StretchCluster(tmp_path, 128, 8, owns_directory=False)
-    with pytest.raises(ValueError, match="broadcast state"):
-        env.execute_async("broadcast", cluster=cluster)
-
-
 def test_a_later_clusters_run_of_a_job_name_reads_back_only_its_own_results(tmp_path):
     """Output logs are named by job and node and outlive a cluster; the next cluster's run of the
     same name continues them, and its readers (the client's, Spark's batch reader) start at its
