@@ -320,6 +320,7 @@ FIRST = [("g0", 10), ("g1", 20), ("g2", 30), ("g3", 40)]
 CHANGE = [("g0", 45), ("g2", 5)]
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_a_restarted_driver_starts_its_new_nodes_from_the_broadcast_state_the_old_ones_had(tmp_path):
     """The driver is killed (its nodes end with it) after a checkpoint, with events and a rule
     change taken since only into the journals; a driver started again on the same directories

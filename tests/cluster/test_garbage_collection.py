@@ -98,6 +98,7 @@ def test_handoffs_leave_only_release_checkpoints_their_adopters_still_need(tmp_p
     assert layout(ck) == set()  # closed: nothing resumes it, so nothing of it is kept
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_a_dead_nodes_files_go_once_its_key_groups_are_checkpointed_elsewhere(tmp_path):
     data = batches(12, 40, 30)
     ck = tmp_path / "ck"
