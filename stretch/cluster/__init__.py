@@ -5,7 +5,8 @@ the cluster moves key groups between nodes (copying their state) when nodes come
 """
 
 from stretch.cluster.client import ClusterWriter, NodeUnreachable, NotOwner, job_nodes
-from stretch.cluster.cluster import ClusterJobClient, HandoffReport, NodeLost, StretchCluster
+from stretch.cluster.cluster import HandoffReport, NodeLost, StretchCluster
+from stretch.cluster.job_client import ClusterJobClient
 from stretch.cluster.routing import RoutingStore, RoutingTable, plan_add_node, plan_remove_node
 from stretch.cluster.tls import ClusterTLS
 

@@ -7,7 +7,8 @@ job does: that is where it refuses rows of key groups it does not own (or does n
 while their state is on its way), where it drops rows of a (query, batch) a key group already
 took (exactly once under replays, remembered per key group so the mark moves with the key group),
 and where a handoff can stop a key group at a definite point. The same endpoint works across
-hosts, which a shared-memory channel would not; inside the node, rows go on into the job's
+hosts; a writer on the node's host stages its rows in shared memory and sends only the segment's
+name (``write_shared``, see cluster.shm_transport). Inside the node, rows go on into the job's
 channel as today. Pickled job plans are accepted only from peers holding the secret.
 
 Calls (Flight):
@@ -22,7 +23,8 @@ Calls (Flight):
   ``broadcast:<ticket>``: a job's broadcast states a ``broadcast_fence`` parked (one row per
   broadcast operator).
 - actions (JSON): ``submit`` (a cloudpickled plan), ``own``, ``release``, ``adopt``, ``status``,
-  ``rescale``, ``end``, ``wait``, ``cancel``, ``retire``, ``shutdown``; for readers on other hosts
+  ``rescale``, ``end``, ``wait``, ``failed``, ``cancel``, ``retire``, ``shutdown``,
+  ``write_shared`` (rows a writer on this host staged in shared memory); for readers on other hosts
   ``output`` (an output log's offsets and schema) and ``state_schema`` (an operator's); for jobs
   with broadcast state, ``broadcast_fence``, ``join`` (a pickled plan with the broadcast state it
   starts from) and ``broadcast_leave``.
@@ -55,19 +57,13 @@ import numpy as np
 import pyarrow as pa
 from pyarrow import flight
 
-from stretch.channels import open_writer
 from stretch.cluster import broadcast_restore, recovery
+from stretch.cluster.node_job import NodeJob, barrier_all
+from stretch.cluster.node_plans import column_of
 from stretch.cluster.output_logs import encode_schema, output_info, output_range
 from stretch.cluster.shm_transport import NotVisible, staged_batches
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
-from stretch.datastream.broadcast_stream import input_side, keyed_input_field
-from stretch.datastream.job_client import JobClient
-from stretch.datastream.two_inputs import LEFT, RIGHT
-from stretch.jobs import find
-from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.channel_log import ChannelLog
-from stretch.runtime.coordinator import Coordinator
-from stretch.state.arena import Arena
 from stretch.state.key_groups import key_groups_of
 from stretch.state.key_groups import warm_up as warm_key_groups
 from stretch.state.keyed_table import KeyedTable
@@ -120,294 +116,6 @@ class SecretCheck(flight.ServerMiddlewareFactory):
             raise flight.FlightUnauthenticatedError(
                 "this stretch node accepts only calls carrying its cluster's secret"
             )
-
-
-def column_of(batch: pa.RecordBatch, field) -> pa.Array:
-    """The key column of a batch: a field given by name or by position among the data columns."""
-    data = [i for i, name in enumerate(batch.schema.names) if not name.startswith("__")]
-    if isinstance(field, int):
-        return batch.column(data[field])
-    return batch.column(field)
-
-
-def cluster_inputs(plan) -> dict[str, object]:
-    """Input channel -> key field of a job that can run on a cluster, else a ValueError saying why.
-
-    Across nodes, rows are routed by the key group of a field, so every keyed operator must be fed
-    straight by an input channel keyed by that field (re-keying across nodes goes through Spark).
-    """
-    inputs, fed = {}, set()
-    feeds = broadcast_feeds(plan)
-    for stage in plan.stages:
-        name = getattr(stage.source, "channel_name", None)
-        if stage.kind == "source" and name is None:
-            raise ValueError(
-                f"source {stage.name!r} is not an input channel: on a cluster a job reads its input "
-                "from channels (ChannelSource) that the cluster's writers route by key group"
-            )
-        if name in feeds:  # an input of a broadcast operator
-            field, gate = feeds[name]
-            if field is not BROADCAST:
-                inputs[name] = field
-                fed.add(gate)
-            continue
-        if name is not None:
-            if stage.chain and stage.chain[0].kind == "assign":
-                raise ValueError(
-                    f"input channel {name!r} has a watermark strategy: event time does not run on a "
-                    "cluster yet; read the channel with from_source(source, None, name) there, or run "
-                    "the job on one node engine (env.execute_async without cluster=)"
-                )
-            if not stage.direct:
-                raise ValueError(
-                    f"input channel {name!r} is not keyed by a field right away: on a cluster, key the "
-                    "channel's records by a field first (key_by('field') or key_by(position))"
-                )
-            inputs[name] = stage.chain[0].key.field
-            fed.add(stage.chain[0].gate)
-    for stage in plan.stages:
-        if stage.kind == "keyed" and stage.input_gate not in fed:
-            raise ValueError(
-                f"operator {stage.name!r} is keyed by something its input channel is not routed by: "
-                "on a cluster, a job that re-keys continues as a second job, through Spark"
-            )
-    return inputs
-
-
-BROADCAST = object()  # broadcast_feeds' mark of a channel whose rows every node takes
-
-
-def broadcast_channels(plan) -> list[str]:
-    """The input channels a job reads as broadcast streams: their rows go to every node."""
-    return [name for name, (field, _gate) in broadcast_feeds(plan).items() if field is BROADCAST]
-
-
-def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
-    """Input channel -> (key field, or ``BROADCAST``; the gate it feeds) of each channel that feeds
-    a broadcast operator, else a ValueError saying why the job cannot run on a cluster.
-
-    The keyed input must be keyed by a field of the channel's records right away, as any keyed
-    input on a cluster; the broadcast input may pass stateless steps first (every node runs them
-    on every row), but no sink: each node would write every one of its records."""
-    gates = {
-        s.input_gate: s
-        for s in plan.stages
-        if s.kind == "keyed" and s.operator is not None and s.operator.kind == "broadcast_process"
-    }
-    feeds: dict[str, tuple[object, int]] = {}
-    if not gates:
-        return feeds
-    for stage in plan.stages:
-        name = getattr(stage.source, "channel_name", None)
-        if name is None:
-            continue
-        steps = list(_walk_steps(stage.chain))
-        targets = {step.gate for step, _parent in steps if step.kind == "to_gate" and step.gate in gates}
-        if not targets:
-            continue
-        gate = min(targets)
-        operator = gates[gate]
-        sides = {input_side(step.fn) for step, _parent in steps if step.kind == "map"} - {None}
-        if sides == {LEFT}:
-            chain = stage.chain
-            head = chain[0] if len(chain) == 1 else None
-            if head is None or input_side(head.fn) != LEFT or len(head.children) != 1:
-                raise ValueError(
-                    f"input channel {name!r} is not keyed by a field right away: on a cluster, key the "
-                    "channel's records by a field first (key_by('field') or key_by(position)), then "
-                    "connect the broadcast stream"
-                )
-            field = keyed_input_field(operator.operator.key.selector)
-            if field is None:
-                raise ValueError(
-                    f"operator {operator.name!r} reads input channel {name!r} "
-                    + (
-                        "keyed by a function: on a cluster, key the channel's records by a field "
-                        "(key_by('field') or key_by(position))"
-                        if operator.operator.fn.keyed
-                        else "without a key: on a cluster rows are routed by key group, so key the "
-                        "stream by a field and use a KeyedBroadcastProcessFunction"
-                    )
-                )
-            feeds[name] = (field, gate)
-            continue
-        for step, parent in steps:
-            side = input_side(parent.fn) if parent is not None else None
-            if step.kind == "to_gate" and (step.gate not in gates or side != RIGHT):
-                raise ValueError(
-                    f"input channel {name!r} feeds operator {step.name!r} besides being broadcast: on a "
-                    "cluster every node takes every row of a broadcast channel, so it may feed nothing else"
-                )
-            if step.kind in ("to_sink", "to_chained_sink", "side"):
-                raise ValueError(
-                    f"input channel {name!r} is broadcast and also written to a sink: on a cluster every "
-                    "node takes every row of a broadcast channel, so each node would write each record"
-                )
-        feeds[name] = (BROADCAST, gate)
-    return feeds
-
-
-def _walk_steps(steps, parent=None):
-    for step in steps:
-        yield step, parent
-        yield from _walk_steps(step.children, step)
-
-
-class NodeJob:
-    """One job as this node runs it: under the name ``<job>@<node>`` so that nodes on one host
-    keep apart their control sockets and output logs.
-
-    ``checkpoint_dir`` (a checkpointed job on a cluster with one): the node journals every batch
-    it takes before the job sees it, and its output channels show only what a checkpoint of the
-    node covers (``commit``), so that another node can restore its key groups exactly."""
-
-    def __init__(
-        self,
-        name: str,
-        node_id: str,
-        plan,
-        config,
-        checkpoint_dir: str | None = None,
-        broadcast_start: dict[str, bytes] | None = None,
-    ):
-        self.name = name
-        self.node_id = node_id
-        self.inputs = cluster_inputs(plan)
-        self.broadcast = broadcast_channels(plan)  # every node takes all their rows
-        self.broadcast_marks: dict[tuple[str, str], int] = {}  # (channel, query) -> last batch taken
-        self.broadcast_ops = {
-            s.name: s.id
-            for s in plan.stages
-            if s.operator is not None and s.operator.kind == "broadcast_process"
-        }
-        self.max_parallelism = plan.max_parallelism
-        self.keyed = [s.name for s in plan.stages if s.kind == "keyed"]
-        self.checkpoint_dir = checkpoint_dir
-        self.coordinator = Coordinator(plan, f"{name}@{node_id}", config)
-        for operator, state in (broadcast_start or {}).items():  # before any instance starts
-            self.coordinator.broadcast_start[self.broadcast_ops[operator]] = state
-        self.client = JobClient(self.coordinator)._start()
-        self.job = find(self.client)
-        self.writers: dict = {}
-        self.marks: dict[tuple[str, str], np.ndarray] = {}  # (channel, query) -> last batch per key group
-        self._arenas: dict[str, Arena] = {}
-        self.journals: dict[str, ChannelLog] = {}
-        if checkpoint_dir is not None:
-            for channel in self.inputs:
-                journal = self.journals[channel] = recovery.open_journal(
-                    checkpoint_dir, node_id, name, channel
-                )
-                journal.register("checkpoint", 0)  # keeps what the latest checkpoint does not cover
-            for _channel, _runner, log in self.outputs():
-                log.set_committed(log.end_offset)  # nothing shows before a checkpoint covers it
-        self.broadcast_journals: dict[str, ChannelLog] = {}  # replayed whole by a restarted driver
-        if checkpoint_dir is not None:
-            for channel in self.broadcast:
-                journal = self.broadcast_journals[channel] = recovery.open_journal(
-                    checkpoint_dir, node_id, name, channel
-                )
-                journal.register("checkpoint", 0)
-
-    def outputs(self) -> list:
-        """(channel, sink runner, log) of each output channel the job writes itself."""
-        return [
-            (r.spec.sink.channel_name, r, r.writer.log)
-            for r in self.coordinator._sink_runners
-            if getattr(r.writer, "log", None) is not None
-        ]
-
-    def take(self, channel: str, rows: pa.RecordBatch, query, batch_id) -> None:
-        """Rows into the job: journaled first (a checkpointed job), so that a node restoring this
-        node's key groups finds every row the job was given."""
-        journal = self.journals.get(channel, self.broadcast_journals.get(channel))
-        if journal is not None:
-            journal.append(recovery.tagged(rows, query, batch_id))
-        self.writer(channel).write(rows)
-
-    def flush(self, timeout: float = 60.0) -> None:
-        """Return once every row taken is processed (a barrier through each keyed gate) and each
-        output channel's log holds all it produced."""
-        barrier_all(self)
-        deadline = time.monotonic() + timeout
-        for _channel, runner, _log in self.outputs():
-            tail = runner.gate.tail
-            while runner.gate.cursor(0) < tail and not runner.finished:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"output {runner.spec.name!r} of job {self.name!r} did not catch up")
-                time.sleep(0.001)
-
-    def drain(self, timeout: float = 60.0) -> None:
-        """Return once the job's sources read every row appended to the channels they read (those
-        not keyed right away, such as a broadcast operator's inputs): a barrier through the keyed
-        gates then covers them too."""
-        deadline = time.monotonic() + timeout
-        for channel, gate in self.coordinator.channels.inputs.items():
-            tail = gate.tail
-            while gate.cursor(0) < tail and self.coordinator.status.name == "RUNNING":
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"the source of channel {channel!r} of job {self.name!r} did not catch up"
-                    )
-                time.sleep(0.001)
-
-    def broadcast_states(self) -> dict[str, bytes]:
-        """Each broadcast operator's broadcast state (pickled), as of the rows barriered so far:
-        the latest version its board holds."""
-        states = {}
-        for operator, stage_id in self.broadcast_ops.items():
-            board = BroadcastBoard.attach(self.coordinator.resources.boards[stage_id])
-            try:
-                states[operator] = board.before(1 << 40) or b""
-            finally:
-                board.close()
-        return states
-
-    def journal_offsets(self) -> dict[str, int]:
-        return {channel: log.end_offset for channel, log in self.journals.items()}
-
-    def marks_of(self, kgs) -> list:
-        return [
-            [channel, query, {int(kg): int(mark[kg]) for kg in kgs if mark[kg] >= 0}]
-            for (channel, query), mark in self.marks.items()
-        ]
-
-    def writer(self, channel: str):
-        w = self.writers.get(channel)
-        if w is None:
-            if channel not in self.inputs and channel not in self.broadcast:
-                raise KeyError(
-                    f"job {self.name!r} has no input channel {channel!r} (inputs: {sorted(self.inputs)})"
-                )
-            w = self.writers[channel] = open_writer(self.client, channel)
-        return w
-
-    def arena(self, operator: str) -> Arena:
-        a = self._arenas.get(operator)
-        if a is None:
-            a = self._arenas[operator] = Arena.attach(self.job.state_location(operator)["arena"])
-        return a
-
-    def mark(self, channel: str, query: str) -> np.ndarray:
-        m = self.marks.get((channel, query))
-        if m is None:
-            m = self.marks[(channel, query)] = np.full(self.max_parallelism, -1, dtype=np.int64)
-        return m
-
-    def close(self) -> None:
-        for a in self._arenas.values():
-            a.close()
-        self._arenas.clear()
-        for log in [*self.journals.values(), *self.broadcast_journals.values()]:
-            log.close()
-
-    def broadcast_point(self) -> dict:
-        """Its broadcast states, broadcast marks and broadcast journals' ends now (after a
-        flush): where a restarted driver's new nodes can start the job from."""
-        return {
-            "states": self.broadcast_states(),
-            "marks": [[c, q, b] for (c, q), b in self.broadcast_marks.items()],
-            "journal": {channel: log.end_offset for channel, log in self.broadcast_journals.items()},
-        }
 
 
 class NodeServer(flight.FlightServerBase):
@@ -994,20 +702,6 @@ class NodeServer(flight.FlightServerBase):
                 pass
             job.close()
         self.shutdown()
-
-
-def barrier_all(job: NodeJob) -> None:
-    """Return once every keyed operator of ``job`` processed every row appended before this call.
-
-    The engine's barrier places an epoch record at the current parallelism in the operator's
-    gate and returns when every instance has passed it; rows of channels that pass a source stage
-    first (a broadcast operator's inputs) are drained into the gates before.
-    """
-    job.drain()
-    for operator in job.keyed:
-        reply = job.client.control({"op": "barrier", "operator": operator})
-        if not reply.get("ok"):
-            raise RuntimeError(reply.get("error", f"the barrier of {operator!r} failed"))
 
 
 def warm_up() -> None:

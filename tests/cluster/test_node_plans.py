@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stretch.cluster.node import cluster_inputs
+from stretch.cluster.node_plans import cluster_inputs
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from tests.cluster.jobs import PAIR, count_sum_job

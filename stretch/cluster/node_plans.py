@@ -1,0 +1,140 @@
+"""What a node accepts to run: jobs whose keyed operators are fed straight by channels keyed by a
+field, and the channels every node takes whole (a broadcast operator's broadcast input)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from stretch.datastream.broadcast_stream import input_side, keyed_input_field
+from stretch.datastream.two_inputs import LEFT, RIGHT
+
+
+def column_of(batch: pa.RecordBatch, field) -> pa.Array:
+    """The key column of a batch: a field given by name or by position among the data columns."""
+    data = [i for i, name in enumerate(batch.schema.names) if not name.startswith("__")]
+    if isinstance(field, int):
+        return batch.column(data[field])
+    return batch.column(field)
+
+
+def cluster_inputs(plan) -> dict[str, object]:
+    """Input channel -> key field of a job that can run on a cluster, else a ValueError saying why.
+
+    Across nodes, rows are routed by the key group of a field, so every keyed operator must be fed
+    straight by an input channel keyed by that field (re-keying across nodes goes through Spark).
+    """
+    inputs, fed = {}, set()
+    feeds = broadcast_feeds(plan)
+    for stage in plan.stages:
+        name = getattr(stage.source, "channel_name", None)
+        if stage.kind == "source" and name is None:
+            raise ValueError(
+                f"source {stage.name!r} is not an input channel: on a cluster a job reads its input "
+                "from channels (ChannelSource) that the cluster's writers route by key group"
+            )
+        if name in feeds:  # an input of a broadcast operator
+            field, gate = feeds[name]
+            if field is not BROADCAST:
+                inputs[name] = field
+                fed.add(gate)
+            continue
+        if name is not None:
+            if stage.chain and stage.chain[0].kind == "assign":
+                raise ValueError(
+                    f"input channel {name!r} has a watermark strategy: event time does not run on a "
+                    "cluster yet; read the channel with from_source(source, None, name) there, or run "
+                    "the job on one node engine (env.execute_async without cluster=)"
+                )
+            if not stage.direct:
+                raise ValueError(
+                    f"input channel {name!r} is not keyed by a field right away: on a cluster, key the "
+                    "channel's records by a field first (key_by('field') or key_by(position))"
+                )
+            inputs[name] = stage.chain[0].key.field
+            fed.add(stage.chain[0].gate)
+    for stage in plan.stages:
+        if stage.kind == "keyed" and stage.input_gate not in fed:
+            raise ValueError(
+                f"operator {stage.name!r} is keyed by something its input channel is not routed by: "
+                "on a cluster, a job that re-keys continues as a second job, through Spark"
+            )
+    return inputs
+
+
+BROADCAST = object()  # broadcast_feeds' mark of a channel whose rows every node takes
+
+
+def broadcast_channels(plan) -> list[str]:
+    """The input channels a job reads as broadcast streams: their rows go to every node."""
+    return [name for name, (field, _gate) in broadcast_feeds(plan).items() if field is BROADCAST]
+
+
+def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
+    """Input channel -> (key field, or ``BROADCAST``; the gate it feeds) of each channel that feeds
+    a broadcast operator, else a ValueError saying why the job cannot run on a cluster.
+
+    The keyed input must be keyed by a field of the channel's records right away, as any keyed
+    input on a cluster; the broadcast input may pass stateless steps first (every node runs them
+    on every row), but no sink: each node would write every one of its records."""
+    gates = {
+        s.input_gate: s
+        for s in plan.stages
+        if s.kind == "keyed" and s.operator is not None and s.operator.kind == "broadcast_process"
+    }
+    feeds: dict[str, tuple[object, int]] = {}
+    if not gates:
+        return feeds
+    for stage in plan.stages:
+        name = getattr(stage.source, "channel_name", None)
+        if name is None:
+            continue
+        steps = list(_walk_steps(stage.chain))
+        targets = {step.gate for step, _parent in steps if step.kind == "to_gate" and step.gate in gates}
+        if not targets:
+            continue
+        gate = min(targets)
+        operator = gates[gate]
+        sides = {input_side(step.fn) for step, _parent in steps if step.kind == "map"} - {None}
+        if sides == {LEFT}:
+            chain = stage.chain
+            head = chain[0] if len(chain) == 1 else None
+            if head is None or input_side(head.fn) != LEFT or len(head.children) != 1:
+                raise ValueError(
+                    f"input channel {name!r} is not keyed by a field right away: on a cluster, key the "
+                    "channel's records by a field first (key_by('field') or key_by(position)), then "
+                    "connect the broadcast stream"
+                )
+            field = keyed_input_field(operator.operator.key.selector)
+            if field is None:
+                raise ValueError(
+                    f"operator {operator.name!r} reads input channel {name!r} "
+                    + (
+                        "keyed by a function: on a cluster, key the channel's records by a field "
+                        "(key_by('field') or key_by(position))"
+                        if operator.operator.fn.keyed
+                        else "without a key: on a cluster rows are routed by key group, so key the "
+                        "stream by a field and use a KeyedBroadcastProcessFunction"
+                    )
+                )
+            feeds[name] = (field, gate)
+            continue
+        for step, parent in steps:
+            side = input_side(parent.fn) if parent is not None else None
+            if step.kind == "to_gate" and (step.gate not in gates or side != RIGHT):
+                raise ValueError(
+                    f"input channel {name!r} feeds operator {step.name!r} besides being broadcast: on a "
+                    "cluster every node takes every row of a broadcast channel, so it may feed nothing else"
+                )
+            if step.kind in ("to_sink", "to_chained_sink", "side"):
+                raise ValueError(
+                    f"input channel {name!r} is broadcast and also written to a sink: on a cluster every "
+                    "node takes every row of a broadcast channel, so each node would write each record"
+                )
+        feeds[name] = (BROADCAST, gate)
+    return feeds
+
+
+def _walk_steps(steps, parent=None):
+    for step in steps:
+        yield step, parent
+        yield from _walk_steps(step.children, step)
