@@ -62,6 +62,7 @@ def test_jobs_and_status_of_a_running_job():
         client.cancel()
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_demo_pipeline_spark_to_stretch_to_spark(tmp_path):
     """The demo's results, written by Spark, equal the windows computed here from its input."""
     run = stretch(

@@ -64,7 +64,7 @@ def run_phases(policy, phases, max_parallelism=6, exact=False):
 
 @pytest.mark.parametrize(
     "policy",
-    [ThresholdPolicy(), pytest.param(TrendPolicy(), marks=pytest.mark.long)],
+    [pytest.param(p, marks=pytest.mark.long) for p in (ThresholdPolicy(), TrendPolicy())],
     ids=["threshold", "trend"],
 )
 def test_stepped_rate_goes_up_and_comes_back_down_within_bounds(policy):

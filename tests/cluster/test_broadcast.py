@@ -237,6 +237,7 @@ def test_a_broadcast_job_a_cluster_cannot_route_is_refused_before_any_node_is_as
         _broadcast_job(keyed, echo_rules).execute_async("refused", cluster=cluster)
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_a_killed_node_is_restored_on_nodes_that_hold_the_rules_already(tmp_path):
     """A checkpointed job: the key groups of a node killed after a checkpoint are restored on the
     others (its journal's events replayed there, seeing the rules they hold; its broadcast rows

@@ -133,6 +133,7 @@ def test_nodes_refuse_rows_of_key_groups_they_do_not_own_and_callers_without_the
         assert outputs("refusals", cluster.nodes) == [(key, 1, 1), (key, 2, 3)]
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_a_restarted_driver_goes_on_from_the_stored_routing_version(tmp_path):
     directory = tmp_path / "cluster"
     with StretchCluster.local(nodes=1, directory=directory, max_parallelism=16, step=4) as cluster:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from stretch.cluster import StretchCluster
 from stretch.common.records import to_batch
 from tests.cluster.jobs import PAIR, count_sum_job, reference
@@ -54,6 +56,7 @@ def test_the_controller_adds_and_removes_nodes_as_the_policy_decides(tmp_path):
     assert state == reference([r for b in rows for r in b])
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_a_node_change_cut_short_by_a_nodes_death_does_not_end_the_controller(tmp_path):
     """The node the controller adds dies while it adopts key groups: the cluster restores them
     from its checkpoint directory, the controller notes the loss and adds a node again."""

@@ -216,6 +216,7 @@ def test_a_failed_task_that_spark_retries_publishes_its_rows_once(spark, tmp_pat
     assert len(job.out) == len(rows)
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_a_killed_writing_query_restarts_from_its_checkpoint_without_loss_or_duplicates(spark, tmp_path):
     source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
     rows = files(source, parts=6, rows=400, seed=5)

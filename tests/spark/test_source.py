@@ -141,6 +141,7 @@ def test_batch_read_of_an_operators_keyed_state_while_it_runs(spark):
     assert client.wait().name == "FINISHED"
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_a_killed_reading_query_restarts_from_its_checkpoint_without_loss_or_duplicates(spark, tmp_path):
     client, writer = start("spark source kill")
     sent = rows(0, 1000)
