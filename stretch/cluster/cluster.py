@@ -961,13 +961,13 @@ class StretchCluster:
         if self._driver is not None:
             self._driver.shutdown()
             (self.directory / "driver.json").unlink(missing_ok=True)
-        if self._jobs and self.checkpoint_dir is not None and self._driver is not None:
+        if self._jobs and self.checkpoint_dir is not None and self.started:
             self._forget_specs()  # closed after it started, not died nor failed to: nothing to resume
         for writer in list(self._writers):  # their shared-memory segments go too
             writer.close()
         for node_id in list(self._nodes):
             self._stop_node(node_id)
-        if self.checkpoint_dir is not None and self._driver is not None:
+        if self.checkpoint_dir is not None and self.started:
             # closed after it started (not a start that failed): nothing resumes it, its files go
             recovery.collect_garbage(self.checkpoint_dir, [])
         if self.connection is not None:
