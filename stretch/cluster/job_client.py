@@ -97,7 +97,7 @@ class ClusterJobClient:
             key_groups = [key_group(key, len(owners))]
         asked: dict[str, list[int] | None] = dict.fromkeys(self.cluster.nodes)
         if key_groups is not None:
-            asked = {}
+            asked = {self.cluster.nodes[0]: []}  # no key group: a table without rows, of the schema
             for kg in map(int, key_groups):
                 asked.setdefault(owners[kg], []).append(kg)
         every = [
@@ -105,7 +105,7 @@ class ClusterJobClient:
                 node, "state:" + json.dumps({"job": self.name, "operator": operator, "key_groups": groups})
             )
             for node, groups in asked.items()
-        ] or [self.cluster.connection.get(self.cluster.nodes[0], f"state:{self.name}:{operator}")]
+        ]
         tables = [t for t in every if t.num_rows]  # a node without keys may not know their type
         table = pa.concat_tables(tables) if tables else every[0]
         if key is not None:

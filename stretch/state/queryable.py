@@ -107,8 +107,8 @@ def read_state(table: KeyedTable, key_groups=None) -> pa.Table:
     """The state of several key groups (all by default) as one table."""
     groups = np.arange(table.maxp) if key_groups is None else np.asarray(key_groups, dtype=np.int64)
     parts = [read_key_group(table, int(kg)) for kg in table.here(groups) if table.n_keys(int(kg))]
-    if not parts:
-        return read_key_group(table, 0)
+    if not parts:  # the schema, without rows (key group 0 may hold keys not asked for)
+        return read_key_group(table, 0).slice(0, 0)
     try:
         return pa.concat_tables(parts, promote_options="permissive")
     except pa.ArrowTypeError:  # a column Arrow held in some key groups and had to pickle in others

@@ -225,6 +225,7 @@ def test_state_by_key_or_key_groups_and_a_dead_node_named(tmp_path):
             assert [(r["key"], r["count"], r["sum"]) for r in rows] == (
                 [(key, *expected[key])] if key in expected else []
             )
+        assert client.query_state("counts", key_groups=[]).num_rows == 0
         some = [0, 5, 64, 127]  # key groups on both nodes
         rows = client.query_state("counts", key_groups=some).to_pylist()
         assert {r["key"]: (r["count"], r["sum"]) for r in rows} == {

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from stretch import channels
 from stretch.common import Types
 from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment
 from stretch.datastream.connectors import DiscardingSink
 from stretch.datastream.connectors.channel import ChannelSource
 from stretch.datastream.state import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+from stretch.state.arena import Arena
+from stretch.state.backend import KeyedStateBackend
+from stretch.state.key_groups import key_groups_of
+from stretch.state.keyed_table import KeyedTable, KeyMode
+from stretch.state.queryable import read_state
 
 
 class Remember(KeyedProcessFunction):
@@ -85,3 +92,31 @@ def test_key_groups_whose_values_arrow_holds_and_key_groups_it_pickles_read_as_o
     merged = pa.concat_tables(_pickled_where_types_differ([empty, objects]))
     assert merged.schema.field("buffer").type == pa.large_binary()
     assert [pickle.loads(v) for v in merged.column("buffer").to_pylist()] == [[], [(0, "a")]]
+
+
+def test_key_groups_without_keys_read_as_a_table_without_rows(shm_prefix):
+    """Asking for empty key groups (or none) gives the schema and no rows, whatever other key groups
+    hold: key group 0 is not read in their place."""
+    arena = Arena.create(shm_prefix, 8)
+    try:
+        table = KeyedTable(arena)
+        backend = KeyedStateBackend(table)
+        count = backend.state(ValueStateDescriptor("count", Types.LONG()))
+        candidates = np.arange(200, dtype=np.int64)
+        keys = candidates[key_groups_of(candidates, 8) < 3]  # key groups 0..2 hold keys, 3..7 none
+        kgs = key_groups_of(keys, 8)
+        rows = table.rows(kgs, keys, KeyMode.INT64)
+        backend.begin(kgs, rows, keys.tolist())
+        for slot in range(len(keys)):
+            backend.current = slot
+            count.update(slot)
+        backend.end()
+        held = sorted({int(k) for k in kgs})
+        empty = [kg for kg in range(8) if kg not in held]
+        assert 0 in held and empty, "the test needs key group 0 to hold keys and another to hold none"
+        assert read_state(table, []).num_rows == 0
+        assert read_state(table, empty[:1]).num_rows == 0
+        assert read_state(table, [0]).num_rows == sum(1 for kg in kgs if kg == 0)
+        assert "count" in read_state(table, []).column_names
+    finally:
+        arena.close()
