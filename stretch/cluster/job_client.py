@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -13,14 +12,11 @@ from stretch.datastream.job_client import RescaleReport
 from stretch.errors import JobExecutionError
 from stretch.state.key_groups import key_group
 
-if TYPE_CHECKING:  # the cluster makes its jobs' clients
-    from stretch.cluster.cluster import StretchCluster
-
 
 class ClusterJobClient:
     """A job running on every node of a cluster: the JobClient calls, over all nodes."""
 
-    def __init__(self, cluster: StretchCluster, name: str):
+    def __init__(self, cluster, name: str):  # the StretchCluster that runs the job
         self.cluster, self.name = cluster, name
 
     def get_job_id(self) -> str:
