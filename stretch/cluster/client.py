@@ -341,17 +341,18 @@ class ClusterWriter:
                 try:
                     self._send(node, command, rows)
                 except (flight.FlightServerError, flight.FlightUnavailableError, LookupError) as e:
-                    if NOT_OWNER not in str(e) and not isinstance(
-                        e, (flight.FlightUnavailableError, LookupError)
-                    ):
-                        raise
-                    if time.monotonic() > deadline:
-                        raise NotOwner(
-                            f"rows of job {self.job!r} found no owner within {self.retry_for} s: {e}"
-                        ) from e
-                    self.refusals += 1
+                    self._refused(e, NOT_OWNER, deadline, "found no owner")
                     self._reload()
                     pending.append(rows)
+
+    def _refused(self, e: Exception, marker: str, deadline: float, what: str) -> None:
+        """A part a node refused (``marker``: it moved on) or could not take (gone, unknown) is sent
+        again after a reload, until ``deadline``; any other error is the caller's."""
+        if marker not in str(e) and not isinstance(e, (flight.FlightUnavailableError, LookupError)):
+            raise e
+        if time.monotonic() > deadline:
+            raise NotOwner(f"rows of job {self.job!r} {what} within {self.retry_for} s: {e}") from e
+        self.refusals += 1
 
     def _send(self, node: str, command: dict, rows: pa.RecordBatch) -> None:
         """One node's part: through shared memory if the node sees this host's, else over Flight."""
@@ -382,16 +383,7 @@ class ClusterWriter:
                 try:
                     self.connection.put(node, {**command, "members": self.members.version}, table)
                 except (flight.FlightServerError, flight.FlightUnavailableError, LookupError) as e:
-                    if NOT_MEMBER not in str(e) and not isinstance(
-                        e, (flight.FlightUnavailableError, LookupError)
-                    ):
-                        raise
-                    if time.monotonic() > deadline:
-                        raise NotOwner(
-                            f"broadcast rows of job {self.job!r} did not reach every node within "
-                            f"{self.retry_for} s: {e}"
-                        ) from e
-                    self.refusals += 1
+                    self._refused(e, NOT_MEMBER, deadline, "did not reach every node")
                     latest = self.connection.members()
                     if latest.version == self.members.version:
                         time.sleep(0.002)
