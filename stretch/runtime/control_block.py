@@ -22,14 +22,14 @@ MAX_INSTANCES = 256
 
 # Per-instance words (int64).
 I_EPOCH, I_RECORDS_IN, I_RECORDS_OUT, I_BUSY_NS, I_BATCHES, I_HEARTBEAT_NS, I_STATE, I_GATE_SEQ = range(8)
-I_STALL_NS, I_MAX_STALL_NS = 8, 9  # time spent waiting for previous owners at epoch markers
-I_LAST_STALL_NS, I_LAST_GAINED = 10, 11  # the latest marker: how long it waited, whether it gained
+I_STALL_NS, I_MAX_STALL_NS = 8, 9  # time spent waiting for previous owners at epochs' positions
+I_LAST_STALL_NS, I_LAST_GAINED = 10, 11  # the latest epoch: how long it waited, whether it gained
 I_ACTIVE = 12  # the epoch whose ownership the instance processes under (after its handoff waits)
 I_ACTIVE_AT_NS = 13  # CLOCK_MONOTONIC time it became active under that epoch
 I_WATERMARK = 14  # the instance's input watermark (event time, ms); 0 before the first
 I_CHECKPOINT = 15  # the latest checkpoint barrier the instance passed (its key groups copied)
 I_BARRIER_AT_NS = 16  # CLOCK_MONOTONIC time it read that barrier (it stands still from then)
-I_CODE = 17  # the code version the instance runs (it passed that version's UPDATE record)
+I_CODE = 17  # the code version the instance runs (it passed that version's epoch)
 I_CODE_AT_NS = 18  # CLOCK_MONOTONIC time it switched to that version
 I_CLAIM = 19  # the gate position up to which it has committed to read under its epoch (runtime.frontier)
 I_RATE = 20  # its recent reading time per gate position, in ns/1024 (0: not known yet)
@@ -38,7 +38,7 @@ I_WORDS = 24
 FREE, RUNNING, DONE = 0, 1, 2
 
 _OP_HEADER = 64  # epoch, parallelism, switch futex...
-_WM_BYTES = 64 * 1024  # the watermark tracking state saved at the latest epoch marker
+_WM_BYTES = 64 * 1024  # the watermark tracking state saved at the latest epoch's position
 O_EPOCH, O_PARALLELISM, O_SWITCH_FUTEX = 0, 1, 2
 O_KEY_GROUPS = 3  # the operator's own max parallelism (its tables' length), if not the job's
 O_PLACING = 4  # the epoch being placed, or the latest placed (runtime.frontier)
@@ -87,9 +87,9 @@ class ControlBlock:
         return self._base(op) + _OP_HEADER * 8 + self._table_bytes + self._inst_bytes
 
     def save_watermarks(self, op: int, epoch: int, state: dict) -> None:
-        """The operator's watermark tracking as of an epoch marker (for instances added there).
+        """The operator's watermark tracking as of an epoch's position (for instances added there).
 
-        Every instance computes the same state at the same marker, so whichever writes first wins.
+        Every instance computes the same state at the same position, so whichever writes first wins.
         """
         r = self.segment.region
         base = self._wm_area(op)
@@ -137,7 +137,7 @@ class ControlBlock:
         return self._base(op) + _OP_HEADER * 8 + self._table_bytes + (instance * I_WORDS + word) * 8
 
     def announce(self, op: int, instance: int, word: int, epoch: int) -> None:
-        """Publish an instance's progress (I_EPOCH: passed the marker with everything before it
+        """Publish an instance's progress (I_EPOCH: passed the epoch's position with everything before it
         done and flushed; I_ACTIVE: processing under the epoch) and wake whoever waits on it."""
         r = self.segment.region
         if word in (I_ACTIVE, I_CODE):
