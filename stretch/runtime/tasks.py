@@ -529,6 +529,10 @@ class KeyedInstanceTask(Task):
         owners, new = self.owners, cb.table(op, epoch).copy()
         if not self.fresh:
             cb.save_watermarks(op, epoch, self.tracker.state())
+            # downstream learns of the instances added here, with the watermark in force at the
+            # position, before anything this one sends from there on: none of theirs is late
+            for joined in np.setdiff1d(new[new >= 0], owners[owners >= 0]).tolist():
+                self.chain.emit(Kind.WATERMARK, self.tracker.current, producer_id(self.stage.id, joined))
         if not (new == index).any():
             gate.close_reader(index)
             self.retired = True
