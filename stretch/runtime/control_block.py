@@ -44,7 +44,8 @@ O_KEY_GROUPS = 3  # the operator's own max parallelism (its tables' length), if 
 O_PLACING = 4  # the epoch being placed, or the latest placed (runtime.frontier)
 O_PROGRESS = 5  # a futex bumped when an instance claims more while others wait for it (runtime.frontier)
 O_WAITING_AHEAD = 6  # how many instances wait for others to catch up (runtime.frontier)
-O_EPOCHS = 16  # per epoch of the ring, two words: the gate position it applies from, its code version
+O_EPOCHS = 16  # per epoch of the ring, three words: the gate position it applies from, its code
+_EPOCH_WORDS = 3  # version, its parallelism (instances at or above it retire there)
 # Job-wide words after the operators' areas: checkpoint barriers (see runtime.checkpointing).
 _JOB_WORDS = 1024
 J_REQUEST, J_FUTEX, _J_STAGES = 0, 1, 16
@@ -170,20 +171,35 @@ class ControlBlock:
 
     def position_word(self, op: int, epoch: int) -> int:
         """Byte offset of the gate position from which an epoch applies."""
-        return self.op_word(op, O_EPOCHS + 2 * (epoch % TABLE_RING))
+        return self.op_word(op, O_EPOCHS + _EPOCH_WORDS * (epoch % TABLE_RING))
 
     def code_word(self, op: int, epoch: int) -> int:
         """Byte offset of an epoch's code version."""
         return self.position_word(op, epoch) + 8
 
-    def publish(self, op: int, epoch: int, owners: np.ndarray, code: int = 0, position: int = 0) -> None:
-        """Write an epoch's table, code version and position, then make it the operator's current
-        epoch. Instances read the table only once they see the position (runtime.frontier)."""
+    def parallelism_word(self, op: int, epoch: int) -> int:
+        """Byte offset of an epoch's parallelism."""
+        return self.position_word(op, epoch) + 16
+
+    def publish(
+        self,
+        op: int,
+        epoch: int,
+        owners: np.ndarray,
+        code: int = 0,
+        position: int = 0,
+        parallelism: int | None = None,
+    ) -> None:
+        """Write an epoch's table, code version, parallelism (default: its highest owner + 1; an
+        instance may own nothing, its key groups released) and position, then make it the
+        operator's current epoch. Instances read the rest once they see the position."""
         r = self.segment.region
         self.table(op, epoch)[:] = owners
         r.store64(self.code_word(op, epoch), code)
+        p = int(owners.max()) + 1 if parallelism is None else parallelism
+        r.store64(self.parallelism_word(op, epoch), p)
         h = self.header(op)
-        h[O_PARALLELISM] = int(owners.max()) + 1
+        h[O_PARALLELISM] = p
         r.store64(self.position_word(op, epoch), position)
         r.store64(self.epoch_word(op), epoch)
         r.max64(self.op_word(op, O_PLACING), epoch)
@@ -205,6 +221,9 @@ class ControlBlock:
 
     def code(self, op: int, epoch: int) -> int:
         return self.segment.region.load64(self.code_word(op, epoch))
+
+    def parallelism(self, op: int, epoch: int) -> int:
+        return self.segment.region.load64(self.parallelism_word(op, epoch))
 
     def epoch(self, op: int) -> int:
         return self.segment.region.load64(self.epoch_word(op))

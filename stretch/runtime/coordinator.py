@@ -343,7 +343,7 @@ class Coordinator:
             released = self.rescaler.away.get(stage.id, {})  # a recovery keeps them away
             owners[list(released)] = -1
             released.update(dict.fromkeys(released, 0))  # nothing of theirs is queued in the new gate
-            self.control.publish(op_index, 0, owners, stage.code_version)
+            self.control.publish(op_index, 0, owners, stage.code_version, parallelism=p)
             gate = self.gates[stage.input_gate]
             for i in range(p):
                 gate.open_reader(i, 0)

@@ -295,7 +295,7 @@ class Rescaler:
             gate.open_reader(i, start)
             frontier.start_claim(cb, op, i, position)
             cb.instances(op)[i, cbk.I_STATE] = cbk.FREE  # a slot used before: not done, to a checkpoint
-        cb.publish(op, epoch, owners, cb.code(op, epoch - 1) if code is None else code, position)
+        cb.publish(op, epoch, owners, cb.code(op, epoch - 1) if code is None else code, position, new)
         gate.nudge()  # instances waiting at the position apply the epoch now
         co.set_parallelism(
             stage_id, new, [(i, epoch - 1, stage.code_version, position) for i in range(old, new)]
