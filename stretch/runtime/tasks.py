@@ -265,7 +265,7 @@ class KeyedInstanceTask(Task):
         cb.announce(op, index, cbk.I_ACTIVE, epoch)
         # an instance added by a rescale learns the watermarks at its epoch's position instead
         self.tracker = WatermarkTracker(self.res.producers.get(stage.input_gate, ()))
-        self.fresh = operator.owned.size == 0  # added by a rescale: it owns nothing before its epoch
+        self.fresh = index >= self.instances  # added by a rescale: not one of its start epoch's
         cb.announce(op, index, cbk.I_CODE, stage.code_version)
         if self.board is not None:  # the broadcast state in force where this instance starts
             self._bind_board(operator, gate)
