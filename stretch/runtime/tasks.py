@@ -411,7 +411,7 @@ class KeyedInstanceTask(Task):
         """Run the operator over rows [x, y) of a data entry (those it owns); returns how many."""
         batch = entry.batch if (x, y) == (0, entry.batch.num_rows) else entry.batch.slice(x, y - x)
         part = writable(kgs[x:y])
-        t0 = time.perf_counter_ns()
+        t0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
         chain, operator = self.chain, self.operator
         if self.fused:
             operator.position = entry.seq  # where a broadcast operator's versions are placed
@@ -431,9 +431,10 @@ class KeyedInstanceTask(Task):
             n = own.num_rows
             if n:
                 chain.push(operator.process(own, own_kgs))
-        took = time.perf_counter_ns() - t0
-        self._busy += took
-        if not self.whole:  # about PIECE_NS of work a piece, from the rate of this one
+        self._busy += time.perf_counter_ns() - t0
+        if not self.whole:  # about PIECE_NS of work a piece, from this one's (CPU time: not the
+            # time others ran meanwhile, which would keep pieces small on a busy machine)
+            took = time.thread_time_ns() - cpu0
             self._piece = max(1, min(self._piece * 8, int(PIECE_NS * (y - x) / max(took, 1))))
         return n
 
@@ -570,7 +571,7 @@ class KeyedInstanceTask(Task):
 PIECE_NS = 2_000_000
 """About the work of one piece of a batch: the longest an epoch placed while an instance reads waits
 for it (each piece is committed to before it is read)."""
-_FIRST_PIECE = 16  # rows of an instance's first piece, before it knows its rate (it grows 8x a piece)
+_FIRST_PIECE = 64  # rows of an instance's first piece, before it knows its rate (it grows 8x a piece)
 
 
 def _own_rows(batch, kgs: np.ndarray, owners: np.ndarray, index: int):

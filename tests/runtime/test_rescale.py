@@ -264,7 +264,9 @@ class SlowForSome(KeyedProcessFunction):
 
 def test_an_instance_that_gains_nothing_never_waits():
     # p=2 -> 3 with max parallelism 128: instance 0 keeps key groups 0..42 and gains none;
-    # instance 2 gains 86..127 from instance 1, which we keep busy with slow keys.
+    # instance 2 gains 86..127 from instance 1, which we keep busy with slow keys (1.2 s of work).
+    # The epoch applies at the readers' frontier, ahead of most of that work: instance 2 waits for
+    # instance 1 to finish the record it is at, instance 0 for nothing.
     maxp = 128
     slow = [k for k in range(100_000) if key_group(k, maxp) >= 86][:60]
     fast = [k for k in range(100_000) if key_group(k, maxp) < 43][:20]
@@ -277,28 +279,18 @@ def test_an_instance_that_gains_nothing_never_waits():
         ),
         "non-gaining instance",
     )
-    job.writer.write(slow)  # ~1.2 s of work for instance 1
+    for i in range(0, len(slow), 5):  # entries of 0.1 s of work each
+        job.writer.write(slow[i : i + 5])
     time.sleep(0.1)
-    done = threading.Event()
-    report = {}
-    threading.Thread(
-        target=lambda: (report.update(r=job.client.rescale("op", 3)), done.set()), daemon=True
-    ).start()
-    progressed_while_waiting = False
+    report = job.client.rescale("op", 3)
+    assert report.queued > 0  # it applied ahead of slow records still queued
     fast_writes = 0
-    while not done.is_set():
+    for _ in range(5):
         job.writer.write(fast)
         fast_writes += 1
         time.sleep(0.05)
-        insts = job.client.describe()["operators"][0]["instances"]
-        epochs = {i["index"]: i["epoch"] for i in insts}
-        if epochs.get(0) == 1 and epochs.get(1) == 0 and insts[0]["records_in"] > 20:
-            progressed_while_waiting = True
-    assert progressed_while_waiting, "instance 0 stopped while instance 1 was still before the marker"
-    assert report["r"].elapsed_ms > 500  # the rescale itself waited for the slow instance
     insts = job.client.describe()["operators"][0]["instances"]
     assert insts[0]["max_stall_ns"] < 50_000_000
-    assert insts[2]["max_stall_ns"] > 300_000_000  # the gaining instance did wait
     got = job.finish()
     assert sorted(got) == sorted(slow + fast * fast_writes)
 

@@ -237,9 +237,14 @@ def rescale_and_kill(client, parallelism: int, instance: int) -> tuple[threading
     op = co.resources.keyed_index[sid]
     epoch = int(co.control.epoch(op))
     reports: list = []
-    rescale = threading.Thread(
-        target=lambda: reports.append(client.rescale("busy", parallelism)), daemon=True
-    )
+
+    def rescale_():
+        try:
+            reports.append(client.rescale("busy", parallelism))
+        except Exception as e:  # the test shows it, rather than an empty list
+            reports.append(e)
+
+    rescale = threading.Thread(target=rescale_, daemon=True)
     rescale.start()
     deadline = time.monotonic() + 30
     while True:
@@ -263,7 +268,9 @@ def test_a_kill_9_at_a_frontier_epoch_under_a_backlog_leaves_the_output_exact(vi
         await_backlog(co)
         rescale, reports = rescale_and_kill(client, 2, victim)
         rescale.join(60)
-        assert reports and reports[0].new_parallelism == 2  # in effect: the job recovered at 2
+        assert (
+            reports and getattr(reports[0], "new_parallelism", reports) == 2
+        )  # in effect: the job recovered at 2
         assert client.wait(90).name == "FINISHED"
         assert len(co.recoveries) == 1
     finally:

@@ -27,13 +27,14 @@ from tests.runtime.test_rescaler import Busy, checkpointed_busy, sequential, spi
 
 
 def rescaling(
-    client, operator: str, stop: threading.Event, choices=(1, 2, 3, 4), seed: int = 1
+    client, operator: str, stop: threading.Event, choices=(1, 2, 3, 4), seed: int = 1, at_least: int = 0
 ) -> threading.Thread:
-    """Random rescales of ``operator``, a few milliseconds apart, until ``stop``."""
+    """Random rescales of ``operator``, a few milliseconds apart, until ``stop`` (and at least
+    ``at_least`` of them: on a slow machine the writes may end before the second)."""
 
     def run_():
         rng = random.Random(seed)
-        while not stop.is_set():
+        while not stop.is_set() or len(client._coordinator.rescales) < at_least:
             try:
                 client.rescale(operator, rng.choice(choices))
             except Exception:  # the input ended meanwhile: nothing left to rescale
@@ -94,7 +95,7 @@ def test_watermarks_windows_and_late_data_across_frontier_epochs():
     (out, t1), (dropped, t2) = collect(client, "out"), collect(client, "late")
     writer = channels.open_writer(client, "in")
     stop = threading.Event()
-    rescales = rescaling(client, "windows", stop)
+    rescales = rescaling(client, "windows", stop, at_least=5)
     for b in batches:  # back to back: the window operator falls behind
         writer.write(b)
     stop.set()
@@ -180,7 +181,7 @@ def test_idle_and_leave_marks_across_frontier_epochs_of_two_operators():
 
 
 def test_a_rescale_does_not_wait_for_a_checkpoint_under_way_and_both_are_exact():
-    n = 16_000
+    n = 40_000  # more than the gate holds: the source is still writing when the checkpoint starts
     client = checkpointed_busy("frontier checkpoint", n)  # checkpoints every 100 ms, far behind
     co = client._coordinator
     checkpointer = co.checkpointer
@@ -232,7 +233,7 @@ def test_transaction_ends_across_frontier_epochs_each_return_exactly_their_resul
     staging = job.join_channel("in", "writer")["staging"]
     inputs = {p: [(i % 13, p * 1000 + i) for i in range(400)] for p in range(12)}
     stop = threading.Event()
-    rescales = rescaling(client, "busy", stop)
+    rescales = rescaling(client, "busy", stop, at_least=3)
     try:
         with ThreadPoolExecutor(4) as pool:  # four tasks at a time: the operator falls behind
             results = dict(
@@ -273,7 +274,7 @@ def test_broadcast_elements_across_frontier_epochs():
     out, reading = collect(client, "out")
     writer = channels.open_writer(client, "in")
     stop = threading.Event()
-    rescales = rescaling(client, "flag", stop)
+    rescales = rescaling(client, "flag", stop, at_least=3)
     for batch in batches:
         writer.write(batch)
     stop.set()
