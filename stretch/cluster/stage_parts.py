@@ -15,7 +15,8 @@ takes each part once, by id, from whichever nodes answer with it.
 
 A part is answered once its results are complete and, for a checkpointed job, once a checkpoint
 covers them (results Spark has seen are never rolled back). Records of a query's micro-batches
-older than the one before its latest are dropped: Spark replays only its latest micro-batch.
+older than the one before its latest are dropped (Spark replays only its latest micro-batch), and
+those of all but the 64 queries heard of last (a batch query's tasks make a query of their own).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import itertools
 import queue
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -31,6 +33,7 @@ import pyarrow as pa
 from stretch.runtime.channel_log import ChannelLog
 
 _KEPT_BATCHES = 2  # a query's latest micro-batch and the one before it
+_KEPT_QUERIES = 64  # queries whose parts are kept (a batch query's tasks make one of their own)
 
 SCHEMA = pa.schema(
     [
@@ -70,7 +73,7 @@ class StageParts:
         self._numbers = itertools.count(time.time_ns() // 1000)  # unique across runs of the node id
         self._lock = threading.Lock()
         self._parts: dict[tuple, list[StagePart]] = {}  # name -> its parts here
-        self._latest: dict[tuple, int] = {}  # (channel, query) -> its latest micro-batch here
+        self._latest: OrderedDict[tuple, int] = OrderedDict()  # (channel, query) -> its latest batch
         self._waiting: queue.Queue[StagePart | None] = queue.Queue()
         self._readers: dict[str, ChannelLog] = {}
         self._completer: threading.Thread | None = None
@@ -197,10 +200,13 @@ class StageParts:
             self._parts.setdefault(part.name, []).append(part)
             latest = max(batch, self._latest.get((channel, query), batch))
             self._latest[(channel, query)] = latest
-            for old in [
-                n for n in self._parts if n[:2] == (channel, query) and n[2] <= latest - _KEPT_BATCHES
-            ]:
-                del self._parts[old]
+            self._latest.move_to_end((channel, query))
+            gone = [n for n in self._parts if n[:2] == (channel, query) and n[2] <= latest - _KEPT_BATCHES]
+            while len(self._latest) > _KEPT_QUERIES:  # the query heard of longest ago
+                oldest, _ = self._latest.popitem(last=False)
+                gone += [n for n in self._parts if n[:2] == oldest]
+            for name in gone:
+                del self._parts[name]
 
     def _unrecord(self, part: StagePart) -> None:
         with self._lock:

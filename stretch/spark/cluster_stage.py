@@ -17,6 +17,7 @@ its host), else by its URL with its secret (and TLS), which the task carries.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -67,13 +68,14 @@ class ClusterStageTask:
         self.address, self.secret, self.tls = target.address, target.secret, target.tls
         self.job, self.into, self.out = target.name, target.into, target.out
         self.out_schema, self.keys = out_schema, keys
+        self.stage_id = uuid.uuid4().hex  # names the tasks of batch queries (stage_results.transaction_of)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         rows = [b for b in batches if b.num_rows]
         if not rows:
             return
         table = pa.Table.from_batches(rows)  # the writer casts it to the channel's types, by position
-        query, batch_id, partition = transaction_of(TaskContext.get())
+        query, batch_id, partition = transaction_of(TaskContext.get(), self.stage_id)
         try:
             with ClusterWriter(self.address, self.job, self.into, secret=self.secret, tls=self.tls) as writer:
                 parts = writer.transact(table, self.out, query, batch_id, partition)

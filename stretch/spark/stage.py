@@ -123,13 +123,14 @@ class StageTask:
             staging,
         )
         self.in_schema, self.out_schema, self.keys = in_schema, out_schema, keys
+        self.stage_id = uuid.uuid4().hex  # names the tasks of batch queries (stage_results.transaction_of)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         job = self._job()
         path = self._stage(batches)
         if path is None:
             return
-        query, batch_id, partition = transaction_of(TaskContext.get())
+        query, batch_id, partition = transaction_of(TaskContext.get(), self.stage_id)
         try:
             reply = job.publish_txn(self.into, self.out, query, batch_id, partition, [path])
         except jobs.JobGone:

@@ -4,8 +4,6 @@ results its rows caused, in Spark's schema, in update mode only each key's lates
 
 from __future__ import annotations
 
-import uuid
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,11 +14,15 @@ QUERY_ID = "sql.streaming.queryId"  # Spark's local properties of a streaming qu
 BATCH_ID = "streaming.sql.batchId"
 
 
-def transaction_of(context) -> tuple[str, int, int]:
-    """(query id, micro-batch id, partition) of a task (``TaskContext.get()``): a streaming
-    query's id outlives its restarts, so a replayed micro-batch's task has its first run's name;
-    a batch query's task gets a name of its own (nothing replays it)."""
-    query = context.getLocalProperty(QUERY_ID) or f"batch-query-{uuid.uuid4().hex}"
+def transaction_of(context, stage_id: str) -> tuple[str, int, int]:
+    """(query, micro-batch id, partition) of a task (``TaskContext.get()``) of the stage made with
+    id ``stage_id``. A streaming query's id outlives its restarts, so a replayed micro-batch's task
+    has its first run's name. A batch query's task is named by the stage and Spark's stage of it
+    (an action on the stage's DataFrame runs its own Spark stage): a retried task has the name of
+    its first attempt, so it too reaches the job once."""
+    query = context.getLocalProperty(QUERY_ID)
+    if query is None:
+        return f"batch-{stage_id}-{context.stageId()}", 0, context.partitionId()
     return query, int(context.getLocalProperty(BATCH_ID) or 0), context.partitionId()
 
 

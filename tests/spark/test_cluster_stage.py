@@ -22,6 +22,7 @@ from stretch.common import Types
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.spark import stage
+from tests.spark.steps import fail_first_attempt
 from tests.spark.test_stage import _files
 
 RECORD = Types.TUPLE([Types.LONG(), Types.LONG()])  # user, amount
@@ -82,12 +83,14 @@ def streamed(spark, client, source, checkpoint, mode: str, sink, step=None):
 
 
 def test_append_and_update_mode_give_each_task_the_results_its_rows_caused_on_every_node(spark):
-    """Batch DataFrames through a job on two nodes: every task's rows split over both."""
+    """Batch DataFrames through a job on two nodes: every task's rows split over both; a task
+    retried after the stage gets its first attempt's results, its rows taken once."""
     with StretchCluster.local(nodes=2) as cluster:
         client = totals_job().execute_async("cluster stage modes", cluster=cluster)
         rows = [(i % 11, i + 1) for i in range(400)]
         df = spark.createDataFrame(rows, "user long, amount long").repartition(2)
-        appended = [tuple(r) for r in stage(df, client, into="in", out="out").collect()]
+        results = stage(df, client, into="in", out="out")
+        appended = [tuple(r) for r in results.mapInArrow(fail_first_attempt, results.schema).collect()]
         more = [(i % 13, 2 * i + 1) for i in range(300)]
         df = spark.createDataFrame(more, "user long, amount long")
         updated = stage(df, client, into="in", out="out", mode="update", key="user", result_key="f0")
@@ -223,7 +226,8 @@ ON_SPARK = textwrap.dedent(
     from stretch.cluster import StretchCluster
     from stretch.spark import stage
     from tests.spark.test_cluster_stage import totals_job, update_reference
-    from tests.spark.test_stage import _files
+    from tests.spark.steps import fail_first_attempt
+from tests.spark.test_stage import _files
     from pathlib import Path
 
     spark = (
