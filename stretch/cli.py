@@ -130,7 +130,8 @@ def cmd_scale(args) -> int:
     reply = _ask(job, job.rescale, args.operator, args.parallelism, on_progress=_waiting("rescale"))
     print(
         f"rescaled {reply['operator']!r} {reply['old_parallelism']} -> {reply['new_parallelism']} "
-        f"in {reply['elapsed_ms']:.2f} ms (epoch {reply['epoch']}, {reply['state_bytes_copied']} state bytes copied)"
+        f"in {reply['elapsed_ms']:.2f} ms (epoch {reply['epoch']}, {reply['state_bytes_copied']} state bytes copied, "
+        f"{reply.get('queued', 0)} records queued behind it)"
     )
     return 0
 

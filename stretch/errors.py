@@ -21,3 +21,13 @@ class UpdateRefused(ValueError):
     """A live code update was refused before anything changed: the message says which check
     failed (the new code's kind, its open(), a state's kind or type, the output type); the job
     keeps running the old code."""
+
+
+class JobEnded(RuntimeError):
+    """The job has ended (finished, failed, was cancelled) or is ending, so it cannot do what was
+    asked (a rescale, an update, a checkpoint): the message names the job and says how it ended."""
+
+
+class InputEnded(RuntimeError):
+    """A rescale or a live update found nothing left to read where it could apply: the operator's
+    instances have read (or are reading) the end of its input. The message says which."""

@@ -40,11 +40,12 @@ class RescaleReport:
     new_parallelism: int
     elapsed_ms: float
     state_bytes_copied: int  # always 0: ownership moved, the state did not
+    queued: int = 0  # records (and markers) queued behind the position it applied from: not waited for
 
     def __str__(self) -> str:
         return (
             f"rescaled {self.operator!r} {self.old_parallelism} -> {self.new_parallelism} in {self.elapsed_ms:.2f} ms "
-            f"(epoch {self.epoch}, {self.state_bytes_copied} state bytes copied)"
+            f"(epoch {self.epoch}, {self.state_bytes_copied} state bytes copied, {self.queued} records queued behind it)"
         )
 
 
@@ -60,6 +61,7 @@ class UpdateReport:
     states_orphaned: list  # states the old code declared and the new one does not
     checkpoint: int | None  # the checkpoint that made it durable, in a checkpointed job
     dry_run: bool = False
+    queued: int = 0  # records (and markers) queued behind the position it applied from: not waited for
 
     def __str__(self) -> str:
         if self.dry_run:
@@ -142,11 +144,14 @@ class JobClient:
     def rescale(self, operator_name: str, parallelism: int, timeout: float | None = None) -> RescaleReport:
         """Change a keyed operator's parallelism while the job runs, moving no state.
 
-        Returns once every instance runs under the new ownership table; instances that gain no key
-        group never pause. Under a backlog that lasts until the instances have read up to the
-        epoch record; ``timeout`` (seconds; None: as long as the job runs) bounds that wait with
-        a ``TimeoutError``, and the new parallelism is in effect all the same. Rescales of one
-        operator are serialized.
+        Returns once every instance runs under the new ownership table, which applies from the
+        readers' frontier of the operator's input: records queued behind it (``queued`` in the
+        report) run under the new parallelism, so a rescale takes about as long as the instances
+        are apart (a few milliseconds), however much input waits. Instances that gain no key group
+        never pause. ``timeout`` (seconds; None: as long as the job runs) bounds the wait with a
+        ``TimeoutError``, and the new parallelism is in effect all the same. Rescales of one
+        operator are serialized. A job that ended raises ``JobEnded``; an operator that has read
+        all its input raises ``InputEnded`` (nothing is left to rescale).
         """
         return RescaleReport(**self._coordinator.rescale(operator_name, parallelism, timeout))
 

@@ -15,8 +15,10 @@ Aligned barriers, placed by the coordinator, so a gate never needs alignment buf
 6. When every instance and sink reached n, the metadata file is written (atomically): checkpoint
    n is complete, and the sinks commit the output before barrier n.
 
-Checkpoints and rescales exclude each other (a rescale waits for a running checkpoint and the
-other way round), so each sees a fixed set of instances.
+A rescale may happen while a checkpoint is under way (it does not wait for the barrier, which under
+a backlog takes as long as the backlog): the instances that take part in an operator's checkpoint
+are those of the epoch in force at its barrier's position (runtime.frontier), whether that epoch
+was placed before the barrier or after. Live updates and checkpoints take turns.
 """
 
 from __future__ import annotations
@@ -257,17 +259,26 @@ class Checkpointer:
         deadline = t0 + self.timeout
         make_private_dir(self.store.path(n))
         keyed = {s.id: co.resources.keyed_index[s.id] for s in plan.stages if s.kind == "keyed"}
-        parallelism = {sid: co.parallelism_of(sid) for sid in keyed}
+        barrier_at: dict[int, int] = {}  # keyed stage -> the position of the barrier in its gate
+
+        def taking_part(sid: int) -> int:
+            """The stage's instances that take part: those of the epoch in force at the barrier."""
+            if sid not in barrier_at:
+                return co.parallelism_of(sid)
+            op = keyed[sid]
+            return int(cb.table(op, cb.epoch_at(op, barrier_at[sid])).max()) + 1
+
+        inputs = {s.input_gate: s.id for s in plan.stages if s.kind == "keyed"}
         feeds: dict[int, list] = {s.id: [] for s in plan.stages}  # stage -> gates and sinks it feeds
         targets = []
         for gate_id, producers in plan.gate_producers.items():
-            targets.append((co.gates[gate_id], producers))
+            targets.append((co.gates[gate_id], producers, inputs.get(gate_id)))
             for p in producers:
                 feeds[p].append(gate_id)
         runners = {r.spec.id: r for r in co.sink_runners}
         for sink in plan.sinks:
             if sink.id in co.sink_gates:
-                targets.append((co.sink_gates[sink.id], sink.producers))
+                targets.append((co.sink_gates[sink.id], sink.producers, None))
                 for p in sink.producers:
                     feeds[p].append(-1 - sink.id)
 
@@ -275,10 +286,12 @@ class Checkpointer:
             if co.stage_finished(sid):
                 return True
             if sid in keyed:
+                if sid not in barrier_at:  # no instance can have reached a barrier not yet placed
+                    return False
                 inst = cb.instances(keyed[sid])
                 return all(
                     inst[i, cbk.I_CHECKPOINT] >= n or inst[i, cbk.I_STATE] == cbk.DONE
-                    for i in range(parallelism[sid])
+                    for i in range(taking_part(sid))
                 )
             return cb.load(cb.stage_word(sid, cbk.S_REACHED)) >= n
 
@@ -294,9 +307,11 @@ class Checkpointer:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"checkpoint {n} did not complete within {self.timeout:.0f} s")
             reached = {s.id for s in plan.stages if stage_reached(s.id)}
-            for gate, producers in targets:
+            for gate, producers, consumer in targets:
                 if id(gate) not in placed and set(producers) <= reached:
-                    gate.append_control(Kind.CHECKPOINT, n)
+                    seq = gate.append_control(Kind.CHECKPOINT, n)
+                    if consumer is not None:
+                        barrier_at[consumer] = gate.start_of(seq)
                     placed.add(id(gate))
             for sid in reached - released:
                 outputs = [co.gates[g] if g >= 0 else co.sink_gates[-1 - g] for g in feeds[sid]]
@@ -306,7 +321,7 @@ class Checkpointer:
                     cb.signal(cb.stage_word(sid, cbk.S_RELEASED), n)
                     released.add(sid)
                     if sid in keyed:  # from its first instance at the barrier until now
-                        inst = cb.instances(keyed[sid])[: parallelism[sid]]
+                        inst = cb.instances(keyed[sid])[: taking_part(sid)]
                         at = inst[inst[:, cbk.I_CHECKPOINT] >= n, cbk.I_BARRIER_AT_NS]
                         if at.size:
                             pause_ms = max(pause_ms, (time.monotonic_ns() - int(at.min())) / 1e6)
@@ -315,6 +330,7 @@ class Checkpointer:
             ):
                 break
             cb.wait_signal(seen, 0.01)  # instances and sources signal; sinks and ends are polled
+        parallelism = {sid: taking_part(sid) for sid in keyed}
         files = self._await_files(n, generation, keyed, parallelism, deadline)
         outputs = {}
         for r in runners.values():

@@ -1,9 +1,11 @@
 """The job's control block: per keyed operator, the ownership table by epoch and instance counters.
 
-Ownership is only a table (key group -> instance index). A rescale publishes the next epoch's
-table here and places an EPOCH record in the operator's gate; instances switch tables when they
-read that record. Each instance also publishes the epoch it runs under and its counters here, so
-the coordinator, the CLI and other instances can see progress without asking.
+Ownership is only a table (key group -> instance index). A rescale, a live update or a barrier
+publishes the next epoch here: its table, its code version and the position of the operator's
+gate from which it applies (placed at the readers' frontier, see runtime.frontier); instances
+switch when they reach that position. Each instance also publishes the epoch it runs under, how far
+it has committed to read, and its counters here, so the coordinator, the CLI and other instances
+can see progress without asking.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ I_CHECKPOINT = 15  # the latest checkpoint barrier the instance passed (its key 
 I_BARRIER_AT_NS = 16  # CLOCK_MONOTONIC time it read that barrier (it stands still from then)
 I_CODE = 17  # the code version the instance runs (it passed that version's UPDATE record)
 I_CODE_AT_NS = 18  # CLOCK_MONOTONIC time it switched to that version
+I_CLAIM = 19  # the gate position up to which it has committed to read under its epoch (runtime.frontier)
+I_RATE = 20  # its recent reading time per gate position, in ns/1024 (0: not known yet)
 I_WORDS = 24
 # Instance states.
 FREE, RUNNING, DONE = 0, 1, 2
@@ -37,6 +41,10 @@ _OP_HEADER = 64  # epoch, parallelism, switch futex...
 _WM_BYTES = 64 * 1024  # the watermark tracking state saved at the latest epoch marker
 O_EPOCH, O_PARALLELISM, O_SWITCH_FUTEX = 0, 1, 2
 O_KEY_GROUPS = 3  # the operator's own max parallelism (its tables' length), if not the job's
+O_PLACING = 4  # the epoch being placed, or the latest placed (runtime.frontier)
+O_PROGRESS = 5  # a futex bumped when an instance claims more while others wait for it (runtime.frontier)
+O_WAITING_AHEAD = 6  # how many instances wait for others to catch up (runtime.frontier)
+O_EPOCHS = 16  # per epoch of the ring, two words: the gate position it applies from, its code version
 # Job-wide words after the operators' areas: checkpoint barriers (see runtime.checkpointing).
 _JOB_WORDS = 1024
 J_REQUEST, J_FUTEX, _J_STAGES = 0, 1, 16
@@ -156,12 +164,47 @@ class ControlBlock:
                 return False
             r.wait32(futex, seen, left)
 
-    def publish(self, op: int, epoch: int, owners: np.ndarray) -> None:
-        """Write an epoch's table, then make it the operator's current epoch."""
+    def op_word(self, op: int, word: int) -> int:
+        """Byte offset of one of the operator's header words (O_...)."""
+        return self._base(op) + word * 8
+
+    def position_word(self, op: int, epoch: int) -> int:
+        """Byte offset of the gate position from which an epoch applies."""
+        return self.op_word(op, O_EPOCHS + 2 * (epoch % TABLE_RING))
+
+    def code_word(self, op: int, epoch: int) -> int:
+        """Byte offset of an epoch's code version."""
+        return self.position_word(op, epoch) + 8
+
+    def publish(self, op: int, epoch: int, owners: np.ndarray, code: int = 0, position: int = 0) -> None:
+        """Write an epoch's table, code version and position, then make it the operator's current
+        epoch. Instances read the table only once they see the position (runtime.frontier)."""
+        r = self.segment.region
         self.table(op, epoch)[:] = owners
+        r.store64(self.code_word(op, epoch), code)
         h = self.header(op)
         h[O_PARALLELISM] = int(owners.max()) + 1
-        self.segment.region.store64(self.epoch_word(op), epoch)
+        r.store64(self.position_word(op, epoch), position)
+        r.store64(self.epoch_word(op), epoch)
+        r.max64(self.op_word(op, O_PLACING), epoch)
+        futex = self.op_word(op, O_SWITCH_FUTEX)
+        r.fetch_add32(futex, 1)
+        r.wake32(futex)
+
+    def position(self, op: int, epoch: int) -> int:
+        return self.segment.region.load64(self.position_word(op, epoch))
+
+    def epoch_at(self, op: int, position: int) -> int:
+        """The published epoch in force at a gate position: the latest whose position is at or
+        before it (of those the ring still holds)."""
+        epoch = self.epoch(op)
+        oldest = max(0, epoch - TABLE_RING + 1)
+        while epoch > oldest and self.position(op, epoch) > position:
+            epoch -= 1
+        return epoch
+
+    def code(self, op: int, epoch: int) -> int:
+        return self.segment.region.load64(self.code_word(op, epoch))
 
     def epoch(self, op: int) -> int:
         return self.segment.region.load64(self.epoch_word(op))

@@ -25,7 +25,7 @@ import cloudpickle
 from stretch import _shm as shm
 from stretch.common import user_code
 from stretch.common.job_status import JobStatus
-from stretch.errors import JobExecutionError, UserFunctionError
+from stretch.errors import JobEnded, JobExecutionError, UserFunctionError
 from stretch.plan.stages import JobPlan
 from stretch.runtime import control_block as cbk
 from stretch.runtime.broadcast_board import BroadcastBoard
@@ -38,6 +38,7 @@ from stretch.runtime.event_time import producer_id
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.metrics import serve
 from stretch.runtime.requests import ControlRequests
+from stretch.runtime.rescaler import Rescaler
 from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
 from stretch.runtime.state_dir import JobDir
@@ -113,14 +114,12 @@ class Coordinator:
         self._started = threading.Event()
         self._token = secrets.token_hex(32)
         self._workers: dict[int, _Worker] = {}
-        # (stage id, instance index, start epoch, code version): tasks waiting for a worker
-        self._pending: list[tuple[int, int, int, int]] = []
+        # (stage id, instance index, start epoch, code version, gate position): tasks waiting for a worker
+        self._pending: list[tuple[int, int, int, int, int]] = []
         self._stages = {s.id: _StageState() for s in plan.stages}
         self._parallelism: dict[int, int] = {}  # stage id -> current parallelism
-        self._rescale_lock = threading.Lock()
         self._stopping = False  # set before segments close: waiters must stop touching them
         self.final_status: dict | None = None  # describe() as the job ended, kept after its segments go
-        self._rescaling: dict[int, threading.Event] = {}  # stage id -> set when its rescale ends
         self._sinks_done: set[int] = set()
         self._finished_gates: set[int] = set()
         self._segments: list = []
@@ -149,6 +148,7 @@ class Coordinator:
         self.channels = JobChannels(self, runtime_dir() / "staging" / self.job_id)
         self.requests = ControlRequests(self)
         self.updater = Updater(self)  # live code updates (runtime.updater)
+        self.rescaler = Rescaler(self)  # rescales and barriers (runtime.rescaler)
         self._stage_blobs: dict[int, bytes] = {}  # pickled stages, as workers get them
 
     # ---- public, thread-safe ------------------------------------------------------------
@@ -339,11 +339,11 @@ class Coordinator:
                 elif stage.id in self.broadcast_start:
                     board.put_start(self.broadcast_start[stage.id])
             p = self._parallelism.get(stage.id, stage.parallelism)
-            self.control.publish(op_index, 0, range_assignment(p, stage.max_parallelism))
+            self.control.publish(op_index, 0, range_assignment(p, stage.max_parallelism), stage.code_version)
             gate = self.gates[stage.input_gate]
             for i in range(p):
                 gate.open_reader(i, 0)
-            self._pending.extend((stage.id, i, 0, stage.code_version) for i in range(p))
+            self._pending.extend((stage.id, i, 0, stage.code_version, 0) for i in range(p))
             self._parallelism[stage.id] = p
         res.channel_logs = dict(self.channels.log_locations)
         res.aborted_txns = set(self.channels.aborted_txns)
@@ -354,7 +354,7 @@ class Coordinator:
             if stage.kind == "source":
                 self._parallelism[stage.id] = 1
                 if not stage.direct:
-                    self._pending.append((stage.id, 0, 0, stage.code_version))
+                    self._pending.append((stage.id, 0, 0, stage.code_version, 0))
         for gate_id, stage_ids in plan.gate_producers.items():
             res.producers[gate_id] = [
                 producer_id(s, i) for s in stage_ids for i in range(self._parallelism.get(s, 1))
@@ -410,13 +410,7 @@ class Coordinator:
                 if event[2] is not None:
                     self._fail(event[2])
                 self._sinks_done.add(event[1])
-            elif kind == "rescale":
-                try:
-                    event[3].put(self._prepare_rescale(event[1], event[2]))
-                except BaseException as e:
-                    event[3].put(e)
-                    raise
-            elif kind == "call":
+            elif kind in ("call", "epoch"):
                 event[1](*event[2])
             elif kind == "end_channel":
                 self.channels.end(event[1])
@@ -482,7 +476,7 @@ class Coordinator:
     def _assign(self, w: _Worker) -> None:
         if not self._pending or w.conn is None:
             return
-        stage_id, index, epoch, code = self._pending.pop(0)
+        stage_id, index, epoch, code, start = self._pending.pop(0)
         if not self._pending and self.recoveries and "running_at" not in self.recoveries[-1]:
             self.recoveries[-1]["running_at"] = time.time()  # every task of the new attempt is handed out
         w.task = (stage_id, index)
@@ -495,6 +489,7 @@ class Coordinator:
                 "epoch": epoch,
                 "code": code,  # the version in force where it starts reading
                 "position": self._positions.get(stage_id, 0),
+                "start": start,  # a keyed instance's: the gate position it reads from
             }
         )
 
@@ -568,7 +563,7 @@ class Coordinator:
         self.status = JobStatus.RESTARTING
         self.generation += 1  # a checkpoint or rescale under way gives up and lets go
         while not self.exclusive.acquire(timeout=0.05):
-            self._refuse_rescales()
+            self._refuse_epochs()
         try:
             workers = [w for w in self._workers.values() if w.pid]
             for w in workers:
@@ -606,16 +601,16 @@ class Coordinator:
         finally:
             self.exclusive.release()
 
-    def _refuse_rescales(self) -> None:
-        """While recovering: answer rescale requests (their callers hold the turn we wait for)."""
+    def _refuse_epochs(self) -> None:
+        """While recovering: answer requests to place epochs (their callers hold the turn we wait for)."""
         kept = []
         while True:
             try:
                 event = self._events.get_nowait()
             except queue.Empty:
                 break
-            if event[0] == "rescale":
-                event[3].put(RuntimeError("the job is recovering from a failure; retry the rescale"))
+            if event[0] == "epoch":
+                event[2][0].put(RuntimeError("the job is recovering from a failure; retry"))
             else:
                 kept.append(event)
         for event in kept:
@@ -676,159 +671,77 @@ class Coordinator:
     def _close_gates(self) -> None:
         """Close every gate, saying how the job ended: writers in other processes that still hold
         a channel's gate learn it at their next write instead of writing into the void."""
+        reason = (
+            self.ended_as() if self.status is not JobStatus.RUNNING else f"job {self.job_name!r} has finished"
+        )
+        for g in (*self.gates.values(), *self.sink_gates.values()):
+            g.close(reason)
+        self.channels.close_gates(reason)
+
+    # ---- rescale (runtime.rescaler) ---------------------------------------------------------
+    def rescale(self, operator: str, parallelism: int, timeout: float | None = None) -> dict:
+        """Change an operator's parallelism live; returns once every instance runs the new epoch.
+
+        The new epoch applies from the readers' frontier of the operator's gate, so it takes
+        effect within about the time its instances are apart, however much input is queued;
+        ``timeout`` (None: as long as the job runs) bounds the wait, after which the new epoch
+        still takes effect. Thread-safe; rescales of one operator are serialized, of different
+        operators independent. A rescale to the current parallelism publishes nothing.
+        """
+        return self.rescaler.rescale(operator, parallelism, timeout)
+
+    def barrier(self, operator: str, timeout: float | None = None) -> dict:
+        """Return once every instance of ``operator`` has processed everything its gate held when
+        this was called: an epoch at the gate's tail, with the current ownership (a node hands key
+        groups away behind it)."""
+        return self.rescaler.barrier(operator, timeout)
+
+    def place_epoch(self, fn, ticket: queue.Queue, *args) -> None:
+        """Run ``fn(ticket, *args)`` (placing an epoch) in the job thread, in order with its events;
+        a recovery answers it with an error on ``ticket`` instead."""
+        self._events.put(("epoch", fn, (ticket, *args)))
+
+    def set_parallelism(
+        self, stage_id: int, parallelism: int, added: list[tuple[int, int, int, int]]
+    ) -> None:
+        """In the job thread: the operator runs ``parallelism`` instances from now on; ``added``
+        (index, start epoch, code version, gate position) are the instances to start."""
+        self._parallelism[stage_id] = parallelism
+        tasks = [(stage_id, *task) for task in added]
+        self._pending[:0] = tasks
+        idle = self.idle_workers()
+        for w in idle[: len(tasks)]:
+            self._assign(w)
+        for _ in range(len(tasks) - len(idle)):
+            self.spawn_worker()
+
+    def replenish(self) -> None:
+        """Refill the warm pool (after a rescale took workers from it)."""
+        self._events.put(("replenish",))
+
+    def ended_as(self) -> str:
+        """How the job ended or is ending, as its errors say it: "job 'x' has finished"."""
         if self.status in (JobStatus.FAILED, JobStatus.FAILING):
             error = self.error
             try:
                 detail = f": {type(error).__name__}: {error}" if error is not None else ""
             except Exception:  # an exception whose str fails still tells its type
                 detail = f": {type(error).__name__}"
-            reason = f"job {self.job_name!r} failed{detail}"
-        elif self.status in (JobStatus.CANCELED, JobStatus.CANCELLING):
-            reason = f"job {self.job_name!r} was cancelled"
-        else:
-            reason = f"job {self.job_name!r} has finished"
-        for g in (*self.gates.values(), *self.sink_gates.values()):
-            g.close(reason)
-        self.channels.close_gates(reason)
+            return f"job {self.job_name!r} failed{detail}"
+        if self.status in (JobStatus.CANCELED, JobStatus.CANCELLING):
+            return f"job {self.job_name!r} was cancelled"
+        if self.status is JobStatus.FINISHED:
+            return f"job {self.job_name!r} has finished"
+        return f"job {self.job_name!r} is {self.status.name.lower()}"
 
-    # ---- rescale ----------------------------------------------------------------------------
-    def rescale(self, operator: str, parallelism: int, timeout: float | None = None) -> dict:
-        """Change an operator's parallelism live; returns once every instance runs the new epoch.
-
-        Under a backlog that takes as long as the instances need to read up to the epoch record;
-        ``timeout`` (None: as long as the job runs) bounds the wait, after which the new epoch
-        still takes effect. Thread-safe; rescales of one operator are serialized, of different
-        operators may overlap. A rescale to the current parallelism publishes nothing.
-        """
-        return self._epoch_change(operator, parallelism, timeout, barrier=False)
-
-    def barrier(self, operator: str, timeout: float | None = None) -> dict:
-        """Return once every instance of ``operator`` has processed everything its gate held when
-        this was called: an epoch record at the current parallelism, read in order with the data
-        (a node hands key groups away behind it)."""
-        return self._epoch_change(operator, None, timeout, barrier=True)
-
-    def _epoch_change(self, operator: str, parallelism: int | None, timeout, barrier: bool) -> dict:
-        t0 = time.monotonic_ns()
-        stage = self.plan.stage(operator)
-        if stage.kind != "keyed":
-            raise ValueError(f"operator {operator!r} is not a keyed operator; only keyed operators rescale")
-        if barrier:
-            parallelism = self._parallelism[stage.id]
-        if (
-            not isinstance(parallelism, int)
-            or isinstance(parallelism, bool)
-            or not 1 <= parallelism <= stage.max_parallelism
-        ):
-            raise ValueError(
-                f"parallelism must be an int in 1..{stage.max_parallelism} (max parallelism), got {parallelism!r}"
+    def refuse_if_ended(self, what: str) -> None:
+        """Raise, saying how, unless the job runs: ``JobEnded`` if it ended (or is ending)."""
+        if self.status is JobStatus.RESTARTING:
+            raise RuntimeError(
+                f"job {self.job_name!r} is recovering from a failure; it is {what} once it runs"
             )
-        with self.reconfiguring(stage):
-            current = self._parallelism[stage.id]
-            if parallelism == current and not barrier:
-                op = self.resources.keyed_index[stage.id]
-                return {
-                    "operator": operator,
-                    "epoch": int(self.control.epoch(op)),
-                    "old_parallelism": current,
-                    "new_parallelism": current,
-                    "elapsed_ms": (time.monotonic_ns() - t0) / 1e6,
-                    "state_bytes_copied": 0,
-                }
-            with self.exclusive:
-                return self._rescale(stage, operator, parallelism, timeout, t0, record=not barrier)
-
-    @contextlib.contextmanager
-    def reconfiguring(self, stage):
-        """One reconfiguration (rescale, barrier, code update) of an operator at a time."""
-        while True:
-            with self._rescale_lock:
-                busy = self._rescaling.get(stage.id)
-                if busy is None:
-                    done = self._rescaling[stage.id] = threading.Event()
-                    break
-            busy.wait()
-        try:
-            yield
-        finally:
-            with self._rescale_lock:
-                del self._rescaling[stage.id]
-            done.set()
-
-    def _rescale(
-        self, stage, operator: str, parallelism: int, timeout: float | None, t0: int, record: bool = True
-    ) -> dict:
-        if self.status is not JobStatus.RUNNING:
-            raise RuntimeError(f"the job is {self.status.name}; only a running job rescales")
-        generation = self.generation
-        ticket: queue.Queue = queue.Queue()
-        self._events.put(("rescale", stage.id, parallelism, ticket))
-        prepared = ticket.get()
-        if isinstance(prepared, BaseException):
-            raise prepared
-        op, epoch, old, instances = prepared
-        self.await_reconfiguration(
-            f"rescale of {operator!r}",
-            f"to {parallelism} is in effect (epoch {epoch})",
-            lambda: self.control.wait_epochs(op, instances, epoch, timeout=0.05, word=cbk.I_ACTIVE),
-            generation,
-            timeout,
-        )
-        # completed when the last instance became active (its own clock reading), not when this
-        # thread got to run again: the report times the rescale, not the caller's scheduling
-        done_at = max(int(self.control.instances(op)[i, cbk.I_ACTIVE_AT_NS]) for i in instances)
-        elapsed = (done_at - t0) / 1e6
-        self._events.put(("replenish",))  # refill the warm pool now that the rescale is done
-        report = {
-            "operator": operator,
-            "epoch": epoch,
-            "old_parallelism": old,
-            "new_parallelism": parallelism,
-            "elapsed_ms": elapsed,
-            "state_bytes_copied": 0,
-        }
-        if record:  # a barrier is not a rescale
-            self.rescales.append({**report, "at": time.time()})
-        return report
-
-    def _prepare_rescale(self, stage_id: int, parallelism: int):
-        """In the job thread: publish the next epoch, place its marker, start added instances."""
-        stage = self.plan.stages[stage_id]
-        op = self.resources.keyed_index[stage_id]
-        if stage.input_gate in self._finished_gates:
-            return RuntimeError(f"operator {stage.name!r} has consumed all its input; nothing to rescale")
-        old = self._parallelism[stage_id]
-        epoch = self.control.epoch(op) + 1
-        oldest = min(int(self.control.instances(op)[i, cbk.I_EPOCH]) for i in range(old))
-        if epoch - oldest >= cbk.TABLE_RING:
-            return RuntimeError("instances are too many epochs behind; retry the rescale later")
-        self.control.publish(op, epoch, range_assignment(parallelism, stage.max_parallelism))
-        gate = self.gates[stage.input_gate]
-        gate.append_control(Kind.EPOCH, epoch, open_readers=tuple(range(old, parallelism)))
-        self._parallelism[stage_id] = parallelism
-        added = [(stage_id, i, epoch - 1, stage.code_version) for i in range(old, parallelism)]
-        self._pending[:0] = added
-        idle = self.idle_workers()
-        for w in idle[: len(added)]:
-            self._assign(w)
-        for _ in range(len(added) - len(idle)):
-            self.spawn_worker()
-        return op, epoch, old, list(range(max(old, parallelism)))
-
-    def await_reconfiguration(self, subject: str, in_effect: str, done, generation: int, timeout) -> None:
-        """Until ``done()`` (which waits a little itself) for a rescale or update: it fails if the
-        job stops or recovers meanwhile, and times out after ``timeout`` (in effect all the same)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not done():
-            if self._stopping or self.generation != generation or self.status is not JobStatus.RUNNING:
-                raise RuntimeError(
-                    f"{subject} did not complete: the job is {self.status.name}"
-                ) from self.error
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{subject} {in_effect} but its instances have not all reached it within {timeout} s: "
-                    "they are working off a backlog"
-                )
+        if self.status is not JobStatus.RUNNING or self._stopping:
+            raise JobEnded(f"{self.ended_as()}: it cannot be {what}")
 
     # ---- live code update (runtime.updater) ---------------------------------------------------
     def update(self, operator: str, function, **options) -> dict:
@@ -852,9 +765,6 @@ class Coordinator:
     def in_job_thread(self, fn, *args) -> None:
         """Run ``fn(*args)`` in the job's thread, in order with its events."""
         self._events.put(("call", fn, args))
-
-    def gate_finished(self, gate_id: int) -> bool:
-        return gate_id in self._finished_gates
 
     @property
     def stopping(self) -> bool:
@@ -938,7 +848,7 @@ class Coordinator:
         if self.checkpointer is not None:
             self.checkpointer.join(self.config.shutdown_timeout)
         deadline = time.monotonic() + self.config.shutdown_timeout
-        while self._rescaling and time.monotonic() < deadline:  # rescale waiters read the control block
+        while self.rescaler.busy and time.monotonic() < deadline:  # rescale waiters read the control block
             time.sleep(0.01)
         with contextlib.suppress(Exception):
             self.final_status = describe_job(self, live=True)

@@ -4,8 +4,13 @@ A bounded log of Arrow record batches in one shared-memory segment. Any number o
 append (serialised by a robust inter-process mutex); every reader (operator instance) reads every
 entry in the same order with its own cursor, zero-copy; space is reclaimed behind the slowest
 active cursor, and a full gate blocks producers (backpressure) instead of dropping or growing.
-Control records (end of stream, rescale epochs, watermarks, checkpoints) travel in the same log,
-so they are ordered with the data.
+Control records (end of stream, watermarks, checkpoints, transaction marks) travel in the same
+log, so they are ordered with the data.
+
+Besides its sequence number, every entry has a *position*: the gate counts one position per row of
+a data entry (one for an entry without rows), so a position names a point between two rows of the
+log. Rescales, live updates and barriers take effect at a position (``runtime.frontier``), which
+may fall inside a batch.
 """
 
 from __future__ import annotations
@@ -26,13 +31,11 @@ class Kind(IntEnum):
 
     DATA = 1
     END_OF_STREAM = 2
-    EPOCH = 3
     WATERMARK = 4
     CHECKPOINT = 5
     MARK = 6  # a position marker; with arg1 > 0: the end of input transaction arg1 (arg0 marks expected)
     IDLE = 7  # a producer (arg0) has no records for now: it does not hold the watermark back
     LEAVE = 8  # a producer (arg0) was scaled away: it never holds the watermark back again
-    UPDATE = 9  # the operator's code changes to version arg0 here (runtime.code_update)
 
 
 class GateClosed(Exception):
@@ -50,20 +53,27 @@ class Entry:
     arg0: int
     arg1: int
     input_index: int
+    start: int  # the entry's first position (see the module's doc)
+
+    @property
+    def end(self) -> int:
+        """The position after the entry: one per row, one for an entry without rows."""
+        return self.start + max(self.batch.num_rows if self.batch is not None else 0, 1)
 
 
 _MAGIC = 0x53545245_47415445  # "STREGATE"
 # Header words (byte offsets). Futex words are 32-bit; everything else 64-bit.
 _H_MAGIC, _H_SLOTS, _H_DATA, _H_READERS = 0, 8, 16, 24
 _H_LOCK = 64
-_H_TAIL, _H_DATA_TAIL, _H_CLOSED = 128, 136, 144
+_H_TAIL, _H_DATA_TAIL, _H_CLOSED, _H_POSITION = 128, 136, 144, 152
+_H_END = 160  # 1 + the position of the end-of-stream entry, 0 before one is appended
 _H_PUB_FUTEX, _H_READERS_SLEEPING = 192, 196
 _H_SPACE_FUTEX, _H_PRODUCERS_SLEEPING = 256, 260
 _H_REASON_LEN, _H_REASON = 272, 280  # why the gate was closed: UTF-8 text, up to the reader cursors
 _REASON_BYTES = 224
 _H_READERS_OFF = 512
 _READER_STRIDE = 64  # one cache line per cursor: no false sharing between instances
-_SLOT_WORDS = 8  # seq, kind, pos, len, arg0, arg1, input_index, rows
+_SLOT_WORDS = 9  # seq, kind, pos, len, arg0, arg1, input_index, rows, start (position)
 _ALIGN = 64
 _INACTIVE = -1
 _POLL = 0.05  # futex waits re-check at this period; wakes are normally immediate
@@ -150,6 +160,40 @@ class Gate:
     def tail(self) -> int:
         """Sequence number the next appended entry will get (entries below it are readable)."""
         return self.region.load64(_H_TAIL)
+
+    @property
+    def position(self) -> int:
+        """The position the next appended entry will start at (see the module's doc)."""
+        return self.region.load64(_H_POSITION)
+
+    @property
+    def end_position(self) -> int | None:
+        """The position of the end-of-stream entry, once one is appended: the last position any
+        reader reads."""
+        end = self.region.load64(_H_END)
+        return end - 1 if end else None
+
+    def start_of(self, seq: int) -> int:
+        """The first position of entry ``seq``, or ``position`` if ``seq`` is the tail.
+
+        The entry must be readable and not reclaimed (at or after some active cursor)."""
+        if seq >= self.tail:
+            return self.position
+        s = self._slots[seq % self.slot_capacity]
+        if s[0] != seq:
+            raise RuntimeError(f"gate {self.name}: entry {seq} was overwritten (found {s[0]})")
+        return int(s[8])
+
+    def seq_at(self, position: int) -> int:
+        """The entry that holds ``position`` (the tail if it is the next entry's): where a reader
+        that starts there opens its cursor. Entries from there to the tail must not be reclaimed."""
+        seq = self.tail
+        while seq > 0:
+            s = self._slots[(seq - 1) % self.slot_capacity]
+            if s[0] != seq - 1 or s[8] + max(int(s[7]), 1) <= position:
+                break
+            seq -= 1
+        return seq
 
     @property
     def closed(self) -> bool:
@@ -241,22 +285,11 @@ class Gate:
         half = batch.num_rows // 2
         return self._pieces(batch.slice(0, half)) + self._pieces(batch.slice(half))
 
-    def append_control(
-        self,
-        kind: Kind,
-        arg0: int = 0,
-        arg1: int = 0,
-        input_index: int = 0,
-        open_readers: tuple[int, ...] = (),
-    ) -> int:
-        """Append a control record; it is read in order with the data around it.
+    def append_control(self, kind: Kind, arg0: int = 0, arg1: int = 0, input_index: int = 0) -> int:
+        """Append a control record; it is read in order with the data around it."""
+        return self._append(kind, 0, None, arg0, arg1, input_index, None)
 
-        ``open_readers`` get cursors placed exactly at this record, atomically with appending it:
-        added instances read from the marker on, and hold back no space before it.
-        """
-        return self._append(kind, 0, None, arg0, arg1, input_index, None, open_readers)
-
-    def _append(self, kind, size, batch, arg0, arg1, input_index, timeout, open_readers=()) -> int:
+    def _append(self, kind, size, batch, arg0, arg1, input_index, timeout) -> int:
         r = self.region
         if r.load64(_H_CLOSED):
             raise GateClosed(self.closed_reason or f"gate {self.name} is closed")
@@ -281,9 +314,11 @@ class Gate:
                 rows = batch.num_rows
             else:
                 rows = 0
-            slot[:] = (seq, int(kind), pos, size, arg0, arg1, input_index, rows)
-            for reader in open_readers:
-                self.open_reader(reader, seq)
+            start = r.load64(_H_POSITION)
+            slot[:] = (seq, int(kind), pos, size, arg0, arg1, input_index, rows, start)
+            r.store64(_H_POSITION, start + max(rows, 1))
+            if kind is Kind.END_OF_STREAM and not r.load64(_H_END):
+                r.store64(_H_END, start + 1)
             r.store64(_H_DATA_TAIL, _align(pos + size))
             r.store64(_H_TAIL, seq + 1)  # publish (seq_cst store after the slot and data writes)
         finally:
@@ -326,8 +361,20 @@ class Gate:
             r.fetch_add32(_H_PRODUCERS_SLEEPING, 0xFFFFFFFF)
 
     # ---- reader side -------------------------------------------------------------------
-    def wait(self, seq: int, timeout: float | None = None) -> bool:
-        """Block until entry `seq` is readable; False on timeout. Raises GateClosed."""
+    def wake_count(self) -> int:
+        """A count of publications and nudges, for ``wait(since=...)``."""
+        return self.region.load32(_H_PUB_FUTEX)
+
+    def nudge(self) -> None:
+        """Wake every reader waiting for an entry, without appending one: something they check
+        besides the gate changed (an epoch placed where they wait, see runtime.frontier)."""
+        r = self.region
+        r.fetch_add32(_H_PUB_FUTEX, 1)
+        r.wake32(_H_PUB_FUTEX)
+
+    def wait(self, seq: int, timeout: float | None = None, since: int | None = None) -> bool:
+        """Block until entry `seq` is readable; False on timeout, or as soon as the gate was nudged
+        after ``since`` (a ``wake_count()`` the caller read before its own checks). Raises GateClosed."""
         r = self.region
         if seq < r.load64(_H_TAIL):
             return True
@@ -340,6 +387,8 @@ class Gate:
                     return True
                 if r.load64(_H_CLOSED):
                     raise GateClosed(self.closed_reason or f"gate {self.name} is closed")
+                if since is not None and seen != since:
+                    return False
                 left = _POLL if deadline is None else min(_POLL, deadline - time.monotonic())
                 if left <= 0:
                     return False
@@ -362,7 +411,7 @@ class Gate:
             if copy:
                 data = pa.py_buffer(data.to_pybytes())
             batch = pa.ipc.open_stream(data).read_next_batch()
-        return Entry(seq, kind, batch, int(s[4]), int(s[5]), int(s[6]))
+        return Entry(seq, kind, batch, int(s[4]), int(s[5]), int(s[6]), int(s[8]))
 
     def payload(self, seq: int) -> pa.Buffer:
         """A data entry's Arrow IPC stream bytes, as appended (a view, like ``read``'s batch)."""

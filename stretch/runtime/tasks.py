@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from stretch.contracts.metrics import MetricGroup
-from stretch.plan.stages import StageSpec
+from stretch.plan.stages import IN_ORDER, StageSpec
 from stretch.runtime import control_block as cbk
 from stretch.runtime.batch import KG_COLUMN, Records
 from stretch.runtime.broadcast_board import BroadcastBoard
@@ -20,6 +20,7 @@ from stretch.runtime.checkpointing import Barrier, broadcast_file, snapshot_file
 from stretch.runtime.code_update import load_version, updated_step
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker, producer_id
+from stretch.runtime.frontier import Frontier
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.key_group_runs import laid_out, owned_ranges, owns_all, spans
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
@@ -43,6 +44,7 @@ class Assignment:
     index: int = 0
     epoch: int = 0
     position: int = 0  # where a source restarts: the position its checkpoint recorded (Source.advance)
+    start: int = 0  # the gate position where a keyed instance starts reading (runtime.frontier)
     code: int = 0  # a keyed operator's code version where the instance starts reading (live updates)
 
 
@@ -211,9 +213,12 @@ class SourceTask(Task):
 
 class KeyedInstanceTask(Task):
     """One instance of a keyed operator: reads every gate entry, processes the rows it owns (of a
-    batch in runs of key groups, only those rows: ``runtime.key_group_runs``)."""
+    batch in runs of key groups, only those rows: ``runtime.key_group_runs``), and moves to each
+    new epoch (ownership, code) at the gate position where the coordinator placed it
+    (``runtime.frontier``). It reads a batch in pieces of about ``PIECE_NS`` of work, committing
+    to each piece before it reads it, so that an epoch placed meanwhile applies within a piece."""
 
-    retired = False  # set when a rescale removed this instance (it ended at the epoch marker)
+    retired = False  # set when a rescale removed this instance (it ended at the epoch's position)
     _parts = None
     board: BroadcastBoard | None = None  # a broadcast operator's: its broadcast state's versions
 
@@ -247,112 +252,199 @@ class KeyedInstanceTask(Task):
         if self._parts is None:
             self.build()
         gate, operator, outputs, chain = self._parts
+        self.gate, self.operator, self.chain = gate, operator, chain
+        self.fused = hasattr(operator, "process_owned")
         outputs.producer = index + 1
         outputs.producer_id = producer_id(stage.id, index)
         epoch = self.a.epoch
-        owners = cb.table(op, epoch).copy()
-        operator.owned = np.flatnonzero(owners == index)
-        ranges = owned_ranges(owners, index)
-        everything = owns_all(ranges, stage.max_parallelism)
+        self._own(cb.table(op, epoch).copy())
         stats = self.stats = cb.instances(op)[index]
         self._records_out = int(stats[cbk.I_RECORDS_OUT])  # a slot used before: continue its count
         stats[cbk.I_STATE] = cbk.RUNNING
         cb.announce(op, index, cbk.I_EPOCH, epoch)
         cb.announce(op, index, cbk.I_ACTIVE, epoch)
-        # an instance added by a rescale learns the watermarks at its first marker instead
+        # an instance added by a rescale learns the watermarks at its epoch's position instead
         self.tracker = WatermarkTracker(self.res.producers.get(stage.input_gate, ()))
-        self.fresh = operator.owned.size == 0  # added by a rescale: it owns nothing before its marker
+        self.fresh = operator.owned.size == 0  # added by a rescale: it owns nothing before its epoch
         cb.announce(op, index, cbk.I_CODE, stage.code_version)
         if self.board is not None:  # the broadcast state in force where this instance starts
             self._bind_board(operator, gate)
             operator.load_broadcast(self.board.before(gate.cursor(index)))
         open_function(operator, self._context(operator), stage.name)
         chain.open(self._context(operator))
-        fused = hasattr(operator, "process_owned")
+        self.frontier = Frontier(cb, op, index, epoch)
+        self.whole = stage.operator.kind in IN_ORDER  # read across keys in order: whole batches
+        self._piece = _FIRST_PIECE
+        self._rate = 0.0  # ns per gate position read, recently (Frontier.publish_rate)
         marks = MarkCounter()
         seq = gate.cursor(index)
+        here = self.a.start  # the gate position it reads from
         next_processing_check = 0.0
         batch_mode = stage.batch  # BATCH mode: processing-time timers wait for the end of input, as in Flink
-        while True:
+        while not self.retired:
             now = time.monotonic()
             if now >= next_processing_check and not batch_mode:  # processing-time timers, every few ms
                 next_processing_check = now + 0.005
-                chain.push(operator.fire(PROCESSING, time.time_ns() // 1_000_000))
-            soon = not batch_mode and operator.next_timer(PROCESSING) < MAX_WATERMARK
-            if not gate.wait(seq, timeout=0.005 if soon else 0.1):
+                chain.push(self.operator.fire(PROCESSING, time.time_ns() // 1_000_000))
+            soon = not batch_mode and self.operator.next_timer(PROCESSING) < MAX_WATERMARK
+            since = gate.wake_count()
+            self._bound(here, here)  # the epochs placed where it waits apply now
+            if self.retired:
+                break
+            if not gate.wait(seq, timeout=0.005 if soon else 0.1, since=since):
                 if self.should_stop():
                     raise Stopped()
                 continue
             if self.should_stop():  # cancelled: stop now, not after draining the backlog
                 raise Stopped()
             entry = gate.read(seq)
+            here = max(here, entry.start)
             if entry.kind is Kind.DATA:
                 outputs.txn = entry.arg1
-                t0 = time.perf_counter_ns()
-                batch = entry.batch
-                kgs = batch.column(KG_COLUMN).to_numpy()
-                select = not everything  # rows of others to leave out
-                if select and laid_out(batch):  # read only the runs of the key groups it owns
-                    parts = [(batch.slice(a, b - a), writable(kgs[a:b])) for a, b in spans(kgs, ranges)]
-                    select = False
-                else:
-                    parts = [(batch, writable(kgs))]
-                n = 0
-                for batch, kgs in parts:
-                    if fused:
-                        operator.position = seq  # where a broadcast operator's versions are placed
-                        out = operator.process_owned(batch, kgs, owners, index)
-                        if isinstance(out, list):  # results in order, of runs of the batch
-                            for part in out:
-                                chain.push(part)
-                        elif out is not None:
-                            chain.push(out)
-                        n += operator.rows_in
-                        continue
-                    own, own_kgs = _own_rows(batch, kgs, owners, index) if select else (batch, kgs)
-                    if own.num_rows:
-                        n += own.num_rows
-                        chain.push(operator.process(own, own_kgs))
-                stats[cbk.I_RECORDS_IN] += n
-                stats[cbk.I_RECORDS_OUT] = self._records_out
-                stats[cbk.I_BATCHES] += 1
-                stats[cbk.I_BUSY_NS] += time.perf_counter_ns() - t0
-            elif entry.kind is Kind.WATERMARK:
-                self._advance(operator, chain, self.tracker.watermark(entry.arg0, entry.arg1))
-            elif entry.kind is Kind.IDLE:
-                self._advance(operator, chain, self.tracker.go_idle(entry.arg0))
-            elif entry.kind is Kind.LEAVE:
-                self._advance(operator, chain, self.tracker.leave(entry.arg0))
-            elif entry.kind is Kind.EPOCH:
-                owners = self._switch(cb, op, index, owners, entry.arg0, gate, chain, operator)
-                operator.owned = np.flatnonzero(owners == index)
-                ranges = owned_ranges(owners, index)
-                everything = owns_all(ranges, stage.max_parallelism)
+                here = self._data(entry, here)
                 if self.retired:
-                    chain.emit(Kind.LEAVE)  # downstream stops waiting for this producer's watermark
                     break
-            elif entry.kind is Kind.CHECKPOINT:
-                self._checkpoint(entry.arg0, operator)
-            elif entry.kind is Kind.UPDATE:
-                operator = self._update(entry.arg0, operator, chain)
-                fused = hasattr(operator, "process_owned")
-            elif entry.kind is Kind.MARK and entry.arg1 and marks.ended(entry.arg1, entry.arg0):
-                chain.end_txn(entry.arg1, int(owners.max()) + 1)  # the parallelism of this epoch
-            elif entry.kind is Kind.END_OF_STREAM:
-                gate.advance(index, seq + 1)
-                if batch_mode:
-                    chain.push(operator.fire(PROCESSING, MAX_WATERMARK))
-                self._advance(
-                    operator, chain, MAX_WATERMARK if self.tracker.current < MAX_WATERMARK else None
-                )
-                break
+            else:
+                self._bound(here, entry.end)
+                if self.retired:
+                    break
+                if entry.kind is Kind.WATERMARK:
+                    self._advance(self.tracker.watermark(entry.arg0, entry.arg1))
+                elif entry.kind is Kind.IDLE:
+                    self._advance(self.tracker.go_idle(entry.arg0))
+                elif entry.kind is Kind.LEAVE:
+                    self._advance(self.tracker.leave(entry.arg0))
+                elif entry.kind is Kind.CHECKPOINT:
+                    self._checkpoint(entry.arg0)
+                elif entry.kind is Kind.MARK and entry.arg1 and marks.ended(entry.arg1, entry.arg0):
+                    chain.end_txn(entry.arg1, int(self.owners.max()) + 1)  # the parallelism of this epoch
+                elif entry.kind is Kind.END_OF_STREAM:
+                    gate.advance(index, seq + 1)
+                    if batch_mode:
+                        chain.push(self.operator.fire(PROCESSING, MAX_WATERMARK))
+                    self._advance(MAX_WATERMARK if self.tracker.current < MAX_WATERMARK else None)
+                    break
+                here = entry.end
             seq += 1
             gate.advance(index, seq)
             stats[cbk.I_GATE_SEQ] = seq
-        operator.close()
+        if self.retired:
+            chain.emit(Kind.LEAVE)  # downstream stops waiting for this producer's watermark
+        self.operator.close()
         chain.close()
         stats[cbk.I_RECORDS_OUT] = self._records_out
         stats[cbk.I_STATE] = cbk.DONE
+
+    # ---- reading up to the next epoch ---------------------------------------------------------
+    def _waiting(self) -> None:
+        if self.should_stop():
+            raise Stopped()
+
+    def _bound(self, here: int, end: int, paced: bool = False) -> int:
+        """How far to read now, at most to ``end``: the next epoch's position if it comes first,
+        and (``paced``) no further ahead of a slower instance than the frontier allows. Every epoch
+        placed at ``here`` is applied before (which may retire this instance)."""
+        while True:
+            if paced and self.instances > 1:
+                need = end if self.whole else None  # whole batches: wait until all of it may be read
+                limit = self.frontier.keep_up(here, self.instances, self._waiting, need)
+                if limit is not None:
+                    end = min(end, limit)
+            position = self.frontier.claim(end, self._waiting)
+            if position is None:
+                return end
+            if position > here:
+                return min(position, end)
+            self._switch()
+            if self.retired:
+                return here
+
+    def _data(self, entry, here: int) -> int:
+        """Process the rows of a data entry from ``here`` on, in pieces, switching epochs where
+        they were placed; returns the position reached (the entry's end unless retired)."""
+        batch, start = entry.batch, entry.start
+        n = batch.num_rows
+        kgs = batch.column(KG_COLUMN).to_numpy()
+        runs = laid_out(batch)
+        self._busy = 0  # ns spent processing this entry's pieces (not waiting between them)
+        rows_in = 0
+        lo = first = here - start
+        while True:
+            epoch = self.frontier.epoch
+            x, y = self._next_piece(kgs, runs, lo, n)
+            stop = self._bound(start + lo, start + max(y, lo + (n == 0)), paced=True) - start
+            if self.retired:
+                return start + lo
+            if self.frontier.epoch != epoch:  # an epoch applied at lo: the piece is another now
+                continue
+            if min(y, stop) > x:
+                rows_in += self._process(entry, kgs, runs, x, min(y, stop))
+            lo = stop
+            if lo >= max(n, 1):
+                break
+        busy = self._busy
+        if n > first:
+            self._rate = 0.75 * self._rate + 0.25 * busy / (n - first) if self._rate else busy / (n - first)
+            self.frontier.publish_rate(self._rate)
+        stats = self.stats
+        stats[cbk.I_RECORDS_IN] += rows_in
+        stats[cbk.I_RECORDS_OUT] = self._records_out
+        stats[cbk.I_BATCHES] += 1
+        stats[cbk.I_BUSY_NS] += busy
+        return entry.end
+
+    def _next_piece(self, kgs: np.ndarray, runs: bool, lo: int, n: int) -> tuple[int, int]:
+        """The rows [x, y) to read next from row ``lo`` of a batch: none of those before x are
+        this instance's; about a piece's work (all that is left for an operator that reads in
+        order). (n, n): nothing of its own is left."""
+        if self.whole:
+            return lo, n
+        if runs and not self.everything:
+            for a, b in spans(kgs, self.ranges):
+                if b > lo:
+                    x = max(a, lo)
+                    return x, min(b, x + self._piece)
+            return n, n
+        return lo, min(n, lo + self._piece)
+
+    def _process(self, entry, kgs: np.ndarray, runs: bool, x: int, y: int) -> int:
+        """Run the operator over rows [x, y) of a data entry (those it owns); returns how many."""
+        batch = entry.batch if (x, y) == (0, entry.batch.num_rows) else entry.batch.slice(x, y - x)
+        part = writable(kgs[x:y])
+        t0 = time.perf_counter_ns()
+        chain, operator = self.chain, self.operator
+        if self.fused:
+            operator.position = entry.seq  # where a broadcast operator's versions are placed
+            out = operator.process_owned(batch, part, self.owners, self.a.index)
+            if isinstance(out, list):  # results in order, of runs of the batch
+                for piece in out:
+                    chain.push(piece)
+            elif out is not None:
+                chain.push(out)
+            n = operator.rows_in
+        else:
+            own, own_kgs = (
+                (batch, part)
+                if runs or self.everything
+                else _own_rows(batch, part, self.owners, self.a.index)
+            )
+            n = own.num_rows
+            if n:
+                chain.push(operator.process(own, own_kgs))
+        took = time.perf_counter_ns() - t0
+        self._busy += took
+        if not self.whole:  # about PIECE_NS of work a piece, from the rate of this one
+            self._piece = max(1, min(self._piece * 8, int(PIECE_NS * (y - x) / max(took, 1))))
+        return n
+
+    def _own(self, owners: np.ndarray) -> None:
+        """Take up an epoch's ownership table."""
+        index = self.a.index
+        self.owners = owners
+        self.operator.owned = np.flatnonzero(owners == index)
+        self.ranges = owned_ranges(owners, index)
+        self.everything = owns_all(self.ranges, self.stage.max_parallelism)
+        self.instances = int(owners.max()) + 1  # of this epoch
 
     def _context(self, operator) -> InstanceRuntimeContext:
         cb, op = self.attached.control, self.op_index
@@ -366,39 +458,37 @@ class KeyedInstanceTask(Task):
             self.res.job_parameters,
         )
 
-    def _update(self, version: int, old, chain: Chain):
-        """At an UPDATE record: close the old code, open the new version's on the same shared state
-        (its timers, kept with the state, fire into the new code), and say so. A version that
-        changed a chained step swaps only that step's function."""
+    def _update(self, version: int) -> None:
+        """At an epoch with new code: close the old code, open the new version's on the same
+        shared state (its timers, kept with the state, fire into the new code), and say so. A
+        version that changed a chained step swaps only that step's function."""
         if version <= self.stage.code_version:
-            return old  # started with this version already
+            return  # started with this version already
+        old, chain = self.operator, self.chain
         self.stage = load_version(self.res.code, self.stage.id, version)
         if self.stage.updated_step:
             chain.update_step(updated_step(self.stage), self._context(old))
             self.attached.control.announce(self.op_index, self.a.index, cbk.I_CODE, version)
-            return old
+            return
         old.close()
         new = make_operator(self.stage.operator, self.stage.name, old.table)
         new.outputs, new.owned, new.watermark = old.outputs, old.owned, old.watermark
         if self.board is not None:  # the new code reads the same broadcast state
-            self._bind_board(new, self._parts[0])
+            self._bind_board(new, self.gate)
             new.load_broadcast(old.broadcast_bytes())
         for name in self.stage.drop_states:
             new.drop_state(name)
         new.open(self._context(new))
+        self.operator, self.fused = new, hasattr(new, "process_owned")
         self.attached.control.announce(self.op_index, self.a.index, cbk.I_CODE, version)
-        return new
 
     def _bind_board(self, operator, gate: Gate) -> None:
-        def waiting() -> None:
-            if self.should_stop():
-                raise Stopped()
+        operator.bind(self.board, lambda: int(gate.active_cursors().min()), self._waiting)
 
-        operator.bind(self.board, lambda: int(gate.active_cursors().min()), waiting)
-
-    def _checkpoint(self, checkpoint: int, operator) -> None:
+    def _checkpoint(self, checkpoint: int) -> None:
         """At a barrier: copy the key groups this instance owns, then wait for the release; the
         copy is written to the checkpoint's directory meanwhile and after (asynchronously)."""
+        operator = self.operator
         self.stats[cbk.I_BARRIER_AT_NS] = time.monotonic_ns()
         path = snapshot_file(Path(self.res.checkpoints), checkpoint, self.stage.id, self.a.index)
         batches = copy_key_groups(operator.table, operator.owned_here())
@@ -410,10 +500,11 @@ class KeyedInstanceTask(Task):
         if not Barrier(cb, self.stage.id).wait_release(checkpoint, self.should_stop):
             raise Stopped()
 
-    def _advance(self, operator, chain: Chain, watermark: int | None) -> None:
+    def _advance(self, watermark: int | None) -> None:
         """The input watermark advanced: fire the event-time timers it passed, then forward it."""
         if watermark is None:
             return
+        operator, chain = self.operator, self.chain
         self.tracker.current = max(self.tracker.current, watermark)
         operator.watermark = watermark
         self.stats[cbk.I_WATERMARK] = watermark
@@ -421,28 +512,21 @@ class KeyedInstanceTask(Task):
         chain.emit(Kind.WATERMARK, watermark)
         self.stats[cbk.I_RECORDS_OUT] = self._records_out
 
-    def _switch(
-        self,
-        cb: ControlBlock,
-        op: int,
-        index: int,
-        owners: np.ndarray,
-        epoch: int,
-        gate: Gate,
-        chain: Chain,
-        operator,
-    ) -> np.ndarray:
-        """Move to the next epoch's ownership at its marker (STRETCH's handoff).
+    def _switch(self) -> None:
+        """Move to the next epoch at its position (STRETCH's handoff).
 
-        State is already in shared memory (every batch writes back), so this instance announces the
-        epoch at once; it then waits only for the previous owners of key groups it gains to do the
-        same. An instance that gains nothing never waits. An instance scaled away gives up its
-        reader slot first, so the slot is free for reuse once the rescale is announced complete.
-        Instances record the watermarks they track at the marker; an added instance starts from
-        those, and (a broadcast operator's) from the broadcast state's version at the marker, once
-        an instance that was there before has passed it (so every version before it is out).
+        State is already in shared memory (every piece writes back), so this instance announces
+        the epoch at once; it then waits only for the previous owners of key groups it gains to
+        reach the position too. An instance that gains nothing never waits. An instance scaled
+        away gives up its reader slot first, so the slot is free for reuse once the rescale is
+        announced complete. Instances record the watermarks they track at the position; an added
+        instance starts from those, and (a broadcast operator's) from the broadcast state's version
+        there, once an instance that was there before has passed it (so every version before it
+        is out). An epoch with a new code version switches the code (``_update``).
         """
-        new = cb.table(op, epoch).copy()
+        cb, op, index, gate = self.attached.control, self.op_index, self.a.index, self.gate
+        epoch = self.frontier.epoch + 1
+        owners, new = self.owners, cb.table(op, epoch).copy()
         if not self.fresh:
             cb.save_watermarks(op, epoch, self.tracker.state())
         if not (new == index).any():
@@ -456,25 +540,33 @@ class KeyedInstanceTask(Task):
             previous = sorted({*previous, int(owners[SAVER_GROUP])})
         if previous:
             while not cb.wait_epochs(op, previous, epoch, timeout=0.1):
-                if self.should_stop():
-                    raise Stopped()
+                self._waiting()
         stall = time.perf_counter_ns() - t0
-        if self.fresh:
+        self.frontier.epoch = epoch
+        self._own(new)
+        if self.fresh and not self.retired:
             state = cb.load_watermarks(op, epoch)
             if state is not None:
                 self.tracker = WatermarkTracker.from_state(state)
                 if self.tracker.current > MIN_WATERMARK:
-                    self._advance(operator, chain, self.tracker.current)
+                    self._advance(self.tracker.current)
             if self.board is not None:
-                operator.load_broadcast(self.board.before(gate.cursor(index)))
+                self.operator.load_broadcast(self.board.before(gate.cursor(index)))
             self.fresh = False
-        stats = cb.instances(op)[index]
+        if not self.retired:
+            self._update(cb.code(op, epoch))
+        stats = self.stats
         stats[cbk.I_STALL_NS] += stall
         stats[cbk.I_MAX_STALL_NS] = max(int(stats[cbk.I_MAX_STALL_NS]), stall)
         stats[cbk.I_LAST_STALL_NS] = stall
         stats[cbk.I_LAST_GAINED] = int(gained.any())
         cb.announce(op, index, cbk.I_ACTIVE, epoch)
-        return new
+
+
+PIECE_NS = 2_000_000
+"""About the work of one piece of a batch: the longest an epoch placed while an instance reads waits
+for it (each piece is committed to before it is read)."""
+_FIRST_PIECE = 16  # rows of an instance's first piece, before it knows its rate (it grows 8x a piece)
 
 
 def _own_rows(batch, kgs: np.ndarray, owners: np.ndarray, index: int):

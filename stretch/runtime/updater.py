@@ -1,8 +1,9 @@
 """The coordinator's side of a live code update (``JobClient.update``; see ``runtime.code_update``).
 
 An update takes its operator's turn (rescales, updates and checkpoints take turns), is checked in a
-spare worker, then switches at one record: an UPDATE record in a keyed operator's gate, or, for a
-step chained after a source, a control word the source task reads between two items. In a
+spare worker, then switches at one position: an epoch of a keyed operator with the new code
+version, placed at the readers' frontier of its gate (runtime.rescaler), or, for a step chained
+after a source, a control word the source task reads between two items. In a
 checkpointed job a checkpoint follows, recording the new version; a recovery runs the versions of
 the checkpoint it restores, so an update it did not cover is undone.
 """
@@ -19,10 +20,9 @@ from pathlib import Path
 
 from stretch.common import user_code
 from stretch.common.job_status import JobStatus
-from stretch.errors import UpdateRefused
+from stretch.errors import InputEnded, UpdateRefused
 from stretch.runtime import control_block as cbk
 from stretch.runtime.code_update import CodeHistory, swapped_stage, target
-from stretch.runtime.gate import Kind
 
 
 class Updater:
@@ -73,10 +73,10 @@ class Updater:
         t0 = time.monotonic_ns()
         stage, step = target(co.plan, operator)
         swapped_stage(stage, function, output_type, step)  # refuse a wrong kind before waiting a turn
-        with co.reconfiguring(stage), co.exclusive:
+        co.refuse_if_ended("updated")
+        with co.rescaler.reconfiguring(stage), co.exclusive:
             generation = co.generation  # a recovery from now on bumps it: this update is undone
-            if co.status is not JobStatus.RUNNING:
-                raise RuntimeError(f"the job is {co.status.name}; only a running job is updated")
+            co.refuse_if_ended("updated")
             stage = co.plan.stages[stage.id]  # the latest version
             new = swapped_stage(stage, function, output_type, step)
             try:
@@ -93,28 +93,43 @@ class Updater:
                 "states_orphaned": checked["orphaned"],
             }
             if dry_run:
-                return {**report, "epoch": None, "elapsed_ms": 0.0, "checkpoint": None, "dry_run": True}
-            if co.stage_finished(stage.id) or co.gate_finished(stage.input_gate):
-                raise RuntimeError(f"operator {operator!r} has consumed all its input; nothing to update")
+                return {
+                    **report,
+                    "epoch": None,
+                    "elapsed_ms": 0.0,
+                    "checkpoint": None,
+                    "dry_run": True,
+                    "queued": 0,
+                }
+            if co.stage_finished(stage.id):
+                raise InputEnded(f"operator {operator!r} has read all its input: nothing is left to update")
             if drop_orphaned:
                 new = dataclasses.replace(new, drop_states=tuple(checked["orphaned"]))
             new = self.history.add(new, source or _source_of(function))
             co.plan.stages[stage.id] = new
             co.stage_blobs_changed(new.id)
-            switch = self._switch_keyed if stage.kind == "keyed" else self._switch_source
-            epoch, done_at = switch(new, generation, timeout)
-            report.update(epoch=epoch, elapsed_ms=(done_at - t0) / 1e6)
+            try:
+                if stage.kind == "keyed":
+                    epoch, done_at, queued = self._switch_keyed(new, generation, timeout)
+                else:
+                    epoch, done_at, queued = self._switch_source(new, generation, timeout)
+            except InputEnded:  # nothing left to read where the new code could start: undone
+                co.plan.stages[stage.id] = stage
+                self.history.current[stage.id] = stage.code_version
+                co.stage_blobs_changed(stage.id)
+                raise
+            report.update(epoch=epoch, elapsed_ms=(done_at - t0) / 1e6, queued=queued)
             report["checkpoint"] = co.checkpointer.trigger()["id"] if co.checkpointer else None
             report["dry_run"] = False
             self.reports.append({**report, "at": time.time()})
             return report
 
-    def _switch_keyed(self, stage, generation: int, timeout) -> tuple[int, int]:
-        """An UPDATE record in the operator's gate; until every instance has read it."""
+    def _switch_keyed(self, stage, generation: int, timeout) -> tuple[int, int, int]:
+        """An epoch with the new code version, at the readers' frontier of the operator's gate;
+        until every instance has reached it."""
         co, cb = self.co, self.co.control
-        op = co.resources.keyed_index[stage.id]
-        co.gates[stage.input_gate].append_control(Kind.UPDATE, stage.code_version)
-        instances = list(range(co.parallelism_of(stage.id)))
+        placed = co.rescaler.new_epoch(stage, code=stage.code_version)
+        op, epoch, instances = placed.op, placed.epoch, placed.instances
         self._await(
             stage,
             lambda: cb.wait_epochs(op, instances, stage.code_version, 0.05, word=cbk.I_CODE),
@@ -122,9 +137,9 @@ class Updater:
             timeout,
         )
         done_at = max(int(cb.instances(op)[i, cbk.I_CODE_AT_NS]) for i in instances)
-        return int(cb.epoch(op)), done_at
+        return epoch, done_at, placed.queued
 
-    def _switch_source(self, stage, generation: int, timeout) -> tuple[None, int]:
+    def _switch_source(self, stage, generation: int, timeout) -> tuple[None, int, int]:
         """A source's chained step: the source task switches between two items when it sees the
         version asked for; until it says it did."""
         cb = self.co.control
@@ -139,11 +154,11 @@ class Updater:
             return False
 
         self._await(stage, switched, generation, timeout)
-        return None, time.monotonic_ns()
+        return None, time.monotonic_ns(), 0
 
     def _await(self, stage, switched, generation: int, timeout) -> None:
         in_effect = f"is in effect (version {stage.code_version})"
-        self.co.await_reconfiguration(f"update of {stage.name!r}", in_effect, switched, generation, timeout)
+        self.co.rescaler.await_(f"update of {stage.name!r}", in_effect, switched, generation, timeout)
 
     def _check_in_spare(self, stage, blob: bytes) -> dict:
         """Run ``code_update.check`` of the new code in a spare worker; refused updates raise."""

@@ -171,6 +171,7 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
                 task = make_task(Assignment(attached.resources, stage), attached, stop.is_set)
             task.a.index, task.a.epoch = msg["index"], msg["epoch"]
             task.a.position = msg.get("position", 0)
+            task.a.start = msg.get("start", 0)
             task.a.code = msg.get("code", 0)
             running["now"] = (task, tag)
             try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import threading
 import time
 from collections import Counter
 
@@ -378,3 +379,46 @@ def test_default_gate_size_is_32_mib_or_an_eighth_of_the_free_shared_memory(
             assert g.data_capacity == expected
         finally:
             g.segment.close()
+
+
+def test_positions_count_rows_and_name_the_entry_that_holds_them(make_gate):
+    g = make_gate(slots=16, readers=2)
+    g.open_reader(0, 0)
+    rng = random.Random(3)
+    expected, position = [], 0
+    for b in range(10):
+        if b % 3 == 2:
+            seq = g.append_control(Kind.WATERMARK, 0, b)
+            rows = 0
+        else:
+            rows = rng.randrange(0, 40)
+            seq = g.append_batch(_batch(_rows(0, b, rows, rng)))
+        expected.append((seq, position, position + max(rows, 1)))
+        position += max(rows, 1)
+    assert g.position == position
+    for seq, start, end in expected:
+        assert g.start_of(seq) == start
+        entry = g.read(seq)
+        assert (entry.start, entry.end) == (start, end)
+        assert {g.seq_at(p) for p in range(start, end)} == {seq}  # every position inside the entry
+    assert g.seq_at(position) == g.tail  # the next entry's position: a reader opened there waits
+    assert g.end_position is None
+    end_seq = g.append_control(Kind.END_OF_STREAM)
+    g.append_control(Kind.CHECKPOINT, 1)  # what follows the end does not move it
+    assert g.end_position == g.start_of(end_seq) == position
+
+
+def test_a_nudge_wakes_a_waiting_reader_without_an_entry(make_gate):
+    g = make_gate()
+    since = g.wake_count()
+    assert not g.wait(0, timeout=0.01, since=since)  # nothing happened: an ordinary timeout
+    nudger = threading.Timer(0.05, g.nudge)
+    nudger.start()
+    t0 = time.monotonic()
+    assert not g.wait(0, timeout=5, since=since)  # woken by the nudge, with nothing to read
+    assert time.monotonic() - t0 < 2
+    nudger.join()
+    assert not g.wait(0, timeout=5, since=since)  # nudged before the wait began: at once
+    since = g.wake_count()
+    g.append_control(Kind.WATERMARK, 0, 1)
+    assert g.wait(0, timeout=5, since=since)  # an entry arrived: readable

@@ -1,0 +1,239 @@
+"""Epochs of a keyed operator: live rescales, barriers, and the switch a live update makes.
+
+Each is a new epoch of the operator (runtime.control_block): an ownership table and a code version
+that apply from one position of its gate. The position is placed at the readers' frontier
+(runtime.frontier), so an epoch takes effect in about the time the operator's instances are apart,
+however much input is queued behind them; a barrier is placed at the gate's tail instead, since it
+waits for what the gate holds. Reconfigurations of one operator take turns. A rescale does not
+wait for a checkpoint under way (runtime.checkpointing counts the instances of the epoch in force
+at its barrier); a live update does (the checkpoint records the code version).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from stretch.common.job_status import JobStatus
+from stretch.errors import InputEnded
+from stretch.runtime import control_block as cbk
+from stretch.runtime import frontier
+from stretch.state.key_groups import assignment as range_assignment
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where an epoch was placed: its operator (index), number and gate position; the parallelism
+    before it; the instances that take it up; how many gate positions were queued behind it."""
+
+    op: int
+    epoch: int
+    old_parallelism: int
+    instances: list[int]
+    position: int
+    queued: int
+    generation: int  # the coordinator's at placing: a recovery after it restarts the job
+
+
+class Rescaler:
+    """The epochs of one job's keyed operators; ``co`` is its Coordinator."""
+
+    def __init__(self, coordinator):
+        self.co = coordinator
+        self._lock = threading.Lock()
+        self._busy: dict[int, threading.Event] = {}  # stage id -> set when its reconfiguration ends
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._busy)
+
+    # ---- in the caller's thread ---------------------------------------------------------------
+    def rescale(self, operator: str, parallelism: int, timeout: float | None = None) -> dict:
+        """See ``Coordinator.rescale``."""
+        t0 = time.monotonic_ns()
+        self.co.refuse_if_ended("rescaled")
+        stage = self._keyed(operator)
+        if (
+            not isinstance(parallelism, int)
+            or isinstance(parallelism, bool)
+            or not 1 <= parallelism <= stage.max_parallelism
+        ):
+            raise ValueError(
+                f"parallelism must be an int in 1..{stage.max_parallelism} (max parallelism), got {parallelism!r}"
+            )
+        with self.reconfiguring(stage):
+            co = self.co
+            current = co.parallelism_of(stage.id)
+            op = co.resources.keyed_index[stage.id]
+            if parallelism == current:
+                return self._report(operator, int(co.control.epoch(op)), current, current, t0)
+            placed = self.new_epoch(stage, parallelism=parallelism)
+            epoch, instances = placed.epoch, placed.instances
+            recovered = self.await_(
+                f"rescale of {operator!r}",
+                f"to {parallelism} is in effect (epoch {epoch})",
+                lambda: co.control.wait_epochs(op, instances, epoch, timeout=0.05, word=cbk.I_ACTIVE),
+                placed.generation,
+                timeout,
+                survives_recovery=True,
+            )
+            if recovered:  # the job restarted from its checkpoint at the new parallelism
+                epoch, done_at = int(co.control.epoch(op)), time.monotonic_ns()
+            else:  # the last instance's own clock: the rescale, not this thread's scheduling
+                done_at = max(int(co.control.instances(op)[i, cbk.I_ACTIVE_AT_NS]) for i in instances)
+            co.replenish()  # refill the warm pool now that the rescale is done
+            report = self._report(operator, epoch, placed.old_parallelism, parallelism, t0, done_at)
+            report["queued"] = placed.queued
+            co.rescales.append({**report, "at": time.time()})
+            return report
+
+    def barrier(self, operator: str, timeout: float | None = None) -> dict:
+        """See ``Coordinator.barrier``."""
+        t0 = time.monotonic_ns()
+        self.co.refuse_if_ended("barriered")
+        stage = self._keyed(operator)
+        with self.reconfiguring(stage):
+            co = self.co
+            generation, p = co.generation, co.parallelism_of(stage.id)
+            op = co.resources.keyed_index[stage.id]
+            try:
+                placed = self.new_epoch(stage, at_tail=True)
+                epoch, instances, generation = placed.epoch, placed.instances, placed.generation
+            except InputEnded:  # the gate ends: what it holds is processed once the operator ended
+                epoch, instances = int(co.control.epoch(op)), None
+
+            def done() -> bool:
+                if instances is not None:
+                    return co.control.wait_epochs(op, instances, epoch, timeout=0.05)
+                time.sleep(0.002)
+                return co.stage_finished(stage.id)
+
+            self.await_(f"barrier of {operator!r}", "is placed", done, generation, timeout)
+            return self._report(operator, epoch, p, p, t0)
+
+    def new_epoch(
+        self, stage, parallelism: int | None = None, code: int | None = None, at_tail: bool = False
+    ) -> Placed:
+        """Place the next epoch of ``stage``'s operator (in the job's thread): a new parallelism,
+        a new code version, or neither (a barrier, ``at_tail``); raises why it could not."""
+        ticket: queue.Queue = queue.Queue()
+        self.co.place_epoch(self._place_into, ticket, stage.id, parallelism, code, at_tail)
+        placed = ticket.get()
+        if isinstance(placed, BaseException):
+            raise placed
+        return placed
+
+    @contextlib.contextmanager
+    def reconfiguring(self, stage):
+        """One reconfiguration (rescale, barrier, code update) of an operator at a time."""
+        while True:
+            with self._lock:
+                busy = self._busy.get(stage.id)
+                if busy is None:
+                    done = self._busy[stage.id] = threading.Event()
+                    break
+            busy.wait()
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._busy[stage.id]
+            done.set()
+
+    def await_(
+        self, subject: str, in_effect: str, done, generation: int, timeout, survives_recovery: bool = False
+    ) -> bool:
+        """Until ``done()`` (which waits a little itself): it fails if the job stops meanwhile, or
+        recovers from a failure (unless ``survives_recovery``: then it returns True once the job
+        runs again), and times out after ``timeout`` (in effect all the same)."""
+        co = self.co
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done():
+            if co.generation != generation and survives_recovery:
+                while co.status is JobStatus.RESTARTING and not co.stopping:
+                    time.sleep(0.01)
+                if co.status is JobStatus.RUNNING:
+                    return True
+            if co.stopping or co.generation != generation or co.status is not JobStatus.RUNNING:
+                raise RuntimeError(f"{subject} did not complete: the job is {co.status.name}") from co.error
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{subject} {in_effect} but its instances have not all reached it within {timeout} s: "
+                    "they are apart by more than that"
+                )
+        return False
+
+    def _keyed(self, operator: str):
+        stage = self.co.plan.stage(operator)
+        if stage.kind != "keyed":
+            raise ValueError(f"operator {operator!r} is not a keyed operator; only keyed operators rescale")
+        return stage
+
+    @staticmethod
+    def _report(operator: str, epoch: int, old: int, new: int, t0: int, done_at: int | None = None) -> dict:
+        return {
+            "operator": operator,
+            "epoch": epoch,
+            "old_parallelism": old,
+            "new_parallelism": new,
+            "elapsed_ms": ((time.monotonic_ns() if done_at is None else done_at) - t0) / 1e6,
+            "state_bytes_copied": 0,
+        }
+
+    # ---- in the job's thread --------------------------------------------------------------------
+    def _place_into(self, ticket: queue.Queue, *args) -> None:
+        try:
+            ticket.put(self._place(*args))
+        except BaseException as e:
+            ticket.put(e)
+            raise
+
+    def _place(self, stage_id: int, parallelism: int | None, code: int | None, at_tail: bool):
+        co = self.co
+        if co.status is not JobStatus.RUNNING:
+            return RuntimeError(f"{co.ended_as()}: nothing is reconfigured")
+        stage = co.plan.stages[stage_id]
+        op = co.resources.keyed_index[stage_id]
+        cb, gate = co.control, co.gates[stage.input_gate]
+        old = co.parallelism_of(stage_id)
+        epoch = cb.epoch(op) + 1
+        if epoch - min(int(cb.instances(op)[i, cbk.I_EPOCH]) for i in range(old)) >= cbk.TABLE_RING:
+            return RuntimeError("instances are too many epochs behind; retry later")
+        floor = max(cb.position(op, epoch - 1), gate.position if at_tail else 0)
+        position = frontier.place(cb, op, epoch, range(old), floor)
+        end = gate.end_position
+        if end is not None and position > end:
+            frontier.withdraw(cb, op, epoch)
+            return self._input_ended(stage, op, old, end)
+        new = old if parallelism is None else parallelism
+        if parallelism is None:
+            owners = cb.table(op, epoch - 1).copy()
+        else:
+            owners = range_assignment(parallelism, stage.max_parallelism)
+        start = gate.seq_at(position)
+        for i in range(old, new):  # before the position is published: nobody retires before them
+            gate.open_reader(i, start)
+            frontier.start_claim(cb, op, i, position)
+            cb.instances(op)[i, cbk.I_STATE] = cbk.FREE  # a slot used before: not done, to a checkpoint
+        cb.publish(op, epoch, owners, cb.code(op, epoch - 1) if code is None else code, position)
+        gate.nudge()  # instances waiting at the position apply the epoch now
+        co.set_parallelism(
+            stage_id, new, [(i, epoch - 1, stage.code_version, position) for i in range(old, new)]
+        )
+        instances = list(range(max(old, new)))
+        return Placed(op, epoch, old, instances, position, gate.position - position, co.generation)
+
+    def _input_ended(self, stage, op: int, parallelism: int, end: int) -> InputEnded:
+        cb = self.co.control
+        read = [i for i in range(parallelism) if cb.load(cb.instance_word(op, i, cbk.I_CLAIM)) > end]
+        if len(read) == parallelism:
+            return InputEnded(
+                f"operator {stage.name!r} has read all its input: nothing is left to reconfigure"
+            )
+        return InputEnded(
+            f"operator {stage.name!r} is at the end of its input: instance(s) {read} of {parallelism} read "
+            "all of it, so no position is left that every instance has yet to read"
+        )

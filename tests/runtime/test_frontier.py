@@ -1,0 +1,80 @@
+"""The frontier handshake: readers in several processes and a coordinator placing epochs at random
+moments; every reader switches exactly at each epoch's position, never having read past it, and
+readers kept ahead of a slower one by its pace never deadlock."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+from stretch.runtime import control_block as cbk
+from stretch.runtime import frontier
+from stretch.runtime.control_block import ControlBlock
+
+OP, READERS, END = 0, 3, 400_000
+
+
+def _read(name: str, index: int, seed: int, out: str) -> None:
+    """A reader: pieces of random size, each claimed first; at an epoch's position it switches."""
+    cb = ControlBlock.attach(name, 1, 128)
+    rng = random.Random(seed)
+    f = frontier.Frontier(cb, OP, index, epoch=0)
+    here, switches, read_under = 0, {}, {0: 0}  # epoch -> where it switched; -> furthest read under it
+    while here < END:
+        end = min(END, here + rng.randrange(1, 1000))
+        limit = f.keep_up(here, READERS, lambda: None)
+        if limit is not None:
+            end = min(end, limit)
+        position = f.claim(end, lambda: None)
+        if position == here:  # the next epoch applies here
+            f.epoch += 1
+            cb.announce(OP, index, cbk.I_EPOCH, f.epoch)
+            switches[f.epoch] = here
+            read_under[f.epoch] = here
+            continue
+        if position is not None:
+            end = min(end, position)
+        assert end > here
+        if rng.random() < 0.5:
+            time.sleep(rng.random() * 0.004)  # readers drift apart
+        f.publish_rate(rng.choice((50.0, 200.0)))
+        read_under[f.epoch] = end
+        here = end
+    with open(out, "w") as file:
+        json.dump({"switches": switches, "read_under": read_under}, file)
+
+
+def test_readers_switch_exactly_at_each_placed_position(shm_prefix, forked, tmp_path):
+    cb = ControlBlock.create(shm_prefix, 1, 128)
+    try:
+        outs = [str(tmp_path / f"{i}.json") for i in range(READERS)]
+        procs = [forked.start(_read, cb.segment.name, i, 100 + i, outs[i]) for i in range(READERS)]
+        rng = random.Random(7)
+        placed = {0: 0}
+        epoch = 0
+        while any(p.is_alive() for p in procs) and epoch < 150:
+            time.sleep(rng.random() * 0.004)
+            behind = min(int(cb.instances(OP)[i, cbk.I_EPOCH]) for i in range(READERS))
+            if epoch + 1 - behind >= cbk.TABLE_RING:  # as the coordinator: the ring holds 8 epochs
+                continue
+            epoch += 1
+            position = frontier.place(cb, OP, epoch, range(READERS), floor=placed[epoch - 1])
+            if position >= END:  # a reader finished: nothing left that every reader has yet to read
+                frontier.withdraw(cb, OP, epoch)
+                break
+            table = cb.table(OP, epoch - 1).copy()
+            cb.publish(OP, epoch, table, 0, position)
+            placed[epoch] = position
+        forked.join(timeout=60)
+        assert len(placed) > 40, "too few epochs were placed while the readers read"
+        for out in outs:
+            got = json.loads(open(out).read())
+            switches = {int(e): p for e, p in got["switches"].items()}
+            read_under = {int(e): p for e, p in got["read_under"].items()}
+            assert switches == {e: p for e, p in placed.items() if e > 0}
+            for e, p in placed.items():  # nothing read under an epoch at or past the next one's position
+                if e + 1 in placed:
+                    assert read_under[e] <= placed[e + 1]
+    finally:
+        cb.close()
