@@ -12,9 +12,14 @@ micro-batch's latest per key), into ``noop``:
   ``--stage-parallelism``);
 - ``cluster_stage_meps``: the job on ``StretchCluster.local(nodes=2)`` (each node running it at
   ``--stage-node-parallelism``): each task splits its rows by key group and hands each node its part
-  through shared memory; each node answers with the results its rows caused.
+  through shared memory; each node answers with the results its rows caused;
+- ``spark_only_stage_meps``: the same query with an identity ``mapInArrow`` in the stage's place
+  (the key partitioning kept): what Spark alone costs, the ceiling of both;
+- ``*_add_batch_ms``: the median micro-batch's ``addBatch`` phase of each;
+- ``cluster_transactions_meps``: the cluster's side alone, without Spark: two threads (as two
+  task slots) hand the nodes W1 in transactions of a task's size through ``ClusterWriter.transact``.
 
-The two run alternately after an untimed warm-up of each; medians over ``--stage-repeats``. The nodes,
+The three run in turn after an untimed warm-up of each; medians over ``--stage-repeats``. The nodes,
 the job's workers and Spark share the machine's cores.
 """
 
@@ -22,13 +27,14 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from _common import emit, log, median, w1
 from spark_roundtrip import SCHEMA, W1_TYPE, phases_ms, spark_session, write_files
 
-from stretch.cluster import StretchCluster
+from stretch.cluster import ClusterWriter, StretchCluster
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.spark import stage
@@ -47,10 +53,18 @@ def count_sum(parallelism: int) -> StreamExecutionEnvironment:
     return env
 
 
-def timed_stage(spark, files: Path, client, checkpoint: Path, per_trigger: int, events: int):
-    """One query through the stage to its end; (seconds, median phases of its micro-batches)."""
+def _identity(batches):
+    yield from batches
+
+
+def timed_stage(spark, files: Path, client, checkpoint: Path, per_trigger: int, events: int, shuffle: int):
+    """One query through the stage (``client`` None: Spark alone, the stage's shape with an identity
+    step in its place) to its end; (seconds, median phases of its micro-batches)."""
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", per_trigger).parquet(str(files))
-    results = stage(stream, client, into="w1", out="totals", mode="update", key="f0")
+    if client is None:
+        results = stream.repartition(shuffle, "f0").mapInArrow(_identity, SCHEMA)
+    else:
+        results = stage(stream, client, into="w1", out="totals", mode="update", key="f0")
     writer = (
         results.writeStream.format("noop").outputMode("update").option("checkpointLocation", str(checkpoint))
     )
@@ -64,6 +78,32 @@ def timed_stage(spark, files: Path, client, checkpoint: Path, per_trigger: int, 
     return elapsed, phases_ms(query)
 
 
+def transact_meps(cluster, data, rows_per_task: int, node_parallelism: int) -> float:
+    """The cluster's side alone: two writers (as Spark's two task slots) hand the nodes W1 in
+    transactions of a task's size, as the stage's tasks do, and take the results back."""
+    client = count_sum(node_parallelism).execute_async("cluster stage bench transactions", cluster=cluster)
+    parts = data.to_batches(max_chunksize=rows_per_task)
+
+    def tasks(first: int) -> None:
+        for i in range(first, len(parts), 2):
+            with ClusterWriter(cluster.address, client.name, "w1") as writer:
+                writer.transact(parts[i], "totals", "bench", i // 2, first)
+
+    try:
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=tasks, args=(first,)) for first in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return data.num_rows / (time.monotonic() - t0) / 1e6
+    finally:
+        client.cancel()
+
+
+PEERS = ("single", "cluster", "spark")  # the stage on one node engine, on 2 nodes; Spark alone
+
+
 def stage_meps(
     events: int,
     keys: int,
@@ -73,15 +113,17 @@ def stage_meps(
     node_parallelism: int,
     repeats: int,
 ) -> dict:
-    """``single_stage_meps`` and ``cluster_stage_meps``, side by side in one Spark session."""
+    """``single_stage_meps`` and ``cluster_stage_meps`` (and Spark alone, the ceiling), side by
+    side in one Spark session."""
     with tempfile.TemporaryDirectory(prefix="stretch-cluster-stage-") as tmp:
         work = Path(tmp)
         data = w1(events, keys)
         write_files(work / "w1", data, files)
         write_files(work / "warm-up", data.slice(0, 10_000), 1)
         spark = spark_session()
-        times: dict[str, list[float]] = {"single": [], "cluster": []}
-        phases: dict[str, list] = {"single": [], "cluster": []}
+        shuffle = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        times: dict[str, list[float]] = {p: [] for p in PEERS}
+        batch: dict[str, list[float]] = {p: [] for p in PEERS}
         try:
             with StretchCluster.local(nodes=2) as cluster:
                 run = 0
@@ -90,34 +132,44 @@ def stage_meps(
                     nonlocal run
                     run += 1
                     name = f"cluster stage bench {peer} {run}"
+                    client = None
                     if peer == "single":
                         client = count_sum(parallelism).execute_async(name)
-                    else:
+                    elif peer == "cluster":
                         client = count_sum(node_parallelism).execute_async(name, cluster=cluster)
                     try:
-                        return timed_stage(spark, source, client, work / f"ckpt-{name}", per, n)
+                        return timed_stage(spark, source, client, work / f"ckpt-{name}", per, n, shuffle)
                     finally:
-                        client.cancel()
+                        if client is not None:
+                            client.cancel()
 
-                peers = list(times)
-                for peer in peers:  # JVM code generation and Python workers start outside the timing
+                for peer in PEERS:  # JVM code generation and Python workers start outside the timing
                     once(peer, work / "warm-up", 10_000, 1)
+                transactions = []
                 for r in range(repeats):
                     log(f"repeat {r + 1}/{repeats}")
-                    for peer in peers:
+                    rows_per_task = -(-events // files) * per_trigger // shuffle
+                    transactions.append(transact_meps(cluster, data, rows_per_task, node_parallelism))
+                    log(f"  the cluster's transactions alone: {transactions[-1]:.3f} M events/s")
+                    for peer in PEERS:
                         elapsed, ph = once(peer, work / "w1", events, per_trigger)
                         log(
-                            f"  {peer} stage: {elapsed:.1f} s, {events / elapsed / 1e6:.3f} M events/s, phases {ph}"
+                            f"  {peer}: {elapsed:.1f} s, {events / elapsed / 1e6:.3f} M events/s, phases {ph}"
                         )
                         times[peer].append(elapsed)
-                        phases[peer].append(ph)
+                        batch[peer].append(ph.get("addBatch", float("nan")))
         finally:
             spark.stop()
-    single, on_cluster = events / median(times["single"]) / 1e6, events / median(times["cluster"]) / 1e6
+    meps = {p: events / median(times[p]) / 1e6 for p in PEERS}
     return {
-        "single_stage_meps": round(single, 3),
-        "cluster_stage_meps": round(on_cluster, 3),
-        "cluster_stage_ratio": round(on_cluster / single, 3),
+        "single_stage_meps": round(meps["single"], 3),
+        "cluster_stage_meps": round(meps["cluster"], 3),
+        "cluster_stage_ratio": round(meps["cluster"] / meps["single"], 3),
+        "spark_only_stage_meps": round(meps["spark"], 3),
+        "cluster_transactions_meps": round(median(transactions), 3),
+        "single_stage_add_batch_ms": round(median(batch["single"]), 1),
+        "cluster_stage_add_batch_ms": round(median(batch["cluster"]), 1),
+        "spark_only_add_batch_ms": round(median(batch["spark"]), 1),
         "stage_events": events,
         "stage_files_per_trigger": per_trigger,
         "stage_repeats": repeats,
