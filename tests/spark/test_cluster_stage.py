@@ -226,8 +226,7 @@ ON_SPARK = textwrap.dedent(
     from stretch.cluster import StretchCluster
     from stretch.spark import stage
     from tests.spark.test_cluster_stage import totals_job, update_reference
-    from tests.spark.steps import fail_first_attempt
-from tests.spark.test_stage import _files
+    from tests.spark.test_stage import _files
     from pathlib import Path
 
     spark = (
