@@ -53,16 +53,13 @@ def count_sum(parallelism: int) -> StreamExecutionEnvironment:
     return env
 
 
-def _identity(batches):
-    yield from batches
-
-
 def timed_stage(spark, files: Path, client, checkpoint: Path, per_trigger: int, events: int, shuffle: int):
     """One query through the stage (``client`` None: Spark alone, the stage's shape with an identity
     step in its place) to its end; (seconds, median phases of its micro-batches)."""
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", per_trigger).parquet(str(files))
     if client is None:
-        results = stream.repartition(shuffle, "f0").mapInArrow(_identity, SCHEMA)
+        # a lambda: Spark's workers get it by value (this module is not on their path)
+        results = stream.repartition(shuffle, "f0").mapInArrow(lambda batches: batches, SCHEMA)
     else:
         results = stage(stream, client, into="w1", out="totals", mode="update", key="f0")
     writer = (
@@ -78,10 +75,11 @@ def timed_stage(spark, files: Path, client, checkpoint: Path, per_trigger: int, 
     return elapsed, phases_ms(query)
 
 
-def transact_meps(cluster, data, rows_per_task: int, node_parallelism: int) -> float:
+def transact_meps(cluster, data, rows_per_task: int, node_parallelism: int, run: int) -> float:
     """The cluster's side alone: two writers (as Spark's two task slots) hand the nodes W1 in
     transactions of a task's size, as the stage's tasks do, and take the results back."""
-    client = count_sum(node_parallelism).execute_async("cluster stage bench transactions", cluster=cluster)
+    name = f"cluster stage bench transactions {run}"
+    client = count_sum(node_parallelism).execute_async(name, cluster=cluster)
     parts = data.to_batches(max_chunksize=rows_per_task)
 
     def tasks(first: int) -> None:
@@ -149,7 +147,7 @@ def stage_meps(
                 for r in range(repeats):
                     log(f"repeat {r + 1}/{repeats}")
                     rows_per_task = -(-events // files) * per_trigger // shuffle
-                    transactions.append(transact_meps(cluster, data, rows_per_task, node_parallelism))
+                    transactions.append(transact_meps(cluster, data, rows_per_task, node_parallelism, r))
                     log(f"  the cluster's transactions alone: {transactions[-1]:.3f} M events/s")
                     for peer in PEERS:
                         elapsed, ph = once(peer, work / "w1", events, per_trigger)
