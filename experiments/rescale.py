@@ -1,14 +1,19 @@
-"""Live rescale under steady W1 load, beside a stop-snapshot-restart baseline.
+"""Live rescale under steady W1 load and under a backlog, beside stop-and-restart baselines.
 
-    python experiments/rescale.py --json
+    python experiments/rescale.py --json              # both scenarios
+    python experiments/rescale.py --json --only backlog
 
-A rolling count+sum over W1 events (vectorized ``sum``) runs under a steady input rate while the
-schedule 1->2->4->8->4->2->1 repeats ``--rounds`` times, once with about 1 MB of keyed state and
-once with about 1 GB. Each rescale is timed by ``JobClient.rescale`` (request until every instance
-processes under the new epoch). A sampler records throughput and the queueing latency of the
-input over time for the PNG timeline. In the same run, the baseline rescales the way Flink and
-Spark do: snapshot the state to a file, stop the job, start it at the new parallelism and load the
-state back, timed end to end.
+Steady: a rolling count+sum over W1 events (vectorized ``sum``) runs under a steady input rate
+while the schedule 1->2->4->8->4->2->1 repeats ``--rounds`` times, once with about 1 MB of keyed
+state and once with about 1 GB. Backlog: a per-record KeyedProcessFunction falls behind a source
+that writes as fast as its gate takes it (``backlog.py``; seconds of work are left at every
+rescale), and ``--backlog-rescales`` rescales 1->2->4->2->1... are made, 400 ms apart; the rate
+200 ms after each 1->2 step is compared with the rate 200 ms before. Each rescale is timed by
+``JobClient.rescale`` (the call until every instance processes under the new epoch). A sampler
+records throughput and the queueing latency of the input for the PNG timeline. In the same run,
+the baselines rescale the way Flink and Spark do: snapshot the state, stop the job, start it at
+the new parallelism and load the state back (under the backlog: a checkpoint, whose barrier
+waits behind what is queued, then a restore), timed end to end.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 from _common import OUT, emit, log
+from backlog import OPERATOR, Progress, flat_out_job
 
 from stretch import channels
 from stretch.common import Types
@@ -202,6 +208,64 @@ def live_case(distinct: int, rounds: int, rate: float) -> dict:
     }
 
 
+BACKLOG_SCHEDULE = [2, 4, 2, 1]
+
+
+def backlog_case(rescales: int, min_work_s: float = 2.0) -> dict:
+    """The operator far behind its input (``backlog.flat_out_job``): ``rescales`` live rescales
+    1->2->4->2->1..., 400 ms apart, each timed from the call until every instance runs the new
+    epoch; the rate 200 ms before and after each 1->2 step; the work left at each rescale."""
+    rate_p1 = 1_100_000  # a first guess of the p=1 rate, for the size of the input
+    events = int(rate_p1 * (3 + rescales * 0.4 * 1.5 + 3 * min_work_s))
+    client = flat_out_job("rescale backlog", 1, events)
+    progress = Progress(client)
+    progress.start()
+    time.sleep(1.5)  # the gate fills; spare workers settle
+    reports, steps, work_left = [], [], []
+    for i in range(rescales):
+        p = BACKLOG_SCHEDULE[i % len(BACKLOG_SCHEDULE)]
+        now = time.monotonic()
+        work_left.append((events - progress.processed()) / max(progress.rate(now - 0.4, now), 1.0))
+        report = client.rescale(OPERATOR, p)
+        reports.append(report)
+        if (report.old_parallelism, p) == (1, 2):
+            steps.append((now, now + report.elapsed_ms / 1000))
+        time.sleep(0.4)
+    progress.stop.set()
+    progress.join()
+    client.cancel()
+    ratios = [progress.rate(done, done + 0.2) / max(progress.rate(t - 0.2, t), 1.0) for t, done in steps]
+    return {
+        "elapsed_ms": sorted(r.elapsed_ms for r in reports),
+        "queued": [r.queued for r in reports],
+        "copied": sum(r.state_bytes_copied for r in reports),
+        "min_work_left_s": min(work_left),
+        "scaleup_ratios": ratios,
+        "timeline": (progress.samples, [(t, p) for (t, _), p in zip(steps, [2] * len(steps))]),
+    }
+
+
+def backlog_baseline() -> float:
+    """The same operator behind the same input, rescaled 1 -> 2 as Flink and Spark do: checkpoint
+    (its barrier waits behind what is queued), stop, restore at 2; milliseconds until the restored
+    job processes again."""
+    name = f"rescale backlog baseline {os.getpid()} {time.monotonic_ns()}"
+    client = flat_out_job(name, 1, 50_000_000, checkpointing=True)
+    time.sleep(1.5)
+    t0 = time.monotonic()
+    client.trigger_checkpoint()
+    client.cancel()
+    client.wait()
+    client2 = flat_out_job(name, 2, 50_000_000, checkpointing=True, restore=True)
+    progress = Progress(client2)
+    before = progress.processed()
+    while progress.processed() <= before:
+        time.sleep(0.001)
+    ms = (time.monotonic() - t0) * 1000
+    client2.cancel()
+    return ms
+
+
 def baseline_case(distinct: int, old: int, new: int, workdir: str) -> float:
     """Snapshot to a file, stop, restart at the new parallelism, load the state: milliseconds."""
     client, writer = start_job(old)
@@ -281,6 +345,31 @@ def plot(small: dict, large: dict, path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def plot_backlog(case: dict, path) -> None:
+    """Throughput and parallelism over time while the operator is behind its input."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples, _ = case["timeline"]
+    t0 = samples[0][0]
+    ts = np.array([s[0] - t0 for s in samples])
+    done = np.array([s[1] for s in samples], dtype=float)
+    window = 50
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(10, 5), sharex=True)
+    ax.plot(ts[window:], (done[window:] - done[:-window]) / (ts[window:] - ts[:-window]) / 1e6, lw=0.7)
+    ax.set_ylabel("throughput (M events/s)")
+    ax.set_title(
+        f"behind a full gate: {len(case['elapsed_ms'])} live rescales, p99 {pct(case['elapsed_ms'], 99):.1f} ms"
+    )
+    bx.step(ts, [s[2] for s in samples], where="post", lw=0.8)
+    bx.set_ylabel("parallelism")
+    bx.set_xlabel("time (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true")
@@ -293,8 +382,46 @@ def main() -> None:
     )
     ap.add_argument("--small-keys", type=int, default=30_000, help="keys for ~1 MB of state")
     ap.add_argument("--large-keys", type=int, default=30_000_000, help="keys for ~1 GB of state")
+    ap.add_argument("--backlog-rescales", type=int, default=60, help="rescales with the operator behind")
+    ap.add_argument("--only", choices=("steady", "backlog"), help="run one scenario")
     ap.add_argument("--plot", default=str(OUT / "rescale.png"))
     args = ap.parse_args()
+    result = {}
+    if args.only != "steady":
+        result.update(backlog_result(args.backlog_rescales))
+    if args.only != "backlog":
+        result.update(steady_result(args))
+    emit(result, args.json)
+
+
+def backlog_result(rescales: int) -> dict:
+    log(f"live rescale under a backlog, {rescales} rescales")
+    behind = backlog_case(rescales)
+    log("baseline under a backlog")
+    base = [backlog_baseline() for _ in range(3)]
+    OUT.mkdir(exist_ok=True)
+    path = OUT / "rescale_backlog.png"
+    plot_backlog(behind, path)
+    result = {
+        "rescale_backlog_p50_ms": round(pct(behind["elapsed_ms"], 50), 2),
+        "rescale_backlog_p99_ms": round(pct(behind["elapsed_ms"], 99), 2),
+        "rescale_backlog_max_ms": round(max(behind["elapsed_ms"]), 2),
+        "rescales_backlog": len(behind["elapsed_ms"]),
+        "backlog_min_work_left_s": round(behind["min_work_left_s"], 2),
+        "backlog_queued_p50": int(np.median(behind["queued"])),
+        "throughput_after_scaleup_ratio": round(float(np.median(behind["scaleup_ratios"])), 2),
+        "throughput_after_scaleup_ratio_min": round(min(behind["scaleup_ratios"]), 2),
+        "baseline_backlog_p50_ms": round(float(np.median(base)), 1),
+        "backlog_state_bytes_copied": behind["copied"],
+        "backlog_plot": str(path),
+    }
+    result["baseline_vs_live_backlog"] = round(
+        result["baseline_backlog_p50_ms"] / result["rescale_backlog_p50_ms"], 1
+    )
+    return result
+
+
+def steady_result(args) -> dict:
     # One steady rate for both cases, one the job sustains at parallelism 1 even with the large
     # state: otherwise a backlog builds at p=1 and every marker waits behind it.
     log("capacity at parallelism 1, large state")
@@ -332,7 +459,7 @@ def main() -> None:
     OUT.mkdir(exist_ok=True)
     plot(small, large, args.plot)
     result["plot"] = args.plot
-    emit(result, args.json)
+    return result
 
 
 if __name__ == "__main__":

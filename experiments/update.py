@@ -4,7 +4,10 @@
 
 A KeyedProcessFunction keeps a count and a payload per key (about 1 MB of state, then about
 1 GB). Under a steady input rate, its code is swapped ``--updates`` times between two versions
-with ``JobClient.update``, each timed from the request until every instance runs the new code.
+with ``JobClient.update``, each timed from the request until every instance runs the new code;
+then, with a per-record operator behind a source that writes as fast as its gate takes it
+(``backlog.py``), ``--backlog-updates`` more (``update_backlog_p99_ms``): each applies at the
+readers' frontier, ahead of what is queued.
 A sampler records how long input waits in the gate meanwhile (``max_stall_ms``: the longest any
 write waited while an update was under way). In the same run, the baseline updates code the way
 Flink and Spark do: take a checkpoint, stop the job, start it again from the checkpoint with the
@@ -20,7 +23,9 @@ import time
 
 import numpy as np
 from _common import emit, log
+from backlog import OPERATOR, flat_out_job
 from rescale import Load, Sampler, latencies, pct, stop_run, w1_batch
+from throughput import CountSum
 
 from stretch import channels
 from stretch.common import Types
@@ -129,6 +134,30 @@ def baseline_case(keys: int, payload: int) -> float:
     return ms
 
 
+class CountSumB(CountSum):
+    """The backlog case's second version: the same states, another rule."""
+
+    def process_element(self, value, ctx):
+        c = (self.count.value() or 0) + 2
+        s = (self.sum.value() or 0.0) + value[2]
+        self.count.update(c)
+        self.sum.update(s)
+        yield value[0], c, s
+
+
+def backlog_case(updates: int) -> dict:
+    """``updates`` live updates 100-200 ms apart while the operator (at parallelism 2) is behind a
+    source that writes as fast as its gate takes it; each timed until every instance runs it."""
+    client = flat_out_job("update backlog", 2, 200_000_000)
+    time.sleep(1.5)  # the gate fills
+    reports = []
+    for i in range(updates):
+        reports.append(client.update(OPERATOR, (CountSumB if i % 2 == 0 else CountSum)()))
+        time.sleep(random.uniform(0.1, 0.2))
+    client.cancel()
+    return {"elapsed_ms": sorted(r.elapsed_ms for r in reports), "queued": [r.queued for r in reports]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true")
@@ -137,7 +166,10 @@ def main() -> None:
     ap.add_argument("--small-keys", type=int, default=1_000, help="keys for ~1 MB of state")
     ap.add_argument("--large-keys", type=int, default=1_000_000, help="keys for ~1 GB of state")
     ap.add_argument("--payload", type=int, default=1000, help="payload bytes per key")
+    ap.add_argument("--backlog-updates", type=int, default=30, help="updates with the operator behind")
     args = ap.parse_args()
+    log(f"live update under a backlog, {args.backlog_updates} updates")
+    behind = backlog_case(args.backlog_updates)
     log(f"live update, small state, {args.rate:,.0f} events/s")
     small = live_case(args.small_keys, args.payload, args.updates, args.rate)
     log("live update, large state")
@@ -149,6 +181,9 @@ def main() -> None:
         "update_p99_ms": round(pct(small["elapsed_ms"], 99), 2),
         "update_p50_ms_large_state": round(pct(large["elapsed_ms"], 50), 2),
         "update_p99_ms_large_state": round(pct(large["elapsed_ms"], 99), 2),
+        "update_backlog_p50_ms": round(pct(behind["elapsed_ms"], 50), 2),
+        "update_backlog_p99_ms": round(pct(behind["elapsed_ms"], 99), 2),
+        "update_backlog_queued_p50": int(np.median(behind["queued"])),
         "max_stall_ms": round(max(small["max_stall_ms"], large["max_stall_ms"]), 2),
         "queue_p50_ms": round(large["queue_p50_ms"], 2),
         "restart_baseline_ms": round(base, 1),

@@ -11,6 +11,11 @@ Two policies ship, and any object with ``decide(load) -> int`` works:
   and keep the new width only if throughput measurably improved; otherwise go back and stay there
   until the load changes; narrow it one step at a time while it is underloaded.
 
+Between intervals the controller also looks, every tenth of one, at the interval that just went by
+(a sliding window): when the operator was overloaded all through it, a policy's ``react(load)`` may
+widen it at once instead of waiting for its next intervals. A rescale takes milliseconds and moves
+no state, so a scale-up that proves unneeded costs little; scale-downs still wait for the window.
+
 Both judge smoothed measurements (``LoadHistory``): single intervals are noisy, since busy time
 and records are counted when a batch ends, so one interval may hold one batch more or less than
 the next.
@@ -39,6 +44,7 @@ class OperatorLoad:
     backlog_growth: int  # change of the backlog over the interval
     min_parallelism: int
     max_parallelism: int
+    backlog_capacity: int = 0  # entries the gate holds (0: not known)
 
     @property
     def mean_busy(self) -> float:
@@ -52,6 +58,14 @@ class OperatorLoad:
 
     def clamp(self, parallelism: int) -> int:
         return max(self.min_parallelism, min(self.max_parallelism, parallelism))
+
+    def falling_behind(self, high: float) -> bool:
+        """This window alone: the busiest instance above ``high`` while the backlog grew to at
+        least half the gate, or grew by a quarter of it: more input than the instances take."""
+        quarter = max(self.backlog_capacity // 4, 1)
+        return max(self.busy, default=0.0) > high and (
+            self.backlog_growth >= quarter or (self.backlog_growth > 0 and self.backlog >= 2 * quarter)
+        )
 
 
 @dataclass
@@ -189,6 +203,12 @@ class ElasticityPolicy:
     def decide(self, load: OperatorLoad) -> int:
         raise NotImplementedError
 
+    def react(self, load: OperatorLoad) -> int | None:
+        """An early decision on the interval that just went by, asked between intervals when it
+        looks overloaded; None (the default) waits for ``decide``. ``load`` is not a new interval
+        of the policy's history (it overlaps the previous one)."""
+        return None
+
 
 @dataclass
 class ThresholdPolicy(ElasticityPolicy):
@@ -221,6 +241,20 @@ class ThresholdPolicy(ElasticityPolicy):
     _ceiling: tuple[int, int] | None = field(
         default=None, init=False, repr=False
     )  # (narrowest parallelism that measured no better, interval when it did)
+
+    def react(self, load: OperatorLoad) -> int | None:
+        """Falling behind all through the last interval (``OperatorLoad.falling_behind``): the
+        fewest instances predicted at most ``target`` busy from this window alone (its busy
+        fraction taken as 1: there is more input than it took), below a parallelism that
+        measured no better than a narrower one."""
+        if not load.falling_behind(self.high):
+            return None
+        p = load.parallelism
+        limit = (
+            load.max_parallelism if self._ceiling is None else min(self._ceiling[0] - 1, load.max_parallelism)
+        )
+        q = next((q for q in range(p + 1, limit + 1) if p / q <= self.target), limit)
+        return load.clamp(q) if q > p else None
 
     def decide(self, load: OperatorLoad) -> int:
         h = self.history

@@ -223,3 +223,43 @@ def test_trend_policy_does_not_retry_on_throughput_noise():
         path = model(TrendPolicy(), 3000, lambda p: 1000.0, 100, seed)
         back = next(i for i in range(1, len(path)) if path[i] < path[i - 1])
         assert all(b <= a for a, b in zip(path[back:], path[back + 1 :])), (seed, path)
+
+
+def falling(p, busy, growth, backlog=40, capacity=64):
+    return OperatorLoad("op", p, (busy,) * p, 1000.0, backlog, growth, 1, 8, capacity)
+
+
+def test_threshold_policy_reacts_to_an_interval_of_falling_behind_and_to_nothing_less():
+    policy = ThresholdPolicy()
+    assert policy.react(falling(1, 0.97, growth=20)) == 2  # the fewest predicted at most 70 % busy
+    assert policy.react(falling(3, 0.95, growth=20)) == 5
+    assert policy.react(falling(2, 0.95, growth=2, backlog=10)) is None  # a little growth, little queued
+    assert policy.react(falling(2, 0.95, growth=1, backlog=40)) == 3  # growing and half full
+    assert policy.react(falling(2, 0.8, growth=30)) is None  # not busy: not the instances' doing
+    assert policy.react(falling(8, 1.0, growth=30)) is None  # at the most it may run
+    assert not policy.history.intervals  # reacting to a window does not make it an interval
+    assert TrendPolicy().react(falling(1, 0.97, growth=20)) is None  # it waits for its intervals
+
+
+def test_the_controller_reacts_to_an_operator_falling_behind_within_an_interval():
+    """Overloaded from the start: the policy's own window is two intervals, the sliding window
+    (ThresholdPolicy.react) one interval: it acts first, between two intervals."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(1)
+    env.enable_elasticity(ThresholdPolicy(), 1, 4, interval_ms=1000, cooldown_ms=10_000)
+    slow_job(env)
+    client = env.execute_async("elastic react")
+    writer = channels.open_writer(client, "in")
+    controller = client._coordinator.controller
+    t0 = time.monotonic()
+    try:
+        while not controller.decisions and time.monotonic() - t0 < 10:
+            writer.write(list(range(200)))  # 0.1 s of work every 20 ms
+            time.sleep(0.02)
+    finally:
+        writer.end()
+        client.cancel()
+    assert controller.decisions, "the controller never rescaled the overloaded operator"
+    first = controller.decisions[0]
+    assert first["early"], "it waited for its intervals, not for the sliding window"
+    assert first["load"].falling_behind(0.9) and first["report"]["new_parallelism"] >= 2

@@ -5,7 +5,7 @@ first instance to reach a run of broadcast elements applies ``process_broadcast_
 (once, not once per instance) and publishes the result here, tagged with the run's gate position;
 every other instance reaching that run reads the published version instead. So every element sees
 exactly the broadcast elements before it in the gate, whichever instance processes it and at any
-parallelism, and an instance added by a rescale reads the version in force at its epoch marker:
+parallelism, and an instance added by a rescale reads the version in force at its epoch's position:
 nothing is handed over.
 
 Slots: ``START`` holds the state a run starts from (a restored checkpoint's, written by the

@@ -68,11 +68,12 @@ class Chain:
             elif len(records):
                 r.push(records)
 
-    def emit(self, kind, value: int = 0) -> None:
-        """A watermark (or IDLE/LEAVE) of this producer to every gate the chain feeds."""
+    def emit(self, kind, value: int = 0, producer: int | None = None) -> None:
+        """A watermark (or IDLE/LEAVE) of this producer (or of ``producer``, another instance of
+        its stage) to every gate the chain feeds."""
         for n in self.nodes:
             if isinstance(n, _ToGate):
-                n.control(kind, value)
+                n.control(kind, value, producer)
 
     def end_txn(self, txn: int, producers: int) -> None:
         """Input transaction ``txn`` ended here: every gate and sink gate the chain feeds learns it,
@@ -397,8 +398,8 @@ class _ToGate(_Node):
         self.gate = outputs.gates[step.gate]
         self.key: KeySpec = step.key
 
-    def control(self, kind, value: int = 0) -> None:
-        self.gate.append_control(kind, self.outputs.producer_id, value)
+    def control(self, kind, value: int = 0, producer: int | None = None) -> None:
+        self.gate.append_control(kind, self.outputs.producer_id if producer is None else producer, value)
 
     def _runs(self) -> bool:
         """Lay the batch out in runs of key groups: when several instances read the gate."""

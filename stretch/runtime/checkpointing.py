@@ -266,7 +266,7 @@ class Checkpointer:
             if sid not in barrier_at:
                 return co.parallelism_of(sid)
             op = keyed[sid]
-            return int(cb.table(op, cb.epoch_at(op, barrier_at[sid])).max()) + 1
+            return cb.parallelism(op, cb.epoch_at(op, barrier_at[sid]))
 
         inputs = {s.input_gate: s.id for s in plan.stages if s.kind == "keyed"}
         feeds: dict[int, list] = {s.id: [] for s in plan.stages}  # stage -> gates and sinks it feeds

@@ -1,8 +1,9 @@
 """Live update of an operator's code (``JobClient.update``).
 
 An update is a reconfiguration as cheap as a rescale: every instance reads the same gate, so all of
-them switch code at one UPDATE record, in order with the data. Before that, a spare worker checks
-the new code against the operator's state, with nothing changed if it is refused. Each operator's
+them switch code at one position of it (an epoch with the new version, placed at the readers'
+frontier), in order with the data. Before that, a spare worker checks the new code against the
+operator's state, with nothing changed if it is refused. Each operator's
 versions are kept as pickled stages beside the checkpoints, and a checkpoint records the version
 each operator ran, so a recovery or a restore runs the code that was active at the checkpoint.
 """
@@ -196,7 +197,7 @@ class CodeHistory:
     """Each stage's code versions: pickled stages in ``directory`` and their history.
 
     Version 0 is the code the job was started with. Instances load version files when they read an
-    UPDATE record (or start after one); recoveries and restores load the checkpoint's versions.
+    epoch's position (or start after one); recoveries and restores load the checkpoint's versions.
     """
 
     def __init__(self, directory: Path, stages: list[StageSpec], restore: bool):

@@ -22,14 +22,14 @@ MAX_INSTANCES = 256
 
 # Per-instance words (int64).
 I_EPOCH, I_RECORDS_IN, I_RECORDS_OUT, I_BUSY_NS, I_BATCHES, I_HEARTBEAT_NS, I_STATE, I_GATE_SEQ = range(8)
-I_STALL_NS, I_MAX_STALL_NS = 8, 9  # time spent waiting for previous owners at epoch markers
-I_LAST_STALL_NS, I_LAST_GAINED = 10, 11  # the latest marker: how long it waited, whether it gained
+I_STALL_NS, I_MAX_STALL_NS = 8, 9  # time spent waiting for previous owners at epochs' positions
+I_LAST_STALL_NS, I_LAST_GAINED = 10, 11  # the latest epoch: how long it waited, whether it gained
 I_ACTIVE = 12  # the epoch whose ownership the instance processes under (after its handoff waits)
 I_ACTIVE_AT_NS = 13  # CLOCK_MONOTONIC time it became active under that epoch
 I_WATERMARK = 14  # the instance's input watermark (event time, ms); 0 before the first
 I_CHECKPOINT = 15  # the latest checkpoint barrier the instance passed (its key groups copied)
 I_BARRIER_AT_NS = 16  # CLOCK_MONOTONIC time it read that barrier (it stands still from then)
-I_CODE = 17  # the code version the instance runs (it passed that version's UPDATE record)
+I_CODE = 17  # the code version the instance runs (it passed that version's epoch)
 I_CODE_AT_NS = 18  # CLOCK_MONOTONIC time it switched to that version
 I_CLAIM = 19  # the gate position up to which it has committed to read under its epoch (runtime.frontier)
 I_RATE = 20  # its recent reading time per gate position, in ns/1024 (0: not known yet)
@@ -38,13 +38,14 @@ I_WORDS = 24
 FREE, RUNNING, DONE = 0, 1, 2
 
 _OP_HEADER = 64  # epoch, parallelism, switch futex...
-_WM_BYTES = 64 * 1024  # the watermark tracking state saved at the latest epoch marker
+_WM_BYTES = 64 * 1024  # the watermark tracking state saved at the latest epoch's position
 O_EPOCH, O_PARALLELISM, O_SWITCH_FUTEX = 0, 1, 2
 O_KEY_GROUPS = 3  # the operator's own max parallelism (its tables' length), if not the job's
 O_PLACING = 4  # the epoch being placed, or the latest placed (runtime.frontier)
 O_PROGRESS = 5  # a futex bumped when an instance claims more while others wait for it (runtime.frontier)
 O_WAITING_AHEAD = 6  # how many instances wait for others to catch up (runtime.frontier)
-O_EPOCHS = 16  # per epoch of the ring, two words: the gate position it applies from, its code version
+O_EPOCHS = 16  # per epoch of the ring, three words: the gate position it applies from, its code
+_EPOCH_WORDS = 3  # version, its parallelism (instances at or above it retire there)
 # Job-wide words after the operators' areas: checkpoint barriers (see runtime.checkpointing).
 _JOB_WORDS = 1024
 J_REQUEST, J_FUTEX, _J_STAGES = 0, 1, 16
@@ -87,9 +88,9 @@ class ControlBlock:
         return self._base(op) + _OP_HEADER * 8 + self._table_bytes + self._inst_bytes
 
     def save_watermarks(self, op: int, epoch: int, state: dict) -> None:
-        """The operator's watermark tracking as of an epoch marker (for instances added there).
+        """The operator's watermark tracking as of an epoch's position (for instances added there).
 
-        Every instance computes the same state at the same marker, so whichever writes first wins.
+        Every instance computes the same state at the same position, so whichever writes first wins.
         """
         r = self.segment.region
         base = self._wm_area(op)
@@ -137,7 +138,7 @@ class ControlBlock:
         return self._base(op) + _OP_HEADER * 8 + self._table_bytes + (instance * I_WORDS + word) * 8
 
     def announce(self, op: int, instance: int, word: int, epoch: int) -> None:
-        """Publish an instance's progress (I_EPOCH: passed the marker with everything before it
+        """Publish an instance's progress (I_EPOCH: passed the epoch's position with everything before it
         done and flushed; I_ACTIVE: processing under the epoch) and wake whoever waits on it."""
         r = self.segment.region
         if word in (I_ACTIVE, I_CODE):
@@ -170,20 +171,35 @@ class ControlBlock:
 
     def position_word(self, op: int, epoch: int) -> int:
         """Byte offset of the gate position from which an epoch applies."""
-        return self.op_word(op, O_EPOCHS + 2 * (epoch % TABLE_RING))
+        return self.op_word(op, O_EPOCHS + _EPOCH_WORDS * (epoch % TABLE_RING))
 
     def code_word(self, op: int, epoch: int) -> int:
         """Byte offset of an epoch's code version."""
         return self.position_word(op, epoch) + 8
 
-    def publish(self, op: int, epoch: int, owners: np.ndarray, code: int = 0, position: int = 0) -> None:
-        """Write an epoch's table, code version and position, then make it the operator's current
-        epoch. Instances read the table only once they see the position (runtime.frontier)."""
+    def parallelism_word(self, op: int, epoch: int) -> int:
+        """Byte offset of an epoch's parallelism."""
+        return self.position_word(op, epoch) + 16
+
+    def publish(
+        self,
+        op: int,
+        epoch: int,
+        owners: np.ndarray,
+        code: int = 0,
+        position: int = 0,
+        parallelism: int | None = None,
+    ) -> None:
+        """Write an epoch's table, code version, parallelism (default: its highest owner + 1; an
+        instance may own nothing, its key groups released) and position, then make it the
+        operator's current epoch. Instances read the rest once they see the position."""
         r = self.segment.region
         self.table(op, epoch)[:] = owners
         r.store64(self.code_word(op, epoch), code)
+        p = int(owners.max()) + 1 if parallelism is None else parallelism
+        r.store64(self.parallelism_word(op, epoch), p)
         h = self.header(op)
-        h[O_PARALLELISM] = int(owners.max()) + 1
+        h[O_PARALLELISM] = p
         r.store64(self.position_word(op, epoch), position)
         r.store64(self.epoch_word(op), epoch)
         r.max64(self.op_word(op, O_PLACING), epoch)
@@ -205,6 +221,9 @@ class ControlBlock:
 
     def code(self, op: int, epoch: int) -> int:
         return self.segment.region.load64(self.code_word(op, epoch))
+
+    def parallelism(self, op: int, epoch: int) -> int:
+        return self.segment.region.load64(self.parallelism_word(op, epoch))
 
     def epoch(self, op: int) -> int:
         return self.segment.region.load64(self.epoch_word(op))

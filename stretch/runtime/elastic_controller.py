@@ -1,10 +1,12 @@
-"""The elasticity controller: measures keyed operators each interval and rescales them live."""
+"""The elasticity controller: measures keyed operators each interval and rescales them live; between
+intervals it watches the last interval's worth (a sliding window) for an operator falling behind."""
 
 from __future__ import annotations
 
 import copy
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from stretch.elasticity import ElasticityPolicy, OperatorLoad, ThresholdPolicy
@@ -50,40 +52,65 @@ class ElasticController(threading.Thread):
             c.gates[stage.input_gate].depth(),
         )
 
+    def _load(self, stage, before, now) -> OperatorLoad:
+        """The operator's measurements between two snapshots (of one parallelism)."""
+        dt = now[0] - before[0]
+        # not clamped at 1: busy time is counted when a batch ends, so an interval may hold
+        # a little of the previous one's, which the next interval then lacks
+        busy = tuple(max((a - b) / (dt * 1e9), 0.0) for a, b in zip(now[2][:-1], before[2][:-1]))
+        return OperatorLoad(
+            operator=stage.name,
+            parallelism=now[1],
+            busy=busy,
+            throughput=(now[2][-1] - before[2][-1]) / dt,
+            backlog=now[3],
+            backlog_growth=now[3] - before[3],
+            min_parallelism=self.config.min_parallelism,
+            max_parallelism=min(self.config.max_parallelism, stage.max_parallelism),
+            backlog_capacity=self.coordinator.gates[stage.input_gate].slot_capacity,
+        )
+
     def run(self) -> None:
+        """Every interval, the policy decides on the interval's load; every tenth of one between,
+        it may react to the interval that just went by (a sliding window) if it was overloaded."""
         interval = self.config.interval_ms / 1000
-        last = {s.id: self._snapshot(s) for s in self.stages}
+        tick = min(max(interval / 10, 0.01), 0.1)
+        last = {s.id: self._snapshot(s) for s in self.stages}  # where the current interval began
+        recent = {s.id: deque([last[s.id]]) for s in self.stages}  # the last interval's snapshots
         quiet_until = {s.id: 0.0 for s in self.stages}
-        while not self.stop.wait(interval):
+        while not self.stop.wait(tick):
             if self.coordinator.done:
                 return
             for stage in self.stages:
                 now = self._snapshot(stage)
-                before = last[stage.id]
-                last[stage.id] = now
-                if now[0] < quiet_until[stage.id] or now[1] != before[1]:
-                    continue  # cooling down, or a rescale happened inside the interval
-                dt = now[0] - before[0]
-                # not clamped at 1: busy time is counted when a batch ends, so an interval may hold
-                # a little of the previous one's, which the next interval then lacks
-                busy = tuple(max((a - b) / (dt * 1e9), 0.0) for a, b in zip(now[2][:-1], before[2][:-1]))
-                load = OperatorLoad(
-                    operator=stage.name,
-                    parallelism=now[1],
-                    busy=busy,
-                    throughput=(now[2][-1] - before[2][-1]) / dt,
-                    backlog=now[3],
-                    backlog_growth=now[3] - before[3],
-                    min_parallelism=self.config.min_parallelism,
-                    max_parallelism=min(self.config.max_parallelism, stage.max_parallelism),
-                )
-                target = load.clamp(int(self.policies[stage.id].decide(load)))
+                window = recent[stage.id]
+                window.append(now)
+                while len(window) > 2 and now[0] - window[1][0] >= interval:
+                    window.popleft()
+                quiet = now[0] < quiet_until[stage.id]
+                if now[0] - last[stage.id][0] >= interval:
+                    before, last[stage.id] = last[stage.id], now
+                    if quiet or now[1] != before[1]:
+                        continue  # cooling down, or a rescale happened inside the interval
+                    policy, load = self.policies[stage.id], self._load(stage, before, now)
+                    target, early = load.clamp(int(policy.decide(load))), False
+                elif not quiet and now[0] - window[0][0] >= interval and all(s[1] == now[1] for s in window):
+                    load = self._load(stage, window[0], now)
+                    target = self.policies[stage.id].react(load)
+                    if target is None:
+                        continue
+                    target, early = load.clamp(int(target)), True
+                else:
+                    continue
                 if target == load.parallelism:
                     continue
+                decided = time.monotonic()
                 try:
                     report = self.coordinator.rescale(stage.name, target)
                 except (RuntimeError, ValueError):
                     return  # the job is ending
-                self.decisions.append({"load": load, "report": report})
+                # early: on a sliding window between two intervals (ElasticityPolicy.react)
+                self.decisions.append({"load": load, "report": report, "at": decided, "early": early})
                 quiet_until[stage.id] = time.monotonic() + self.config.cooldown_ms / 1000
                 last[stage.id] = self._snapshot(stage)
+                recent[stage.id] = deque([last[stage.id]])

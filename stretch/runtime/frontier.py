@@ -55,8 +55,8 @@ class Frontier:
 
     def lead_limit(self, here: int, instances: int) -> int | None:
         """The furthest position this instance, at ``here``, may read to and stay within LEAD_NS
-        of every instance of its epoch (``instances`` of them) that is behind it; None if none is
-        behind or their pace is not known yet."""
+        of every instance of its epoch (``instances`` of them) that is behind it (no further than
+        one's claim while its pace is not known yet); None if none is behind."""
         r, cb, op = self._region, self.control, self.op
         limit = None
         for j in range(instances):
@@ -66,9 +66,8 @@ class Frontier:
             if claim >= here:
                 continue
             rate = r.load64(cb.instance_word(op, j, cbk.I_RATE))
-            if rate > 0:
-                reach = claim + LEAD_NS * 1024 // rate
-                limit = reach if limit is None else min(limit, reach)
+            reach = claim + LEAD_NS * 1024 // rate if rate > 0 else claim
+            limit = reach if limit is None else min(limit, reach)
         return limit
 
     def keep_up(self, here: int, instances: int, waiting, need: int | None = None) -> int | None:

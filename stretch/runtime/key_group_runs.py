@@ -1,8 +1,8 @@
 """Gate batches laid out in runs of key groups, so that each instance reads only its own rows.
 
 Every instance of a keyed operator reads every entry of its gate (one gate, the same order for all
-readers, ownership a table read at epoch records). When several instances read a gate, the
-producer sorts each batch by key group before appending it (a stable counting sort: each key's
+readers, ownership a table that changes at epochs' positions). When several instances read a gate,
+the producer sorts each batch by key group before appending it (a stable counting sort: each key's
 records keep their order) and marks its ``__kg`` field. An instance then finds the rows of the key
 groups it owns with a binary search at each end of its ranges of key groups (ranges of adjacent
 key groups: one per instance under Flink's contiguous assignment) and reads them as zero-copy

@@ -35,8 +35,7 @@ def _describe_live(job) -> dict:
             continue
         op = job.resources.keyed_index[stage.id]
         epoch = job.control.epoch(op)
-        owners = job.control.table(op, epoch)
-        p = int(owners.max()) + 1
+        p = job.control.parallelism(op, epoch)
         inst = job.control.instances(op)[:p]
         ops.append(
             {

@@ -257,7 +257,7 @@ class KeyedInstanceTask(Task):
         outputs.producer = index + 1
         outputs.producer_id = producer_id(stage.id, index)
         epoch = self.a.epoch
-        self._own(cb.table(op, epoch).copy())
+        self._own(cb.table(op, epoch).copy(), cb.parallelism(op, epoch))
         stats = self.stats = cb.instances(op)[index]
         self._records_out = int(stats[cbk.I_RECORDS_OUT])  # a slot used before: continue its count
         stats[cbk.I_STATE] = cbk.RUNNING
@@ -265,7 +265,7 @@ class KeyedInstanceTask(Task):
         cb.announce(op, index, cbk.I_ACTIVE, epoch)
         # an instance added by a rescale learns the watermarks at its epoch's position instead
         self.tracker = WatermarkTracker(self.res.producers.get(stage.input_gate, ()))
-        self.fresh = operator.owned.size == 0  # added by a rescale: it owns nothing before its epoch
+        self.fresh = index >= self.instances  # added by a rescale: not one of its start epoch's
         cb.announce(op, index, cbk.I_CODE, stage.code_version)
         if self.board is not None:  # the broadcast state in force where this instance starts
             self._bind_board(operator, gate)
@@ -317,7 +317,7 @@ class KeyedInstanceTask(Task):
                 elif entry.kind is Kind.CHECKPOINT:
                     self._checkpoint(entry.arg0)
                 elif entry.kind is Kind.MARK and entry.arg1 and marks.ended(entry.arg1, entry.arg0):
-                    chain.end_txn(entry.arg1, int(self.owners.max()) + 1)  # the parallelism of this epoch
+                    chain.end_txn(entry.arg1, self.instances)  # the parallelism of this epoch
                 elif entry.kind is Kind.END_OF_STREAM:
                     gate.advance(index, seq + 1)
                     if batch_mode:
@@ -437,14 +437,14 @@ class KeyedInstanceTask(Task):
             self._piece = max(1, min(self._piece * 8, int(PIECE_NS * (y - x) / max(took, 1))))
         return n
 
-    def _own(self, owners: np.ndarray) -> None:
-        """Take up an epoch's ownership table."""
+    def _own(self, owners: np.ndarray, parallelism: int) -> None:
+        """Take up an epoch's ownership table (and how many instances it has)."""
         index = self.a.index
         self.owners = owners
         self.operator.owned = np.flatnonzero(owners == index)
         self.ranges = owned_ranges(owners, index)
         self.everything = owns_all(self.ranges, self.stage.max_parallelism)
-        self.instances = int(owners.max()) + 1  # of this epoch
+        self.instances = parallelism
 
     def _context(self, operator) -> InstanceRuntimeContext:
         cb, op = self.attached.control, self.op_index
@@ -526,16 +526,20 @@ class KeyedInstanceTask(Task):
         """
         cb, op, index, gate = self.attached.control, self.op_index, self.a.index, self.gate
         epoch = self.frontier.epoch + 1
-        owners, new = self.owners, cb.table(op, epoch).copy()
+        owners, new, parallelism = self.owners, cb.table(op, epoch).copy(), cb.parallelism(op, epoch)
         if not self.fresh:
             cb.save_watermarks(op, epoch, self.tracker.state())
-        if not (new == index).any():
+            # downstream learns of the instances added here, with the watermark in force at the
+            # position, before anything this one sends from there on: none of theirs is late
+            for joined in np.setdiff1d(new[new >= 0], owners[owners >= 0]).tolist():
+                self.chain.emit(Kind.WATERMARK, self.tracker.current, producer_id(self.stage.id, joined))
+        if index >= parallelism:  # an instance whose key groups were all released stays
             gate.close_reader(index)
             self.retired = True
         cb.announce(op, index, cbk.I_EPOCH, epoch)
         gained = (new == index) & (owners != index)
         t0 = time.perf_counter_ns()
-        previous = sorted({int(p) for p in owners[gained]})
+        previous = sorted({int(p) for p in owners[gained] if p >= 0})  # -1: released, nobody's
         if self.board is not None and self.fresh:
             previous = sorted({*previous, int(owners[SAVER_GROUP])})
         if previous:
@@ -543,7 +547,7 @@ class KeyedInstanceTask(Task):
                 self._waiting()
         stall = time.perf_counter_ns() - t0
         self.frontier.epoch = epoch
-        self._own(new)
+        self._own(new, parallelism)
         if self.fresh and not self.retired:
             state = cb.load_watermarks(op, epoch)
             if state is not None:
