@@ -1,27 +1,20 @@
 """What a node accepts to run: jobs whose keyed operators are fed straight by channels keyed by a
-field, and the channels every node takes whole (a broadcast operator's broadcast input)."""
+field or a key selector function (each channel's KeyRoute), and the channels every node takes whole
+(a broadcast operator's broadcast input)."""
 
 from __future__ import annotations
 
-import pyarrow as pa
-
-from stretch.datastream.broadcast_stream import input_side, keyed_input_field
+from stretch.cluster.key_routes import KeyRoute
+from stretch.datastream.broadcast_stream import input_side, keyed_input_selector
 from stretch.datastream.two_inputs import LEFT, RIGHT
 
 
-def column_of(batch: pa.RecordBatch, field) -> pa.Array:
-    """The key column of a batch: a field given by name or by position among the data columns."""
-    data = [i for i, name in enumerate(batch.schema.names) if not name.startswith("__")]
-    if isinstance(field, int):
-        return batch.column(data[field])
-    return batch.column(field)
+def cluster_inputs(plan) -> dict[str, KeyRoute]:
+    """Input channel -> key route of a job that can run on a cluster, else a ValueError saying why.
 
-
-def cluster_inputs(plan) -> dict[str, object]:
-    """Input channel -> key field of a job that can run on a cluster, else a ValueError saying why.
-
-    Across nodes, rows are routed by the key group of a field, so every keyed operator must be fed
-    straight by an input channel keyed by that field (re-keying across nodes goes through Spark).
+    Across nodes, rows are routed by the key group of their key, so every keyed operator must be
+    fed straight by an input channel keyed right away, by a field or a key selector function
+    (re-keying across nodes goes through Spark).
     """
     inputs, fed = {}, set()
     feeds = broadcast_feeds(plan)
@@ -33,9 +26,9 @@ def cluster_inputs(plan) -> dict[str, object]:
                 "from channels (ChannelSource) that the cluster's writers route by key group"
             )
         if name in feeds:  # an input of a broadcast operator
-            field, gate = feeds[name]
-            if field is not BROADCAST:
-                inputs[name] = field
+            route, gate = feeds[name]
+            if route is not BROADCAST:
+                inputs[name] = route
                 fed.add(gate)
             continue
         if name is not None:
@@ -45,13 +38,14 @@ def cluster_inputs(plan) -> dict[str, object]:
                     "cluster yet; read the channel with from_source(source, None, name) there, or run "
                     "the job on one node engine (env.execute_async without cluster=)"
                 )
-            if not stage.direct:
+            head = stage.chain[0] if len(stage.chain) == 1 else None
+            if head is None or head.kind != "to_gate":
                 raise ValueError(
-                    f"input channel {name!r} is not keyed by a field right away: on a cluster, key the "
-                    "channel's records by a field first (key_by('field') or key_by(position))"
+                    f"input channel {name!r} is not keyed right away: on a cluster, key the channel's "
+                    "records first (key_by('field'), key_by(position) or key_by(a function))"
                 )
-            inputs[name] = stage.chain[0].key.field
-            fed.add(stage.chain[0].gate)
+            inputs[name] = KeyRoute(head.key.field, head.key.selector, head.name)
+            fed.add(head.gate)
     for stage in plan.stages:
         if stage.kind == "keyed" and stage.input_gate not in fed:
             raise ValueError(
@@ -70,12 +64,12 @@ def broadcast_channels(plan) -> list[str]:
 
 
 def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
-    """Input channel -> (key field, or ``BROADCAST``; the gate it feeds) of each channel that feeds
-    a broadcast operator, else a ValueError saying why the job cannot run on a cluster.
+    """Input channel -> (key route, or ``BROADCAST``; the gate it feeds) of each channel that
+    feeds a broadcast operator, else a ValueError saying why the job cannot run on a cluster.
 
-    The keyed input must be keyed by a field of the channel's records right away, as any keyed
-    input on a cluster; the broadcast input may pass stateless steps first (every node runs them
-    on every row), but no sink: each node would write every one of its records."""
+    The keyed input must be keyed right away, as any keyed input on a cluster; the broadcast input
+    may pass stateless steps first (every node runs them on every row), but no sink: each node
+    would write every one of its records."""
     gates = {
         s.input_gate: s
         for s in plan.stages
@@ -100,23 +94,21 @@ def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
             head = chain[0] if len(chain) == 1 else None
             if head is None or input_side(head.fn) != LEFT or len(head.children) != 1:
                 raise ValueError(
-                    f"input channel {name!r} is not keyed by a field right away: on a cluster, key the "
-                    "channel's records by a field first (key_by('field') or key_by(position)), then "
+                    f"input channel {name!r} is not keyed right away: on a cluster, key the channel's "
+                    "records first (key_by('field'), key_by(position) or key_by(a function)), then "
                     "connect the broadcast stream"
                 )
-            field = keyed_input_field(operator.operator.key.selector)
-            if field is None:
+            key = keyed_input_selector(operator.operator.key.selector)
+            if key is None:
                 raise ValueError(
-                    f"operator {operator.name!r} reads input channel {name!r} "
-                    + (
-                        "keyed by a function: on a cluster, key the channel's records by a field "
-                        "(key_by('field') or key_by(position))"
-                        if operator.operator.fn.keyed
-                        else "without a key: on a cluster rows are routed by key group, so key the "
-                        "stream by a field and use a KeyedBroadcastProcessFunction"
-                    )
+                    f"operator {operator.name!r} reads input channel {name!r} without a key: on a "
+                    "cluster rows are routed by key group, so key the stream and use a "
+                    "KeyedBroadcastProcessFunction"
                 )
-            feeds[name] = (field, gate)
+            if isinstance(key, (str, int)) and not isinstance(key, bool):
+                feeds[name] = (KeyRoute(field=key, operator=operator.name), gate)
+            else:
+                feeds[name] = (KeyRoute(selector=key, operator=operator.name), gate)
             continue
         for step, parent in steps:
             side = input_side(parent.fn) if parent is not None else None

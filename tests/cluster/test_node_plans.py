@@ -1,9 +1,11 @@
-"""What a node accepts to run: jobs whose keyed operators are fed straight by channels keyed by a field."""
+"""What a node accepts to run: jobs whose keyed operators are fed straight by channels keyed by a
+field or a key selector function."""
 
 from __future__ import annotations
 
 import pytest
 
+from stretch.cluster.key_routes import KeyRoute
 from stretch.cluster.node_plans import cluster_inputs
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
@@ -16,15 +18,27 @@ def plan_of(env: StreamExecutionEnvironment):
 
 
 def test_a_job_keyed_by_a_field_of_its_channel_runs_on_a_cluster():
-    assert cluster_inputs(plan_of(count_sum_job())) == {"in": 0}
+    assert cluster_inputs(plan_of(count_sum_job())) == {"in": KeyRoute(field=0, operator="counts")}
 
 
-def test_a_job_keyed_by_a_function_is_refused_with_the_reason():
+def test_a_job_keyed_by_a_function_runs_on_a_cluster_routed_by_that_function():
     env = StreamExecutionEnvironment.get_execution_environment()
-    env.from_source(ChannelSource("in", PAIR), None, "in").key_by(lambda r: r[0]).reduce(
+
+    def first(r):
+        return r[0]
+
+    env.from_source(ChannelSource("in", PAIR), None, "in").key_by(first).reduce(
+        lambda a, b: (a[0], a[1] + b[1])
+    ).name("totals").sink_to(ChannelSink("out"))
+    assert cluster_inputs(plan_of(env)) == {"in": KeyRoute(selector=first, operator="totals")}
+
+
+def test_a_channel_that_is_not_keyed_right_away_is_refused_with_the_reason():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.from_source(ChannelSource("in", PAIR), None, "in").map(lambda r: r).key_by(0).reduce(
         lambda a, b: (a[0], a[1] + b[1])
     ).sink_to(ChannelSink("out"))
-    with pytest.raises(ValueError, match="not keyed by a field right away"):
+    with pytest.raises(ValueError, match="not keyed right away"):
         cluster_inputs(plan_of(env))
 
 

@@ -380,6 +380,7 @@ def test_a_driver_whose_resume_fails_leaves_the_jobs_to_the_next_one(tmp_path, m
     import sys
 
     from stretch.cluster import job_nodes
+    from stretch.cluster.failover import Failover
 
     directory, checkpoints, name = tmp_path / "cluster", tmp_path / "ck", "resume-fails"
     proc = subprocess.Popen(
@@ -396,7 +397,7 @@ def test_a_driver_whose_resume_fails_leaves_the_jobs_to_the_next_one(tmp_path, m
         raise OSError("the checkpoint directory is not mounted")
 
     with monkeypatch.context() as m:
-        m.setattr(StretchCluster, "_recover", broken)
+        m.setattr(Failover, "recover", broken)
         with pytest.raises(OSError, match="not mounted"):
             StretchCluster.local(nodes=2, directory=directory, checkpoint_dir=checkpoints)
     data = batches(5, 30, 30)

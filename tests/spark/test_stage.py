@@ -20,6 +20,7 @@ from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.window import TumblingEventTimeWindows
 from stretch.spark import stage
 from tests.runtime.test_transactions import checkpointed_sums, start_job_script
+from tests.spark.steps import fail_first_attempt
 
 RECORD = Types.TUPLE([Types.LONG(), Types.LONG()])  # user, amount
 
@@ -46,12 +47,13 @@ def _files(directory, parts: int, rows: int) -> list[list[tuple[int, int]]]:
     return out
 
 
-def test_append_mode_gives_one_result_per_row(spark):
+def test_append_mode_gives_one_result_per_row_also_to_a_retried_task(spark):
     client = _job("stage append")
     try:
         rows = [(i % 7, i + 1) for i in range(500)]
         df = spark.createDataFrame(rows, "user long, amount long").repartition(3)
-        got = [tuple(r) for r in stage(df, client, into="in", out="out").collect()]
+        results = stage(df, client, into="in", out="out")  # a batch query: its tasks named by Spark's stage
+        got = [tuple(r) for r in results.mapInArrow(fail_first_attempt, results.schema).collect()]
     finally:
         client.cancel()
     totals: dict = {}
@@ -202,7 +204,7 @@ def test_a_job_that_dies_mid_query_fails_the_query_with_a_clear_error(spark, tmp
 
 @pytest.mark.parametrize("key_type", [pa.int64(), pa.int8(), pa.string(), pa.float64(), pa.timestamp("ms")])
 def test_latest_per_key_keeps_each_keys_last_result_in_emission_order(key_type):
-    from stretch.spark.stage import _latest_per_key
+    from stretch.spark.stage_results import latest_per_key as _latest_per_key
 
     rng = np.random.default_rng(3)
     for n in (1, 2, 50, 1000):
@@ -216,6 +218,7 @@ def test_latest_per_key_keeps_each_keys_last_result_in_emission_order(key_type):
 STAGE_JOB_SCRIPT = """
 import sys, time
 from tests.runtime.test_transactions import checkpointed_sums, start_job_script
+from tests.spark.steps import fail_first_attempt
 
 checkpointed_sums(sys.argv[1], restore=False)
 print("ready", flush=True)
