@@ -25,8 +25,8 @@ import pyarrow as pa
 from pyarrow import flight
 
 from stretch.cluster.addresses import is_url
-from stretch.cluster.node import NOT_MEMBER, NOT_OWNER, SECRET_ENV, SECRET_HEADER
 from stretch.cluster.node_plans import column_of
+from stretch.cluster.protocol import NOT_MEMBER, NOT_OWNER, SECRET_ENV, SECRET_HEADER
 from stretch.cluster.routing import RoutingStore, RoutingTable
 from stretch.cluster.shm_transport import NO_SHM, SharedBatches
 from stretch.cluster.tls import TLS_ENV, ClusterTLS

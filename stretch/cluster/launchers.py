@@ -20,7 +20,7 @@ from pyarrow import flight
 
 import stretch
 from stretch.cluster.addresses import LOOPBACK, advertised_host
-from stretch.cluster.node import SECRET_ENV, SECRET_HEADER
+from stretch.cluster.protocol import SECRET_ENV, SECRET_HEADER
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
 
 NODE_COMMAND = "from stretch.cluster.node import main; main()"
