@@ -65,6 +65,8 @@ from stretch.cluster.routing import (
     plan_remove_node,
     steps,
 )
+from stretch.cluster.source_plans import split_sources
+from stretch.cluster.sources import ClusterSources
 from stretch.cluster.tls import ClusterTLS
 from stretch.common import user_code
 from stretch.runtime.state_dir import channel_dir, job_dir_name, write_private
@@ -143,6 +145,7 @@ class StretchCluster:
         self._in_flight: dict | None = None  # the handoff move under way
         self._writers: weakref.WeakSet[ClusterWriter] = weakref.WeakSet()  # closed with the cluster
         self._step_hook = None  # tests: called at each point of a move (see _move)
+        self.sources = ClusterSources(self)  # the jobs' sources that are not channels (cluster.sources)
 
     # ---- creation -------------------------------------------------------------------------------
     @classmethod
@@ -427,6 +430,7 @@ class StretchCluster:
         entry["nodes"] = [*entry.get("nodes", []), *(n for n in starts if n not in entry.get("nodes", []))]
         entry.setdefault("starts", {}).update(starts)
         self._write("jobs.json", jobs)
+        self.sources.ran_on(job, list(starts))
 
     def _own(self, node_id: str) -> None:
         body = {
@@ -506,6 +510,7 @@ class StretchCluster:
                 f"job {name!r} has max parallelism {plan.max_parallelism}; the cluster routes "
                 f"{self.max_parallelism} key groups: set env.set_max_parallelism({self.max_parallelism})"
             )
+        plan, feeds = split_sources(plan)  # its other sources: read into channels of their own
         inputs = cluster_inputs(plan)
         broadcast = broadcast_channels(plan)
         checkpointed = bool(config.checkpointing)
@@ -548,6 +553,7 @@ class StretchCluster:
             if interval:
                 self._interval = min(self._interval or interval / 1000, interval / 1000)
             self._supervise()
+        self.sources.start(name, feeds, checkpointed)
         return ClusterJobClient(self, name)
 
     # ---- checkpoints and failures -----------------------------------------------------------
@@ -708,6 +714,7 @@ class StretchCluster:
     def _forget(self, node_id: str) -> None:
         """A node that died: out of the cluster (its process reaped)."""
         self._nodes.pop(node_id, None)
+        self.sources.lost(node_id)
         with contextlib.suppress(LookupError):  # writers of broadcast rows stop waiting for it
             members = Members.load(self.directory)
             if node_id in members.nodes:
@@ -773,6 +780,7 @@ class StretchCluster:
             raise ValueError(f"{node!r} is the cluster's last node: its key groups would have nowhere to go")
         if node not in self._nodes:
             raise LookupError(f"no node {node!r} in the cluster (nodes: {self.nodes})")
+        self.sources.leaving(node)  # its source readers give their splits back
         report = self._handoff(plan_remove_node(self.table, node))
         self._leave_members(node)
         self.connection.action(node, "retire")
@@ -952,6 +960,7 @@ class StretchCluster:
             return
         self.closed = True
         self._stopping.set()
+        self.sources.close()
         if self._supervisor is not None:
             self._supervisor.join(30)
         if self._job_watch is not None:

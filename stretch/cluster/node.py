@@ -60,7 +60,9 @@ from pyarrow import flight
 from stretch.cluster import broadcast_restore, recovery
 from stretch.cluster.node_job import NodeJob, barrier_all
 from stretch.cluster.node_plans import column_of
+from stretch.cluster.node_sources import NodeSources
 from stretch.cluster.output_logs import encode_schema, output_info, output_range
+from stretch.cluster.protocol import NOT_MEMBER, NOT_OWNER, SECRET_ENV, SECRET_HEADER
 from stretch.cluster.shm_transport import NotVisible, staged_batches
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
 from stretch.runtime.channel_log import ChannelLog
@@ -79,10 +81,6 @@ from stretch.state.snapshot import (
     release_key_groups,
 )
 
-SECRET_HEADER = "x-stretch-cluster-secret"
-SECRET_ENV = "STRETCH_CLUSTER_SECRET"
-NOT_OWNER = "NOT_OWNER"
-NOT_MEMBER = "NOT_MEMBER"  # a broadcast write of an older membership than the node is at
 LEFT_CLUSTER = 1 << 62  # the membership version of a node that left: it takes no broadcast row
 
 
@@ -144,6 +142,7 @@ class NodeServer(flight.FlightServerBase):
         self.checkpoint_dir = checkpoint_dir
         self.members = 0  # broadcast writes of an older membership are refused (client.Members)
         self.parked_broadcast: dict[str, dict[str, bytes]] = {}  # fenced broadcast states for a do_get
+        self.sources = NodeSources(node_id)  # readers of its jobs' file sources (cluster.node_sources)
         if checkpoint_dir is not None:  # a node id starts afresh: nothing of an earlier node of that id
             shutil.rmtree(recovery.node_dir(checkpoint_dir, node_id), ignore_errors=True)
             recovery.save_manifest(checkpoint_dir, node_id, recovery.load_manifest(checkpoint_dir, node_id))
@@ -688,12 +687,21 @@ class NodeServer(flight.FlightServerBase):
                     job.writer(channel).end()
         return {name: self._act_wait(json.dumps({"job": name}).encode())["status"] for name in self.jobs}
 
+    def _act_source_read(self, body: bytes) -> dict:
+        """Read splits of a job's file sources (a pickled order: the caller holds the secret)."""
+        return self.sources.start(cloudpickle.loads(body))
+
+    def _act_source_stop(self, body: bytes) -> dict:
+        """Stop reading a job's splits; returns how far the split being read got."""
+        return self.sources.stop(json.loads(body)["job"])
+
     def _act_shutdown(self, body: bytes) -> dict:
         threading.Thread(target=self.stop, daemon=True).start()
         return {"ok": True}
 
     def stop(self) -> None:
         """Cancel every job, wait for it, and stop serving."""
+        self.sources.stop_all()
         for job in self.jobs.values():
             try:
                 job.client.cancel()
