@@ -370,6 +370,8 @@ class NodeServer(flight.FlightServerBase):
     def _place(self, job: NodeJob) -> None:
         """Tell the job's instances which key groups' state is on this node: the others are
         away, and stay so while a handoff loads them (see KeyedTable.set_away)."""
+        if job.coordinator.status.name != "RUNNING":
+            return
         owned = self.owned if self.owned is not None else np.zeros(job.max_parallelism, bool)
         for operator in job.keyed:
             table = KeyedTable(job.arena(operator))
@@ -400,7 +402,7 @@ class NodeServer(flight.FlightServerBase):
                 name = "-".join(filter(None, [f"h{msg['version']}", self.node_id, msg.get("to")]))
                 base = self._checkpoint(name, covered)["path"]
         parts, marks = [], {}
-        for job in self.jobs.values():
+        for job in self._running():
             for operator in job.keyed:  # timers and windows leave them alone once past the barrier
                 KeyedTable(job.arena(operator)).set_away(kgs, True)
             barrier_all(job)
@@ -443,12 +445,17 @@ class NodeServer(flight.FlightServerBase):
                 entry = {"key_groups": list(msg["key_groups"]), "base": msg["base"], "journal": journal}
                 manifest["adopted"].append(entry)
                 recovery.save_manifest(self.checkpoint_dir, self.node_id, manifest)
-            for job in self.jobs.values():  # loaded whole: the instances may fire their timers
+            for job in self._running():  # loaded whole: the instances may fire their timers
                 for operator in job.keyed:
                     KeyedTable(job.arena(operator)).set_away(msg["key_groups"], False)
             self.owned[msg["key_groups"]] = True
             self.version = msg["version"]
         return {"ok": True}
+
+    def _running(self) -> list[NodeJob]:
+        """The jobs whose key groups move with a handoff: a job that ended here (its sources
+        ended) takes no more rows, and its shared memory went with its engine; its state stays."""
+        return [job for job in self.jobs.values() if job.coordinator.status.name == "RUNNING"]
 
     # ---- checkpoints and recovery (a cluster with a checkpoint directory) ---------------------
     def _durable(self) -> list[NodeJob]:
@@ -682,9 +689,13 @@ class NodeServer(flight.FlightServerBase):
         """A node leaving the cluster, its key groups handed away: end its jobs' input channels so
         that each job finishes, its outputs complete and readable after the node is gone."""
         with self.lock:
-            for job in self.jobs.values():
+            for job in self._running():
                 for channel in [*job.inputs, *job.broadcast]:
-                    job.writer(channel).end()
+                    try:
+                        job.writer(channel).end()
+                    except Exception:
+                        if job.coordinator.status.name == "RUNNING":
+                            raise  # not one ending meanwhile, as its sources end (cluster.sources)
         return {name: self._act_wait(json.dumps({"job": name}).encode())["status"] for name in self.jobs}
 
     def _act_source_read(self, body: bytes) -> dict:
