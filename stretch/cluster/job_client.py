@@ -53,7 +53,7 @@ class ClusterJobClient:
         }
         failed = {node: r["error"] for node, r in replies.items() if r.get("error")}
         if not failed and self.name in self.cluster.failures:  # its source failed (cluster.sources)
-            failed = {self.cluster.failures[self.name]["node"]: self.cluster.failures[self.name]["error"]}
+            raise JobExecutionError(f"job {self.name!r} failed: {self.cluster.failures[self.name]['error']}")
         if failed:
             node, error = next(iter(failed.items()))
             raise JobExecutionError(

@@ -1,5 +1,6 @@
 """What a node accepts to run: jobs whose keyed operators are fed straight by channels keyed by a
-field, and the channels every node takes whole (a broadcast operator's broadcast input)."""
+field, the channels every node takes whole (a broadcast operator's broadcast input), and the
+channels any node may take a row of (a non-keyed broadcast operator's other input)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,20 @@ import pyarrow as pa
 from stretch.datastream.broadcast_stream import input_side, keyed_input_field
 from stretch.datastream.two_inputs import LEFT, RIGHT
 
+ROW = "__row__"
+"""The routing field of a stream without a key (a non-keyed broadcast operator's input): the
+whole row. Its key group only picks the node that takes the row, deterministically, so a replayed
+micro-batch meets the marks its rows left, wherever their key groups are now."""
+
 
 def column_of(batch: pa.RecordBatch, field) -> pa.Array:
-    """The key column of a batch: a field given by name or by position among the data columns."""
+    """The key column of a batch: a field given by name or by position among the data columns,
+    or (``ROW``) every data column as one struct column, hashed as a tuple of the row's values."""
     data = [i for i, name in enumerate(batch.schema.names) if not name.startswith("__")]
+    if field == ROW:
+        return pa.StructArray.from_arrays(
+            [batch.column(i) for i in data], [batch.schema.names[i] for i in data]
+        )
     if isinstance(field, int):
         return batch.column(data[field])
     return batch.column(field)
@@ -95,6 +106,9 @@ def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
         gate = min(targets)
         operator = gates[gate]
         sides = {input_side(step.fn) for step, _parent in steps if step.kind == "map"} - {None}
+        if sides == {LEFT} and not operator.operator.fn.keyed:
+            feeds[name] = (_unkeyed_input(name, operator, steps, gates), gate)
+            continue
         if sides == {LEFT}:
             chain = stage.chain
             head = chain[0] if len(chain) == 1 else None
@@ -107,14 +121,9 @@ def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
             field = keyed_input_field(operator.operator.key.selector)
             if field is None:
                 raise ValueError(
-                    f"operator {operator.name!r} reads input channel {name!r} "
-                    + (
-                        "keyed by a function: on a cluster, key the channel's records by a field "
-                        "(key_by('field') or key_by(position))"
-                        if operator.operator.fn.keyed
-                        else "without a key: on a cluster rows are routed by key group, so key the "
-                        "stream by a field and use a KeyedBroadcastProcessFunction"
-                    )
+                    f"operator {operator.name!r} reads input channel {name!r} keyed by a function: "
+                    "on a cluster, key the channel's records by a field (key_by('field') or "
+                    "key_by(position))"
                 )
             feeds[name] = (field, gate)
             continue
@@ -132,6 +141,21 @@ def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
                 )
         feeds[name] = (BROADCAST, gate)
     return feeds
+
+
+def _unkeyed_input(name: str, operator, steps, gates) -> str:
+    """The routing field (``ROW``) of a channel feeding a non-keyed broadcast operator: any node
+    may take any of its rows (the operator keeps no keyed state; every node holds the broadcast
+    state), so they spread over the nodes by a hash of the whole row, and may pass stateless steps
+    and feed sinks on the way; but no other keyed operator, which would need them by its key."""
+    for step, _parent in steps:
+        if step.kind == "to_gate" and step.gate != operator.input_gate:
+            raise ValueError(
+                f"input channel {name!r} feeds operator {step.name!r} besides the non-keyed broadcast "
+                f"operator {operator.name!r}: on a cluster its rows go to any node, so it may feed no "
+                "keyed operator; read it in a job of its own"
+            )
+    return ROW
 
 
 def _walk_steps(steps, parent=None):

@@ -203,8 +203,9 @@ class JobSources:
                 return
             self.stopped = True
         feed = self.feeds[self.splits[key].feed]
+        where = "the driver" if reader == DRIVER else f"node {reader}"
         self.cluster.failures.setdefault(
-            self.job, {"node": reader, "error": f"source {feed.name!r} failed: {error}"}
+            self.job, {"node": reader, "error": f"its source {feed.name!r} failed, read on {where}: {error}"}
         )
         for node in self.cluster.nodes:
             with contextlib.suppress(Exception):
