@@ -29,8 +29,8 @@ import time
 from pyarrow import flight
 
 from stretch.cluster.addresses import LOOPBACK, advertised_host
-from stretch.cluster.node import SecretCheck
 from stretch.cluster.output_logs import output_info, output_range
+from stretch.cluster.protocol import SecretCheck
 from stretch.cluster.tls import ClusterTLS, location
 
 

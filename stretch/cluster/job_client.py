@@ -7,7 +7,7 @@ import json
 import pyarrow as pa
 
 from stretch import channels
-from stretch.cluster.client import ClusterWriter
+from stretch.cluster.writer import ClusterWriter
 from stretch.datastream.job_client import RescaleReport
 from stretch.errors import JobExecutionError
 from stretch.state.key_groups import key_group

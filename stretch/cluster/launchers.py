@@ -20,7 +20,7 @@ from pyarrow import flight
 
 import stretch
 from stretch.cluster.addresses import LOOPBACK, advertised_host
-from stretch.cluster.protocol import SECRET_ENV, SECRET_HEADER
+from stretch.cluster.protocol import SECRET_ENV, call_options
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
 
 NODE_COMMAND = "from stretch.cluster.node import main; main()"
@@ -124,7 +124,7 @@ def _run_node_task(
         proc, port = spawn_node(node_id, secret, tls, checkpoint_dir=checkpoint_dir, host=host)
         try:
             body = json.dumps({"node": node_id, "location": location(advertised_host(host), port, tls)})
-            options = flight.FlightCallOptions(headers=[(SECRET_HEADER.encode(), secret.encode())])
+            options = call_options(secret)
             with flight.FlightClient(driver, **(tls.client_options() if tls is not None else {})) as c:
                 list(c.do_action(flight.Action("node_up", body.encode()), options))
             proc.wait()

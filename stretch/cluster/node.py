@@ -42,8 +42,6 @@ it listens and ends with its parent.
 from __future__ import annotations
 
 import argparse
-import functools
-import hmac
 import itertools
 import json
 import os
@@ -62,7 +60,14 @@ from stretch.cluster.node_job import NodeJob, barrier_all
 from stretch.cluster.node_plans import column_of
 from stretch.cluster.node_sources import NodeSources
 from stretch.cluster.output_logs import encode_schema, output_info, output_range
-from stretch.cluster.protocol import NOT_MEMBER, NOT_OWNER, SECRET_ENV, SECRET_HEADER
+from stretch.cluster.protocol import (
+    LEFT_CLUSTER,
+    NOT_MEMBER,
+    NOT_OWNER,
+    SECRET_ENV,
+    SecretCheck,
+    plain_errors,
+)
 from stretch.cluster.shm_transport import NotVisible, staged_batches
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
 from stretch.runtime.channel_log import ChannelLog
@@ -80,40 +85,6 @@ from stretch.state.snapshot import (
     prepare_arena,
     release_key_groups,
 )
-
-LEFT_CLUSTER = 1 << 62  # the membership version of a node that left: it takes no broadcast row
-
-
-def plain_errors(call):
-    """A node call's error reaches the caller as its type and message: Flight would otherwise
-    append the node's Python traceback to the message of any exception but its own."""
-
-    @functools.wraps(call)
-    def wrapped(*args, **kwargs):
-        try:
-            return call(*args, **kwargs)
-        except flight.FlightError:
-            raise
-        except Exception as e:
-            message = e.args[0] if isinstance(e, KeyError) and len(e.args) == 1 else e
-            raise flight.FlightServerError(f"{type(e).__name__}: {message}") from e
-
-    return wrapped
-
-
-class SecretCheck(flight.ServerMiddlewareFactory):
-    """Rejects every call that does not carry the cluster's secret."""
-
-    def __init__(self, secret: str):
-        self.secret = secret.encode()
-
-    def start_call(self, info, headers):
-        given = headers.get(SECRET_HEADER) or headers.get(SECRET_HEADER.encode()) or [b""]
-        value = given[0] if isinstance(given[0], bytes) else str(given[0]).encode()
-        if not hmac.compare_digest(value, self.secret):
-            raise flight.FlightUnauthenticatedError(
-                "this stretch node accepts only calls carrying its cluster's secret"
-            )
 
 
 class NodeServer(flight.FlightServerBase):

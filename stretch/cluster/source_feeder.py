@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 
-from stretch.cluster.client import ClusterWriter
+from stretch.cluster.writer import ClusterWriter
 from stretch.cluster.source_plans import SourceFeed
 from stretch.contracts.connectors import RecordPositionedSource
 from stretch.runtime.batch import Records

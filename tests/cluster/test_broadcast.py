@@ -14,7 +14,7 @@ import pytest
 from stretch import channels
 from stretch.cluster import StretchCluster
 from stretch.cluster.client import Members, job_nodes
-from stretch.cluster.node import NOT_MEMBER
+from stretch.cluster.protocol import NOT_MEMBER
 from stretch.common.records import to_batch
 from stretch.datastream import BroadcastProcessFunction, StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
@@ -191,7 +191,7 @@ def test_a_broadcast_write_of_an_older_membership_is_refused_and_the_writer_send
             with pytest.raises(flight.FlightServerError, match=NOT_MEMBER):
                 late = pa.Table.from_batches([to_batch([("g1", 8)], RULE)])
                 cluster.connection.put("node-1", {**command, "members": members.version}, late)
-            cluster._publish_members(["node-0", "node-1"], members.version + 1)
+            cluster.membership.publish(["node-0", "node-1"], members.version + 1)
             rules.write(to_batch([("g2", 9)], RULE))  # node-0 takes it, node-1 refuses, then takes it
             assert rules.refusals == 1
             wait_for("the second rule", lambda: all(len(acks(job, n)) == 2 for n in cluster.nodes))

@@ -14,7 +14,7 @@ import pytest
 from stretch import channels
 from stretch.cluster import StretchCluster
 from stretch.cluster.client import ClusterConnection
-from stretch.cluster.node import NOT_OWNER
+from stretch.cluster.protocol import NOT_OWNER
 from stretch.common.records import to_batch
 from stretch.datastream.job_client import RescaleReport
 from stretch.state.key_groups import key_group

@@ -10,7 +10,7 @@ import pytest
 from pyarrow import flight
 
 from stretch.cluster import ClusterTLS, StretchCluster
-from stretch.cluster.node import SECRET_HEADER
+from stretch.cluster.protocol import SECRET_HEADER
 from stretch.common.records import to_batch
 from tests.cluster.jobs import PAIR, count_sum_job, reference
 

@@ -1,0 +1,145 @@
+"""Key groups moving between nodes with their state, in small steps (Megaphone's fluid migration).
+
+A node change moves the fewest key groups (``routing.plan_add_node``/``plan_remove_node``), in
+steps of a few key groups (at most the cluster's ``step``, and about ``STEP_BYTES`` of state), each
+step one routing version: the old owner stops taking the step's key groups, lets its engine finish
+the rows it took (a barrier through the keyed gates), copies their state out (Arrow IPC key-group
+snapshot) and forgets it; the new owner loads it into its live arena and only then takes their
+rows. Writers that meet a refusal reload the table and send again, so a key waits at most for its
+own step.
+
+With a checkpoint directory, a node that dies in the middle of a move is restored on the others
+(cluster.failover), and the node change stops there (``NodeLost``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from stretch.cluster.directory import HANDOFF
+from stretch.cluster.recovery import NodeLost
+from stretch.cluster.routing import steps
+
+STEP_BYTES = 4 << 20
+"""About the state a handoff step moves: its key groups wait while it is copied, so a step of a
+large state holds fewer key groups (at least one; a finer max parallelism makes finer steps)."""
+
+
+@dataclass(frozen=True)
+class HandoffReport:
+    """What a node change did: ``max_stall_ms`` is the longest any key group refused rows (from
+    its release by the old owner until the new owner took it)."""
+
+    elapsed_ms: float
+    key_groups_moved: int
+    bytes_moved: int
+    max_stall_ms: float
+    version: int = 0
+    steps: int = 0
+    step_ms: tuple[float, ...] = ()  # each (source, target) move of each step, release to adoption
+
+
+class Handoff:
+    """Moves key groups of ``cluster`` (a StretchCluster) between its nodes."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.in_flight: dict | None = None  # the move under way: a node that dies in it is restored
+
+    def run(self, moves: dict[int, str]) -> HandoffReport:
+        """Make ``moves`` (key group -> new owner), step by step."""
+        c = self.cluster
+        t0 = time.monotonic()
+        moved = size = 0
+        stalls: list[float] = []
+        parts = steps(moves, c.step, self._state_bytes_per_key_group(moves), STEP_BYTES)
+        for step in parts:
+            old = c.table
+            c.table = old.moved(step)
+            if c.checkpoint_dir is not None:  # a restarted driver finds where each key group was
+                moving = {kg: [old.owners[kg], dst] for kg, dst in step.items()}
+                c.files.write(HANDOFF, {"version": c.table.version, "moves": moving})
+            c.store.save(c.table)  # writers refused from now on find the new owners here
+            pairs: dict[tuple[str, str], list[int]] = {}
+            for kg, dst in step.items():
+                pairs.setdefault((old.owners[kg], dst), []).append(kg)
+            for index, ((src, dst), kgs) in enumerate(pairs.items()):
+                s0 = time.monotonic()
+                try:
+                    size += self._move(src, dst, kgs, c.table.version)
+                except Exception as e:
+                    dead = c.failover.dead_among(src, dst)
+                    if not dead or c.checkpoint_dir is None:
+                        raise
+                    in_flight, self.in_flight = self.in_flight, None
+                    started = {kg for done in list(pairs.values())[: index + 1] for kg in done}
+                    pending = {kg: old.owners[kg] for kg in step if kg not in started}
+                    recovered = c.failover.recover(dead, in_flight, pending)
+                    (c.directory / HANDOFF).unlink(missing_ok=True)
+                    c.failover.collect_garbage()
+                    raise NodeLost(
+                        f"node {' and '.join(dead)} died while key groups moved from {src} to {dst}: "
+                        f"{recovered['key_groups']} key groups restored from the checkpoint directory "
+                        f"(routing version {recovered['version']}); the node change stopped there"
+                    ) from e
+                stalls.append((time.monotonic() - s0) * 1000)
+                moved += len(kgs)
+        (c.directory / HANDOFF).unlink(missing_ok=True)
+        c.failover.collect_garbage()  # checkpoints the release checkpoints superseded
+        return HandoffReport(
+            elapsed_ms=(time.monotonic() - t0) * 1000,
+            key_groups_moved=moved,
+            bytes_moved=size,
+            max_stall_ms=max(stalls, default=0.0),
+            version=c.table.version,
+            steps=len(parts),
+            step_ms=tuple(stalls),
+        )
+
+    def _state_bytes_per_key_group(self, moves: dict[int, str]) -> dict[int, float]:
+        """Each moving key group's share of its node's state (the nodes' jobs' state bytes over
+        the key groups the node owns): what cuts a node change into steps of similar size."""
+        c = self.cluster
+        shares: dict[int, float] = {}
+        for node in {c.table.owners[kg] for kg in moves}:
+            status = c.connection.action(node, "status")
+            total = sum(
+                op["state_bytes"] for job in status["jobs"].values() for op in job.get("operators", ())
+            )
+            owned = status["key_groups"]
+            for kg in owned:
+                shares[kg] = total / len(owned)
+        return shares
+
+    def _move(self, src: str, dst: str, kgs: list[int], version: int) -> int:
+        """Move key groups ``kgs`` from node ``src`` to ``dst``; returns the state bytes shipped."""
+        c = self.cluster
+        connection = c.connection
+        self.in_flight = {"src": src, "dst": dst, "key_groups": kgs, "base": None}
+        c.hook("release", src, dst)
+        released = connection.action(src, "release", {"version": version, "key_groups": kgs, "to": dst})
+        self.in_flight["base"] = released.get("base")
+        c.hook("load", src, dst)
+        size = 0
+        for part in released["parts"]:
+            table = connection.get(src, f"snapshot:{part['ticket']}")
+            size += table.nbytes
+            command = {
+                "op": "load",
+                "job": part["job"],
+                "operator": part["operator"],
+                "description": part["description"],
+            }
+            connection.put(dst, command, table)
+        c.hook("adopt", src, dst)
+        body = {
+            "version": version,
+            "key_groups": kgs,
+            "marks": released["marks"],
+            "base": released.get("base"),
+        }
+        connection.action(dst, "adopt", body)
+        self.in_flight = None
+        c.hook("adopted", src, dst)
+        return size

@@ -1,0 +1,173 @@
+"""The jobs a cluster runs: what each node is given to run (a job's spec), what writers and readers
+learn of it (``jobs.json``: its input keys and types, the nodes it ran on and where their output
+logs start), what a restarted driver resumes (a checkpointed job's spec under ``jobs/``), and a
+failure on one node failing it on all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+
+from stretch.cluster.directory import JOBS
+from stretch.cluster.node_plans import broadcast_channels, cluster_inputs
+from stretch.common import user_code
+from stretch.runtime.state_dir import job_dir_name, write_private
+
+
+class JobRegistry:
+    """The jobs of ``cluster`` (a StretchCluster)."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.specs: dict[str, bytes] = {}  # job name -> its pickled plan and config
+        self.broadcast: set[str] = set()  # the jobs with broadcast state
+        self.outputs: dict[str, list[str]] = {}  # job -> its output channels
+        self.interval: float | None = None  # seconds between checkpoints, the jobs' shortest
+        self.failures: dict[str, dict] = {}  # job -> the node it failed on, and how
+        self._watch: threading.Thread | None = None
+
+    def submit(self, plan, name: str, config) -> bool:
+        """Run a job on every node; whether it is checkpointed."""
+        c = self.cluster
+        if name in self.specs:
+            raise ValueError(f"the cluster already runs a job {name!r}")
+        if config.checkpointing and c.checkpoint_dir is None:
+            raise ValueError(
+                f"job {name!r} enables checkpointing: give the cluster a checkpoint directory every node "
+                "can read (StretchCluster.local(..., checkpoint_dir=...) or on_spark(..., checkpoint_dir=...))"
+            )
+        if plan.max_parallelism != c.max_parallelism:
+            raise ValueError(
+                f"job {name!r} has max parallelism {plan.max_parallelism}; the cluster routes "
+                f"{c.max_parallelism} key groups: set env.set_max_parallelism({c.max_parallelism})"
+            )
+        inputs = cluster_inputs(plan)
+        broadcast = broadcast_channels(plan)
+        checkpointed = bool(config.checkpointing)
+        # the nodes checkpoint the job (not its engine): its channels stay fed straight, as the
+        # handoff's barrier needs, and the node journals what it takes
+        node_config = dataclasses.replace(config, checkpointing=False, restore=False)
+        spec = {"name": name, "plan": plan, "config": node_config, "checkpointed": checkpointed}
+        blob = user_code.dumps(spec)
+        self.specs[name] = blob
+        self.outputs[name] = [s.sink.channel_name for s in plan.sinks if hasattr(s.sink, "channel_name")]
+        jobs = c.files.jobs()
+        types = {}
+        for stage in plan.stages:
+            channel, type_info = (
+                getattr(stage.source, "channel_name", None),
+                getattr(stage.source, "type_info", None),
+            )
+            if channel is not None:
+                types[channel] = type_info.to_json() if type_info is not None else None
+        jobs[name] = {"inputs": inputs, "types": types}
+        if broadcast:  # writers send their rows to every node (client.Members)
+            jobs[name]["broadcast"] = broadcast
+            self.broadcast.add(name)
+        if checkpointed:  # a restarted driver runs it again, from the checkpoint directory
+            (c.directory / "jobs").mkdir(mode=0o700, exist_ok=True)
+            spec_name = f"{job_dir_name(name)}.job"
+            write_private(c.directory / "jobs" / spec_name, blob)
+            jobs[name].update(
+                spec=spec_name, outputs=self.outputs[name], interval_ms=config.checkpoint.interval_ms
+            )
+        c.files.write(JOBS, jobs)
+        self.ran_on(name, {node_id: self.start(node_id, blob) for node_id in c.nodes})
+        if self._watch is None:
+            self._watch = threading.Thread(
+                target=self._watch_failures, name="stretch-cluster-jobs", daemon=True
+            )
+            self._watch.start()
+        if checkpointed:
+            self.checkpoint_every(config.checkpoint.interval_ms)
+        return checkpointed
+
+    def resumed(self, name: str, blob: bytes, entry: dict) -> None:
+        """A checkpointed job a previous driver ran (its ``jobs.json`` entry), run again."""
+        self.specs[name] = blob
+        self.outputs[name] = entry.get("outputs", [])
+        if entry.get("broadcast"):
+            self.broadcast.add(name)
+        self.checkpoint_every(entry.get("interval_ms"))
+
+    def checkpoint_every(self, interval_ms: int | None) -> None:
+        """The cluster checkpoints as often as its most often checkpointed job asks."""
+        if interval_ms:
+            self.interval = min(self.interval or interval_ms / 1000, interval_ms / 1000)
+
+    def start(self, node_id: str, blob: bytes) -> dict[str, int]:
+        """Start a job on a node; returns where its output channels' logs start for this run."""
+        return self.cluster.connection.action(node_id, "submit", blob).get("outputs", {})
+
+    def start_all(self, node_id: str, jobs: dict[str, bytes] | None = None) -> None:
+        """Start the cluster's jobs (or ``jobs``) on a node."""
+        for name, blob in (self.specs if jobs is None else jobs).items():
+            self.ran_on(name, {node_id: self.start(node_id, blob)})
+
+    def ran_on(self, job: str, starts: dict[str, dict[str, int]]) -> None:
+        """Record in ``jobs.json`` that ``job`` ran on these nodes, and where each node's output
+        logs start for this cluster's run of it: readers of its output (and of its state) look at
+        every node it ran on, removed ones too, from there (a log keeps earlier runs of the name,
+        on earlier clusters too, before it)."""
+        files = self.cluster.files
+        jobs = files.jobs()
+        entry = jobs.setdefault(job, {})
+        entry["nodes"] = [*entry.get("nodes", []), *(n for n in starts if n not in entry.get("nodes", []))]
+        entry.setdefault("starts", {}).update(starts)
+        files.write(JOBS, jobs)
+        self.cluster.sources.ran_on(job, list(starts))  # its source readers there (cluster.sources)
+
+    def unrecord(self, nodes: list[str]) -> None:
+        """Nothing ran on ``nodes`` after all (a resume that failed): readers must not look for them."""
+        files = self.cluster.files
+        entries = files.jobs()
+        for entry in entries.values():
+            entry["nodes"] = [n for n in entry.get("nodes", []) if n not in nodes]
+            entry["starts"] = {n: s for n, s in entry.get("starts", {}).items() if n not in nodes}
+        files.write(JOBS, entries)
+
+    def stored(self) -> dict[str, bytes]:
+        """The checkpointed jobs a previous driver ran on this cluster (``jobs/<name>.job``)."""
+        directory = self.cluster.directory
+        return {
+            name: (directory / "jobs" / entry["spec"]).read_bytes()
+            for name, entry in self.cluster.files.read(JOBS, {}).items()
+            if entry.get("spec") and (directory / "jobs" / entry["spec"]).exists()
+        }
+
+    def forget_specs(self) -> None:
+        """The cluster's jobs end with it: a driver started later on its directory resumes none."""
+        files = self.cluster.files
+        jobs = files.read(JOBS)
+        if jobs is None:
+            return
+        for entry in jobs.values():
+            spec = entry.pop("spec", None)
+            if spec:
+                (self.cluster.directory / "jobs" / spec).unlink(missing_ok=True)
+        files.write(JOBS, jobs)
+
+    def join(self, timeout: float) -> None:
+        if self._watch is not None:
+            self._watch.join(timeout)
+
+    def _watch_failures(self) -> None:
+        """A job that fails on one node fails on all, as a Flink job does when a task fails: its
+        copies on the other nodes are cancelled (``wait`` then raises the failed node's error)."""
+        c = self.cluster
+        while not c.stopping.wait(0.5):
+            for node in list(c.nodes):
+                try:
+                    failed = c.connection.action(node, "failed")
+                except Exception:  # a node that died: the supervisor's, or the caller's, to see
+                    continue
+                for job, error in failed.items():
+                    if job in self.failures:
+                        continue
+                    self.failures[job] = {"node": node, "error": error}
+                    for other in list(c.nodes):
+                        if other != node:
+                            with contextlib.suppress(Exception):
+                                c.connection.action(other, "cancel", {"job": job})

@@ -1,0 +1,116 @@
+"""Which nodes make the cluster: their processes (started, stopped, forgotten when they die),
+their endpoints (``nodes.json``) and the broadcast membership (``members.json``, client.Members):
+the nodes that take every row of a broadcast channel.
+
+A node that joins starts the cluster's jobs; its jobs with broadcast state start from the
+broadcast state a member holds, copied at a fence (``join``), before the membership names it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+
+from stretch.cluster.client import Members
+from stretch.cluster.directory import MEMBERS, NODES
+
+
+class Membership:
+    """The nodes of ``cluster`` (a StretchCluster) and its broadcast membership."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.locations: dict[str, str] = {}  # node id -> Flight location, in the order they joined
+        self.next = 0  # the number of the next node id (``node-<n>``)
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.locations)
+
+    def new_id(self) -> str:
+        node_id = f"node-{self.next}"
+        self.next += 1
+        return node_id
+
+    def number_after(self, ids) -> None:
+        """New node ids come after ``ids`` (``node-<n>``): a node id is never used twice."""
+        self.next = max(
+            self.next,
+            1 + max((int(n.rsplit("-", 1)[1]) for n in ids if n.rsplit("-", 1)[-1].isdigit()), default=-1),
+        )
+
+    # ---- node processes ---------------------------------------------------------------------------
+    def start(self, node_id: str) -> str:
+        """Start a node process; its location once it listens."""
+        c = self.cluster
+        self.locations[node_id] = c.launcher.start(node_id, c.secret, c.tls)
+        self._publish_locations()
+        return self.locations[node_id]
+
+    def stop(self, node_id: str) -> None:
+        """Shut a node down (its jobs cancelled) and reap its process."""
+        self.locations.pop(node_id)
+        self._publish_locations()
+        with contextlib.suppress(Exception):
+            self.cluster.connection.action(node_id, "shutdown")
+        self.cluster.connection.forget(node_id)
+        self.cluster.launcher.stop(node_id)
+
+    def forget(self, node_id: str) -> None:
+        """A node that died: out of the cluster and of the broadcast membership (its process reaped)."""
+        self.locations.pop(node_id, None)
+        self.cluster.sources.lost(node_id)  # the splits its readers read go to others
+        with contextlib.suppress(LookupError):  # writers of broadcast rows stop waiting for it
+            members = Members.load(self.cluster.directory)
+            if node_id in members.nodes:
+                self.publish([n for n in members.nodes if n != node_id])
+        self._publish_locations()
+        self.cluster.connection.forget(node_id)
+        self.cluster.launcher.stop(node_id)
+
+    def _publish_locations(self) -> None:
+        self.cluster.files.write(NODES, dict(self.locations))
+
+    # ---- the broadcast membership -------------------------------------------------------------
+    def publish(self, nodes: list[str], version: int | None = None) -> int:
+        """Publish the broadcast membership, as its next version unless ``version`` is given."""
+        if version is None:
+            try:
+                version = Members.load(self.cluster.directory).version + 1
+            except LookupError:
+                version = 0
+        self.cluster.files.write(MEMBERS, {"version": version, "nodes": list(nodes)})
+        return version
+
+    def join(self, node_id: str) -> None:
+        """Start a node that joins the cluster, its jobs with broadcast state starting from the
+        broadcast state a member holds. That member is fenced first (from then on it refuses
+        broadcast rows of the current membership, and parks its broadcast state as of every row it
+        took before); the new node's jobs start from that state; only then is the next membership,
+        with the new node, published: so every broadcast row reaches the new node exactly once,
+        in the copied state or sent to it (see writer.ClusterWriter)."""
+        c, jobs = self.cluster, self.cluster.jobs
+        c.start_node(node_id, {n: b for n, b in jobs.specs.items() if n not in jobs.broadcast})
+        members = Members.load(c.directory)
+        version, nodes = members.version + 1, list(members.nodes)
+        try:
+            if jobs.broadcast:
+                fenced = c.connection.action(nodes[0], "broadcast_fence", {"members": version})
+                for name in sorted(jobs.broadcast):
+                    table = c.connection.get(nodes[0], f"broadcast:{fenced['tickets'][name]}")
+                    states = dict(
+                        zip(table.column("operator").to_pylist(), table.column("state").to_pylist())
+                    )
+                    body = {"spec": jobs.specs[name], "states": states, "marks": fenced["marks"][name]}
+                    joined = c.connection.action(node_id, "join", pickle.dumps({**body, "members": version}))
+                    jobs.ran_on(name, {node_id: joined.get("outputs", {})})
+            nodes.append(node_id)
+        finally:  # the fenced member takes rows of this version on, the new node in it or not
+            self.publish(nodes, version)
+
+    def leave(self, node_id: str) -> None:
+        """A node leaving (its key groups handed away) takes no more broadcast rows: the
+        membership without it first, then the node refuses writers that still send it some."""
+        members = Members.load(self.cluster.directory)
+        self.publish([n for n in members.nodes if n != node_id])
+        self.cluster.connection.action(node_id, "broadcast_leave")
