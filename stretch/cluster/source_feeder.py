@@ -18,8 +18,8 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 
-from stretch.cluster.writer import ClusterWriter
 from stretch.cluster.source_plans import SourceFeed
+from stretch.cluster.writer import ClusterWriter
 from stretch.contracts.connectors import RecordPositionedSource
 from stretch.runtime.batch import Records
 from stretch.runtime.chain import Chain
