@@ -194,6 +194,7 @@ class StretchCluster:
             self.files.write(NODES, {})
             self.connection = ClusterConnection(self.directory)
             self.failover.resume(stored, resumed)
+            self.sources.resume(list(resumed))
             return
         self.files.write(JOBS, {})
         self.files.write(NODES, {})

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import pickle
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,7 +51,9 @@ class _Split:
 class JobSources:
     """The splits of one job's sources and their readers (see the module's docstring)."""
 
-    def __init__(self, cluster, job: str, feeds: list[SourceFeed], store: Path | None = None):
+    def __init__(
+        self, cluster, job: str, feeds: list[SourceFeed], store: Path | None = None, resume: bool = False
+    ):
         self.cluster, self.job, self.feeds, self.store = cluster, job, feeds, store
         self.lock = threading.Lock()
         self.splits: dict[str, _Split] = {}
@@ -58,7 +61,7 @@ class JobSources:
             for split_id, _source in feed.parts:
                 key = f"{index}/{split_id}"
                 self.splits[key] = _Split(key, index, feed.where, f"{feed.name}/{split_id}")
-        if store is not None and store.exists():  # a restarted driver: how far the last one got
+        if resume and store is not None and store.exists():  # a restarted driver: how far the last got
             for key, (next_, position, done) in json.loads(store.read_text()).items():
                 if key in self.splits:
                     split = self.splits[key]
@@ -269,21 +272,38 @@ class ClusterSources:
         self.cluster = cluster
         self.jobs: dict[str, JobSources] = {}
 
-    def store(self, job: str) -> Path | None:
-        """Where a checkpointed job's progress is kept (None without a checkpoint directory)."""
-        if self.cluster.checkpoint_dir is None:
-            return None
+    def store(self, job: str) -> Path:
+        """Where a checkpointed job's progress is kept, in the checkpoint directory."""
         directory = Path(self.cluster.checkpoint_dir) / "sources"
         directory.mkdir(mode=0o700, exist_ok=True)
         return directory / f"{job_dir_name(job)}.json"
 
+    def _feeds_file(self, job: str) -> Path:
+        """Where a checkpointed job's sources are kept for a restarted driver (next to its spec)."""
+        return self.cluster.directory / "jobs" / f"{job_dir_name(job)}.sources"
+
     def start(self, job: str, feeds: list[SourceFeed], checkpointed: bool) -> None:
-        """Start reading a job's sources (it runs on every node already)."""
-        if feeds:
-            sources = self.jobs[job] = JobSources(
-                self.cluster, job, feeds, self.store(job) if checkpointed else None
-            )
-            sources.start()
+        """Start reading a job's sources (it runs on every node already); a checkpointed job's
+        are kept, and so is how far they got, for a driver restarted after this one died."""
+        if not feeds:
+            return
+        store = None
+        if checkpointed:
+            write_private(self._feeds_file(job), user_code.dumps(feeds))
+            store = self.store(job)
+            store.unlink(missing_ok=True)  # an earlier cluster's run of the name
+        sources = self.jobs[job] = JobSources(self.cluster, job, feeds, store)
+        sources.start()
+
+    def resume(self, jobs: list[str]) -> None:
+        """A restarted driver: the checkpointed jobs' sources go on from how far they got (their
+        key groups restored already, so what is read again is dropped where it was taken)."""
+        for job in jobs:
+            path = self._feeds_file(job)
+            if path.exists():
+                feeds = pickle.loads(path.read_bytes())
+                sources = self.jobs[job] = JobSources(self.cluster, job, feeds, self.store(job), resume=True)
+                sources.start()
 
     def act(self, kind: str, body: dict) -> dict:
         sources = self.jobs.get(body["job"])
@@ -312,5 +332,11 @@ class ClusterSources:
             self.jobs[job].stop()
 
     def close(self) -> None:
+        """The cluster closes: no split is read any more; closed after it started (not died), its
+        jobs end with it and nothing resumes them, so their kept sources and progress go."""
         for sources in self.jobs.values():
             sources.stop()
+        if self.cluster.started and self.cluster.checkpoint_dir is not None:
+            for job in self.jobs:
+                self._feeds_file(job).unlink(missing_ok=True)
+                self.store(job).unlink(missing_ok=True)

@@ -157,3 +157,62 @@ def test_a_node_killed_while_it_reads_a_file_is_restored_and_its_file_read_on_by
         assert not cluster.supervisor_errors
         got = outputs("killed-reader", job_nodes(cluster.address, "killed-reader"))
     assert_exactly_once(got, [records])
+
+
+RESTARTED = """
+import json, os, sys, time
+from pathlib import Path
+from tests.cluster.jobs import Paced
+from tests.cluster.test_sources import file_job
+from stretch.cluster import StretchCluster
+
+directory, checkpoints, files, name = sys.argv[1:5]
+cluster = StretchCluster.local(nodes=2, directory=directory, checkpoint_dir=checkpoints)
+print(json.dumps(list(cluster.launcher.pids().values())), flush=True)
+env = file_job(Path(files), Paced(500, 0.1))
+env.enable_checkpointing()
+client = env.execute_async(name, cluster=cluster)
+splits = cluster.sources.jobs[name].splits
+while sum(s.next for s in splits.values()) < 3:
+    time.sleep(0.02)
+client.trigger_checkpoint()
+while sum(s.next for s in splits.values()) < 5:
+    time.sleep(0.02)
+os.kill(os.getpid(), 9)
+"""
+
+
+@pytest.mark.long  # the suite keeps within its time: run with -m long
+def test_a_restarted_driver_reads_the_files_on_from_where_its_killed_predecessor_got(tmp_path):
+    """The driver dies (its nodes with it) halfway through the files; a new driver on the same
+    directories restores every key group and reads each file on from the progress the first one
+    kept: each line counted once."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    records = write_files(tmp_path / "in", files=4, lines=3 * 4096)
+    directory, checkpoints, name = tmp_path / "cluster", tmp_path / "ck", "files-restarted"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RESTARTED, str(directory), str(checkpoints), str(tmp_path / "in"), name],
+        stdout=subprocess.PIPE,
+        cwd=os.getcwd(),
+    )
+    pids = json.loads(proc.stdout.readline())
+    proc.wait(300)
+    proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    wait_for("the old nodes' end", lambda: not any(os.path.exists(f"/proc/{pid}") for pid in pids))
+    (progress,) = (checkpoints / "sources").glob("*.json")  # the job's, named after it
+    kept = json.loads(progress.read_text())
+    assert sum(next_ for next_, _position, _done in kept.values()) >= 3  # progress the first driver kept
+    with StretchCluster.local(nodes=2, directory=directory, checkpoint_dir=checkpoints) as cluster:
+        client = cluster.job(name)
+        splits = cluster.sources.jobs[name].splits
+        assert sum(s.next for s in splits.values()) >= 3  # on from there, not from the start
+        assert set(client.wait(180).values()) == {"FINISHED"}
+        got = outputs(name, job_nodes(cluster.address, name))
+    assert not progress.exists()  # closed, not died: nothing resumes it
+    assert_exactly_once(got, [records])
