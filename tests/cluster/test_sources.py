@@ -1,6 +1,7 @@
-"""Sources other than channels on a cluster: a collection and a number sequence read by the driver,
-files read by the nodes (a file per split), through nodes added, removed and killed; each key's
-running count and sum equal a plain-Python model of the same records: nothing lost, nothing twice."""
+"""Sources other than channels on a cluster: a collection, a number sequence and a generator read
+by the driver, files read by the nodes (a file per split), through nodes added, removed and
+killed, and a driver restarted; each key's running count and sum equal a plain-Python model of the
+same records: nothing lost, nothing twice."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from stretch.cluster import StretchCluster, source_plans
 from stretch.cluster.client import job_nodes
 from stretch.common import Types, WatermarkStrategy
 from stretch.datastream import StreamExecutionEnvironment
-from stretch.datastream.connectors import NumberSequenceSource
+from stretch.datastream.connectors import DataGeneratorSource, NumberSequenceSource
 from stretch.datastream.connectors.channel import ChannelSink
 from stretch.datastream.connectors.file_system import FileSource, StreamFormat
 from stretch.errors import JobExecutionError
@@ -62,10 +63,10 @@ def file_job(directory: Path, pace) -> StreamExecutionEnvironment:
     return counting(env, lines.map(parse, PAIR).map(pace, PAIR))
 
 
-def test_a_collection_and_a_sequence_reach_their_key_groups_once_through_a_node_added_and_one_removed(
+def test_a_collection_a_sequence_and_a_generator_reach_their_key_groups_once_through_node_changes(
     tmp_path, monkeypatch
 ):
-    """The driver reads both sources (its writers send each row to its key group's node) while a
+    """The driver reads the three sources (its writers send each row to its key group's node) while a
     node joins and another leaves (the collection's reader waits at two points until each change
     begins moving key groups); both sources end by themselves, and so does the job."""
     monkeypatch.setattr(source_plans, "COLLECTION_CHUNK_ROWS", 400)  # more micro-batches to move between
@@ -77,7 +78,10 @@ def test_a_collection_and_a_sequence_reach_their_key_groups_once_through_a_node_
     numbers = env.from_source(NumberSequenceSource(1, 3_000), None, "numbers").map(
         lambda n: (f"s{n % 13}", n), PAIR
     )
-    counting(env, pairs.union(numbers))
+    generated = env.from_source(
+        DataGeneratorSource(lambda i: (f"d{i % 7}", i), 2_000, type_info=PAIR), None, "gen"
+    )
+    counting(env, pairs.union(numbers, generated))
     with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
         client = env.execute_async("collected", cluster=cluster)
         split = cluster.sources.jobs["collected"].splits["0/0"]
@@ -102,7 +106,7 @@ def test_a_collection_and_a_sequence_reach_their_key_groups_once_through_a_node_
         ):
             failed.wait(60)
         assert set(cluster.failures) == {"fails"}
-    assert_exactly_once(got, [collection, sequence])
+    assert_exactly_once(got, [collection, sequence, [(f"d{i % 7}", i) for i in range(2_000)]])
 
 
 def test_files_are_split_among_the_nodes_and_read_once_through_a_node_added_and_one_removed(tmp_path):
