@@ -149,11 +149,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def cluster_run(
-    nodes: int, data: list[pa.RecordBatch], pinned: bool, parallelism: int
-) -> tuple[float, float]:
-    """Events per second (M) of the per-record job on a local cluster of ``nodes``, and the
-    share of the machine's cores the writer (this process) used meanwhile."""
+def tree_cpu(pids: list[int]) -> float:
+    """CPU seconds the processes under ``pids`` used so far (those still there)."""
+    total = 0.0
+    for pid in pids:
+        for p in process_tree(pid):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                total += cpu_seconds(p)
+    return total
+
+
+def cluster_run(nodes: int, data: list[pa.RecordBatch], pinned: bool, parallelism: int) -> dict:
+    """The per-record job on a local cluster of ``nodes``: ``meps`` (M events/s), ``writer`` (the
+    share of the machine's cores the writer, this process, used), ``node_share`` (of a core, each
+    node's processes on average) and ``cpu_us`` (the nodes' CPU microseconds per event)."""
     with StretchCluster.local(nodes=nodes) as cluster:
         client = per_record_job(parallelism).execute_async(
             f"scaleout {nodes} {time.time_ns()}", cluster=cluster
@@ -164,12 +173,21 @@ def cluster_run(
         time.sleep(SETTLE)  # spare workers finish starting: not on the cores while the run is timed
         if pinned:
             pin_nodes(cluster)  # what started meanwhile
-        before, w0 = cpu_seconds(os.getpid()), time.perf_counter()
+        pids = list(cluster.launcher.pids().values())
+        before, used, w0 = cpu_seconds(os.getpid()), tree_cpu(pids), time.perf_counter()
         elapsed = timed_run(writer, data, lambda: sum(processed(d) for d in client.describe().values()), True)
-        share = (cpu_seconds(os.getpid()) - before) / (time.perf_counter() - w0) / os.cpu_count()
+        wall = time.perf_counter() - w0
+        share = (cpu_seconds(os.getpid()) - before) / wall / os.cpu_count()
+        used = tree_cpu(pids) - used
         client.cancel()
         writer.close()
-    return sum(b.num_rows for b in data) / elapsed / 1e6, share
+    rows = sum(b.num_rows for b in data)
+    return {
+        "meps": rows / elapsed / 1e6,
+        "writer": share,
+        "node_share": used / wall / nodes,
+        "cpu_us": used / rows * 1e6,
+    }
 
 
 def engine_run(data: list[pa.RecordBatch], parallelism: int) -> float:
@@ -185,23 +203,30 @@ def engine_run(data: list[pa.RecordBatch], parallelism: int) -> float:
 def scaleout(events: int, keys: int, repeats: int) -> dict:
     """The two scale-out figures (see the module's docstring), runs alternating, medians."""
     data = w1(events, keys, seed=3).to_batches(max_chunksize=SCALEOUT_BATCH)
-    one, two, shares, alone, engine = [], [], [], [], []
+    ones, twos, alone, engine = [], [], [], []
     for r in range(repeats):
         log(f"scale-out, repeat {r + 1} of {repeats} ...")
-        meps, _share = cluster_run(1, data, pinned=True, parallelism=1)
-        one.append(meps)
-        meps, share = cluster_run(2, data, pinned=True, parallelism=1)
-        two.append(meps)
-        shares.append(share)
-        alone.append(cluster_run(1, data, pinned=False, parallelism=2)[0])
+        ones.append(cluster_run(1, data, pinned=True, parallelism=1))
+        twos.append(cluster_run(2, data, pinned=True, parallelism=1))
+        alone.append(cluster_run(1, data, pinned=False, parallelism=2)["meps"])
         engine.append(engine_run(data, parallelism=2))
+    one, two = [r["meps"] for r in ones], [r["meps"] for r in twos]
     return {
         "scaleout_events": events,
         "scaleout_repeats": repeats,
         "pinned_1_node_meps": round(median(one), 3),
         "pinned_2_nodes_meps": round(median(two), 3),
         "scaleout_efficiency": round(median([b / a for a, b in zip(one, two)]), 3),
-        "writer_cpu_share_2_nodes": round(median(shares), 3),
+        "writer_cpu_share_2_nodes": round(median([r["writer"] for r in twos]), 3),
+        # how much of its core each node got: below 1, the machine's other load took the rest
+        "node_core_share_1_node": round(median([r["node_share"] for r in ones]), 3),
+        "node_core_share_2_nodes": round(median([r["node_share"] for r in twos]), 3),
+        "node_cpu_us_per_event_1_node": round(median([r["cpu_us"] for r in ones]), 3),
+        "node_cpu_us_per_event_2_nodes": round(median([r["cpu_us"] for r in twos]), 3),
+        # what 2 nodes would do with a core each to themselves: the work per event, 1 node over 2
+        "scaleout_efficiency_per_cpu": round(
+            median([2 * a["cpu_us"] / b["cpu_us"] for a, b in zip(ones, twos)]), 3
+        ),
         "one_node_cluster_meps": round(median(alone), 3),
         "engine_meps": round(median(engine), 3),
         "one_node_cluster_vs_engine": round(median([c / e for c, e in zip(alone, engine)]), 3),

@@ -19,7 +19,7 @@ from stretch.runtime.batch import Records
 from stretch.runtime.chain import Chain
 from stretch.runtime.outputs import Outputs
 from stretch.state.key_groups import key_groups_of, stable_hash
-from tests.cluster.jobs import ALERT, LIMITS, PAIR, RULE, Threshold
+from tests.cluster.jobs import ALERT, LIMITS, PAIR, RULE, Limit, Threshold
 
 
 def plan_of(env: StreamExecutionEnvironment):
@@ -115,3 +115,15 @@ def test_a_row_without_a_key_is_routed_by_the_hash_of_all_its_fields():
         stable_hash(("b", 2)) % 128,
         stable_hash(("a", 1)) % 128,
     ]
+
+
+def test_a_collection_of_events_without_a_key_for_a_broadcast_function_is_routed_by_the_whole_row():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    rules = env.from_source(ChannelSource("rules", RULE), None, "rules").broadcast(LIMITS)
+    env.from_collection([("user-1", 5)], PAIR).connect(rules).process(Limit(), ALERT).sink_to(
+        ChannelSink("out")
+    )
+    node_plan, (feed,) = split_sources(plan_of(env))
+    assert cluster_inputs(node_plan) == {"Collection Source": ROW}
+    assert broadcast_channels(node_plan) == ["rules"]
+    assert run_feed(feed, [("user-1", 5)]) == {"Collection Source": [{"f0": "user-1", "f1": 5}]}
