@@ -79,6 +79,7 @@ class JobSources:
         for split in self.splits.values():
             if split.where == DRIVER and not split.done:
                 split.reader = DRIVER
+                split.read_by.append(DRIVER)
                 t = threading.Thread(
                     target=self._read_here, args=(split,), name=f"stretch-source-{split.query}", daemon=True
                 )

@@ -63,6 +63,43 @@ def file_job(directory: Path, pace) -> StreamExecutionEnvironment:
     return counting(env, lines.map(parse, PAIR).map(pace, PAIR))
 
 
+def test_a_collection_and_files_reach_their_key_groups_once_while_a_node_joins(tmp_path, monkeypatch):
+    """One job reads a collection (the driver's reader) and files (the nodes' readers) while a
+    second node joins: the readers wait, the collection's at 1,200 rows and each node's at 300 lines,
+    until the node change begins moving key groups, so it comes mid-source; the new node reads
+    files too. Each key's count and sum are the model's."""
+    monkeypatch.setattr(source_plans, "COLLECTION_CHUNK_ROWS", 400)
+    collection = [(f"c{i % 61}", i) for i in range(4_000)]
+    records = write_files(tmp_path / "in", files=6, lines=500)
+    held = HeldByEvents(400, 0.02, holds=[1_200])
+    env = environment()
+    pairs = env.from_collection(collection, PAIR).map(held, PAIR)
+    files = FileSource.for_record_stream_format(StreamFormat.text_line_format(), str(tmp_path / "in")).build()
+    lines = env.from_source(files, WatermarkStrategy.no_watermarks(), "files").map(parse, PAIR)
+    counting(env, pairs.union(lines.map(HeldByFiles(100, 0.05, [300], tmp_path), PAIR)))
+    with StretchCluster.local(nodes=1, directory=tmp_path / "cluster") as cluster:
+        client = env.execute_async("mixed", cluster=cluster)
+        splits = cluster.sources.jobs["mixed"].splits
+        wait_for(
+            "the readers at their holds",
+            lambda: held.waiting == 0 and {s.reader for s in splits.values()} >= {"driver", "node-0"},
+        )
+
+        def begun(point, src, dst):
+            if point == "release":
+                held.events[0].set()
+                (tmp_path / "go-0").touch()
+
+        cluster._step_hook = begun
+        assert cluster.add_node().key_groups_moved
+        assert set(client.wait(120).values()) == {"FINISHED"}  # both sources ended by themselves
+        got = outputs("mixed", job_nodes(cluster.address, "mixed"))
+        readers = {r for s in splits.values() for r in s.read_by}
+    assert readers == {"driver", "node-0", "node-1"}  # the new node read files too
+    assert_exactly_once(got, [collection, records])
+
+
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_a_collection_a_sequence_and_a_generator_reach_their_key_groups_once_through_node_changes(
     tmp_path, monkeypatch
 ):
@@ -109,6 +146,7 @@ def test_a_collection_a_sequence_and_a_generator_reach_their_key_groups_once_thr
     assert_exactly_once(got, [collection, sequence, [(f"d{i % 7}", i) for i in range(2_000)]])
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_files_are_split_among_the_nodes_and_read_once_through_a_node_added_and_one_removed(tmp_path):
     """Each node reads files (a split each) and sends every line to its key group's node; a node
     that joins reads files too, a node that leaves gives its file back where it got to. The
