@@ -142,6 +142,36 @@ class ClusterConnection:
             (result,) = list(self.client(node).do_action(flight.Action(kind, raw), self.options))
         return json.loads(result.body.to_pybytes())
 
+    def action_with_results(self, node: str, kind: str, body: dict) -> tuple[dict, list[pa.Buffer]]:
+        """An action whose answer is a JSON reply followed by binary results (Arrow IPC streams)."""
+        with self._reaching(node):
+            first, *rest = self.client(node).do_action(
+                flight.Action(kind, json.dumps(body).encode()), self.options
+            )
+        return json.loads(first.body.to_pybytes()), [r.body for r in rest]
+
+    def exchange(self, node: str, command: dict, rows: pa.RecordBatch) -> tuple[dict, list[pa.Buffer]]:
+        """Rows to a node in one Flight exchange; its answer is a JSON reply followed by binary
+        results (Arrow IPC streams), each a metadata message."""
+        descriptor = flight.FlightDescriptor.for_command(json.dumps(command).encode())
+        answer: list[pa.Buffer] = []
+        with self._reaching(node):
+            writer, reader = self.client(node).do_exchange(descriptor, self.options)
+            try:
+                writer.begin(rows.schema)
+                writer.write_batch(rows)
+                writer.done_writing()
+                while True:
+                    try:
+                        chunk = reader.read_chunk()
+                    except StopIteration:
+                        break
+                    if chunk.app_metadata is not None:
+                        answer.append(chunk.app_metadata)
+            finally:
+                writer.close()
+        return json.loads(answer[0].to_pybytes()), answer[1:]
+
     def put(self, node: str, command: dict, table: pa.Table) -> None:
         descriptor = flight.FlightDescriptor.for_command(json.dumps(command).encode())
         with self._reaching(node):

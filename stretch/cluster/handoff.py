@@ -132,6 +132,9 @@ class Handoff:
                 "description": part["description"],
             }
             connection.put(dst, command, table)
+        for part in released.get("stage", ()):  # the stage transactions' results that cover them
+            table = connection.get(src, f"stage:{part['ticket']}")
+            connection.put(dst, {"op": "stage_parts", "job": part["job"]}, table)
         c.hook("adopt", src, dst)
         body = {
             "version": version,

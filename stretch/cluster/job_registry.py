@@ -11,6 +11,7 @@ import dataclasses
 import threading
 
 from stretch.cluster.directory import JOBS
+from stretch.cluster.key_routes import encode_routes
 from stretch.cluster.node_plans import broadcast_channels, cluster_inputs
 from stretch.common import user_code
 from stretch.runtime.state_dir import job_dir_name, write_private
@@ -62,7 +63,11 @@ class JobRegistry:
             )
             if channel is not None:
                 types[channel] = type_info.to_json() if type_info is not None else None
-        jobs[name] = {"inputs": inputs, "types": types}
+        jobs[name] = {
+            "inputs": {channel: route.describe() for channel, route in inputs.items()},
+            "routes": encode_routes(inputs),  # the key selector functions writers run
+            "types": types,
+        }
         if broadcast:  # writers send their rows to every node (client.Members)
             jobs[name]["broadcast"] = broadcast
             self.broadcast.add(name)

@@ -6,25 +6,32 @@ into the job's channel directly from the client, because the node must see every
 job does: that is where it refuses rows of key groups it does not own (or does not own *yet*,
 while their state is on its way), where it drops rows of a (query, batch) a key group already
 took (exactly once under replays, remembered per key group so the mark moves with the key group),
-and where a handoff can stop a key group at a definite point. The same endpoint works across
-hosts; a writer on the node's host stages its rows in shared memory and sends only the segment's
-name (``write_shared``, see cluster.shm_transport). Inside the node, rows go on into the job's
-channel as today. Pickled job plans are accepted only from peers holding the secret.
+and where a handoff can stop a key group at a definite point (cluster.node_intake). The same
+endpoint works across hosts; a writer on the node's host stages its rows in shared memory and
+sends only the segment's name (``take_shared``, see cluster.shm_transport). Inside the node, rows
+go on into the job's channel as today. Pickled job plans are accepted only from peers holding the
+secret.
 
 Calls (Flight):
 
-- ``do_put`` ``{"op": "write", job, channel, query, batch}``: rows into a job's input channel;
-  refused whole, with ``NOT_OWNER``, if any row's key group is not owned and ready here.
+- ``do_exchange`` ``{"op": "write", job, channel, query, batch}``: rows into a job's input
+  channel; refused whole, with ``NOT_OWNER``, if any row's key group is not owned and ready here;
+  ``{"op": "stage", job, channel, output, query, batch, partition}``: rows of a Spark stage
+  transaction, answered with its results (cluster.stage_parts). The answer: a JSON reply and the
+  results, as metadata messages. ``do_put`` takes a ``write`` too.
 - ``do_put`` ``{"op": "load", job, operator, description}``: key groups' state (Arrow IPC
-  key-group snapshot batches) into the operator's live arena, before the key groups are adopted.
-- ``do_get`` ``snapshot:<ticket>``: the state a ``release`` copied out; ``state:<job>:<operator>``:
+  key-group snapshot batches) into the operator's live arena, before the key groups are adopted;
+  ``{"op": "stage_parts", job}``: the stage transaction parts that come with them.
+- ``do_get`` ``snapshot:<ticket>``: the state a ``release`` copied out (``stage:<ticket>``: its
+  stage transaction parts); ``state:<job>:<operator>``:
   an operator's keyed state here (one row per key); ``output:{job, channel, start, end}``: a range
   of an output channel's log (see cluster.output_logs), for readers on other hosts;
   ``broadcast:<ticket>``: a job's broadcast states a ``broadcast_fence`` parked (one row per
   broadcast operator).
 - actions (JSON): ``submit`` (a cloudpickled plan), ``own``, ``release``, ``adopt``, ``status``,
   ``rescale``, ``end``, ``wait``, ``failed``, ``cancel``, ``retire``, ``shutdown``,
-  ``write_shared`` (rows a writer on this host staged in shared memory); for readers on other hosts
+  ``take_shared`` (rows a writer on this host staged in shared memory, answered as
+  ``do_exchange`` answers); for readers on other hosts
   ``output`` (an output log's offsets and schema) and ``state_schema`` (an operator's); for jobs
   with broadcast state, ``broadcast_fence``, ``join`` (a pickled plan with the broadcast state it
   starts from) and ``broadcast_leave``.
@@ -56,22 +63,20 @@ import pyarrow as pa
 from pyarrow import flight
 
 from stretch.cluster import broadcast_restore, recovery
+from stretch.cluster.node_checkpoints import NodeCheckpoints
+from stretch.cluster.node_intake import NodeIntake
 from stretch.cluster.node_job import NodeJob, barrier_all
-from stretch.cluster.node_plans import column_of
 from stretch.cluster.node_sources import NodeSources
 from stretch.cluster.output_logs import encode_schema, output_info, output_range
 from stretch.cluster.protocol import (
     LEFT_CLUSTER,
-    NOT_MEMBER,
-    NOT_OWNER,
     SECRET_ENV,
     SecretCheck,
     plain_errors,
 )
 from stretch.cluster.shm_transport import NotVisible, staged_batches
+from stretch.cluster.stage_parts import SCHEMA as STAGE_SCHEMA
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
-from stretch.runtime.channel_log import ChannelLog
-from stretch.state.key_groups import key_groups_of
 from stretch.state.key_groups import warm_up as warm_key_groups
 from stretch.state.keyed_table import KeyedTable
 from stretch.state.queryable import read_key_group, read_state
@@ -113,7 +118,10 @@ class NodeServer(flight.FlightServerBase):
         self.checkpoint_dir = checkpoint_dir
         self.members = 0  # broadcast writes of an older membership are refused (client.Members)
         self.parked_broadcast: dict[str, dict[str, bytes]] = {}  # fenced broadcast states for a do_get
+        self.parked_stage: dict[str, pa.Table] = {}  # released stage transaction parts for a do_get
         self.sources = NodeSources(node_id)  # readers of its jobs' file sources (cluster.node_sources)
+        self.intake = NodeIntake(self)
+        self.checkpoints = NodeCheckpoints(self)
         if checkpoint_dir is not None:  # a node id starts afresh: nothing of an earlier node of that id
             shutil.rmtree(recovery.node_dir(checkpoint_dir, node_id), ignore_errors=True)
             recovery.save_manifest(checkpoint_dir, node_id, recovery.load_manifest(checkpoint_dir, node_id))
@@ -124,81 +132,41 @@ class NodeServer(flight.FlightServerBase):
         cmd = json.loads(descriptor.command)
         batches = list(reader.read_all().to_batches())
         if cmd["op"] == "write":
-            self._write(cmd, batches)
+            self.intake.take(cmd, batches)
         elif cmd["op"] == "load":
             self._load(cmd, batches)
+        elif cmd["op"] == "stage_parts":  # stage transaction parts that come with key groups
+            self.job(cmd["job"]).stage.adopt(pa.Table.from_batches(batches))
         else:
             raise flight.FlightServerError(f"unknown put {cmd['op']!r}")
 
-    def _write(self, cmd: dict, batches: list[pa.RecordBatch]) -> None:
-        # One batch: a key group's rows of a (query, batch) are taken or dropped all together.
-        batch = pa.Table.from_batches(batches).combine_chunks().to_batches()
-        if not batch or not batch[0].num_rows:
-            return
-        batch = batch[0]
-        with self.lock:
-            job = self._job(cmd["job"])
-            if cmd["channel"] in job.broadcast:
-                self._write_broadcast(job, cmd, batch)
-                return
-            field = job.inputs.get(cmd["channel"])
-            if field is None:
-                raise flight.FlightServerError(
-                    f"job {job.name!r} has no input channel {cmd['channel']!r} (inputs: {sorted(job.inputs)})"
-                )
-            query, batch_id = cmd.get("query"), cmd.get("batch")
-            kgs = key_groups_of(column_of(batch, field), job.max_parallelism)
-            owned = self.owned if self.owned is not None else np.zeros(job.max_parallelism, bool)
-            foreign = np.unique(kgs[~owned[kgs]])
-            if foreign.size:
-                raise flight.FlightServerError(
-                    f"{NOT_OWNER} version={self.version}: node {self.node_id} does not own key groups "
-                    f"{foreign[:8].tolist()}{'...' if foreign.size > 8 else ''}; reload the routing table"
-                )
-            if query is None:
-                job.take(cmd["channel"], batch, None, None)
-                return
-            mark = job.mark(cmd["channel"], query)
-            fresh = mark[kgs] < batch_id
-            rows = batch if fresh.all() else batch.filter(pa.array(fresh))
-            if rows.num_rows:
-                job.take(cmd["channel"], rows, query, batch_id)
-                mark[np.unique(kgs[fresh])] = batch_id
+    @plain_errors
+    def do_exchange(self, context, descriptor, reader, writer):
+        """Rows from a writer (cluster.node_intake); the answer is a JSON reply, then the results
+        of a stage transaction, each an Arrow IPC stream, all as metadata messages."""
+        cmd = json.loads(descriptor.command)
+        reply, results = self.intake.take(cmd, list(reader.read_all().to_batches()))
+        writer.write_metadata(pa.py_buffer(json.dumps(reply).encode()))
+        for result in results:
+            writer.write_metadata(pa.py_buffer(result))
 
-    def _act_write_shared(self, body: bytes) -> dict:
+    def _act_take_shared(self, body: bytes):
         """Rows a writer on this host staged in shared memory (see cluster.shm_transport): taken
-        as a ``write`` put takes them, before the call returns (the writer reuses the segment)."""
+        before the call returns (the writer reuses the segment)."""
         cmd = json.loads(body)
         try:
             with staged_batches(cmd["segment"], int(cmd["size"])) as batches:
-                self._write(cmd, batches)
+                reply, results = self.intake.take(cmd, batches)
                 del batches
         except NotVisible as e:
             raise flight.FlightServerError(str(e)) from None
-        return {"ok": True}
-
-    def _write_broadcast(self, job: NodeJob, cmd: dict, batch: pa.RecordBatch) -> None:
-        """Rows of a broadcast channel: every node takes them all, each (query, batch) at most once
-        per node; refused (``NOT_MEMBER``) if the writer's membership is older than this node's
-        (a node joined, copying this one's broadcast state: the writer must send it the rows too)."""
-        given = cmd.get("members")
-        if given is None or given < self.members:
-            raise flight.FlightServerError(
-                f"{NOT_MEMBER} members={self.members}: node {self.node_id} takes broadcast rows of "
-                f"membership {self.members} on only (the writer's is {given}); reload the members"
-            )
-        query, batch_id = cmd.get("query"), cmd.get("batch")
-        if query is not None and batch_id <= job.broadcast_marks.get((cmd["channel"], query), -1):
-            return
-        job.take(cmd["channel"], batch, query, batch_id)
-        if query is not None:
-            job.broadcast_marks[(cmd["channel"], query)] = batch_id
+        return [json.dumps(reply).encode(), *results]
 
     def _load(self, cmd: dict, batches: list[pa.RecordBatch]) -> None:
-        self._load_into(self._job(cmd["job"]), cmd["operator"], cmd["description"], batches)
+        self.load_into(self.job(cmd["job"]), cmd["operator"], cmd["description"], batches)
 
     @staticmethod
-    def _load_into(job: NodeJob, operator: str, description: dict, batches) -> None:
+    def load_into(job: NodeJob, operator: str, description: dict, batches) -> None:
         arena = job.arena(operator)
         if description["key_mode"] and arena.key_mode() not in (0, description["key_mode"]):
             raise flight.FlightServerError(f"operator {operator!r} holds keys of another type here")
@@ -219,6 +187,8 @@ class NodeServer(flight.FlightServerBase):
         if kind == "snapshot":
             batches = self.parked.pop(rest, [])
             return flight.RecordBatchStream(pa.Table.from_batches(batches, SNAPSHOT_SCHEMA))
+        if kind == "stage":  # stage transaction parts a release parked
+            return flight.RecordBatchStream(self.parked_stage.pop(rest, STAGE_SCHEMA.empty_table()))
         if kind == "broadcast":  # a fenced job's broadcast states: one row per broadcast operator
             states = self.parked_broadcast.pop(rest, {})
             table = pa.table(
@@ -234,7 +204,7 @@ class NodeServer(flight.FlightServerBase):
                 job_name, operator, groups = msg["job"], msg["operator"], msg.get("key_groups")
             else:
                 (job_name, _, operator), groups = rest.partition(":"), None
-            job = self._job(job_name)
+            job = self.job(job_name)
             return flight.RecordBatchStream(read_state(KeyedTable(job.arena(operator)), groups))
         if kind == "output":
             return flight.RecordBatchStream(output_range(rest))
@@ -248,9 +218,11 @@ class NodeServer(flight.FlightServerBase):
             raise flight.FlightServerError(f"unknown action {action.type!r}")
         body = action.body.to_pybytes() if action.body is not None else b""
         result = handler(body)
+        if isinstance(result, list):  # a JSON reply and binary results
+            return [flight.Result(r) for r in result]
         return [flight.Result(json.dumps(result).encode())]
 
-    def _job(self, name: str) -> NodeJob:
+    def job(self, name: str) -> NodeJob:
         job = self.jobs.get(name)
         if job is None:
             raise flight.FlightServerError(
@@ -269,7 +241,7 @@ class NodeServer(flight.FlightServerBase):
         spec = cloudpickle.loads(msg["spec"])
         reply = self._submit(spec, msg["states"])
         with self.lock:
-            job = self._job(spec["name"])
+            job = self.job(spec["name"])
             for channel, query, batch in msg["marks"]:
                 job.broadcast_marks[(channel, query)] = batch
             if job.checkpoint_dir is not None:  # a restarted driver may start from here
@@ -318,7 +290,7 @@ class NodeServer(flight.FlightServerBase):
                 manifest["outputs"][job.name] = {c: log.end_offset for c, _r, log in job.outputs()}
                 manifest["journal"][job.name] = job.journal_offsets()
                 recovery.save_manifest(durable, self.node_id, manifest)
-            self._place(job)  # its tables now, not in the first handoff's stall
+            self.place(job)  # its tables now, not in the first handoff's stall
             barrier_all(job)
         job = self.jobs[spec["name"]]  # its output starts here: earlier runs of the name came before
         return {
@@ -335,10 +307,10 @@ class NodeServer(flight.FlightServerBase):
             owned[msg["key_groups"]] = True
             self.owned, self.version = owned, msg["version"]
             for job in self.jobs.values():
-                self._place(job)
+                self.place(job)
         return {"ok": True}
 
-    def _place(self, job: NodeJob) -> None:
+    def place(self, job: NodeJob) -> None:
         """Tell the job's instances which key groups' state is on this node: the others are
         away, and stay so while a handoff loads them (see KeyedTable.set_away)."""
         if job.coordinator.status.name != "RUNNING":
@@ -362,7 +334,7 @@ class NodeServer(flight.FlightServerBase):
         new owner restores from."""
         msg = json.loads(body)
         kgs = np.asarray(msg["key_groups"], dtype=np.int64)
-        durable = self._durable()
+        durable = self.checkpoints.durable()
         with self.lock:  # no write is under way: each either came before this or will be refused
             before = self.owned.copy()
             self.owned[kgs] = False
@@ -371,9 +343,9 @@ class NodeServer(flight.FlightServerBase):
             if durable:  # writes wait meanwhile: the checkpoint, its journal offsets and marks agree
                 covered = np.flatnonzero(before | self.owned).tolist()
                 name = "-".join(filter(None, [f"h{msg['version']}", self.node_id, msg.get("to")]))
-                base = self._checkpoint(name, covered)["path"]
-        parts, marks = [], {}
-        for job in self._running():
+                base = self.checkpoints.checkpoint(name, covered)["path"]
+        parts, marks, stage = [], {}, []
+        for job in self.running():
             for operator in job.keyed:  # timers and windows leave them alone once past the barrier
                 KeyedTable(job.arena(operator)).set_away(kgs, True)
             barrier_all(job)
@@ -395,7 +367,13 @@ class NodeServer(flight.FlightServerBase):
                     }
                 )
             marks[job.name] = job.marks_of(kgs)
-        return {"parts": parts, "marks": marks, "base": base}
+            records = job.stage.records(kgs.tolist())  # the rows were processed: past the barrier
+            if records.num_rows:
+                ticket = str(next(self._tickets))
+                self.parked_stage[ticket] = records
+                stage.append({"job": job.name, "ticket": ticket})
+            job.stage.forget(self.owned)
+        return {"parts": parts, "marks": marks, "base": base, "stage": stage}
 
     def _act_adopt(self, body: bytes) -> dict:
         """Own key groups whose state was loaded: their rows are taken from now on. With
@@ -404,204 +382,39 @@ class NodeServer(flight.FlightServerBase):
         msg = json.loads(body)
         with self.lock:
             for job_name, entries in msg.get("marks", {}).items():
-                job = self._job(job_name)
+                job = self.job(job_name)
                 for channel, query, by_kg in entries:
                     mark = job.mark(channel, query)
                     for kg, batch in by_kg.items():
                         mark[int(kg)] = max(mark[int(kg)], batch)
-            durable = self._durable()
+            durable = self.checkpoints.durable()
             if durable and msg.get("base"):
                 manifest = recovery.load_manifest(self.checkpoint_dir, self.node_id)
                 journal = {job.name: job.journal_offsets() for job in durable}
                 entry = {"key_groups": list(msg["key_groups"]), "base": msg["base"], "journal": journal}
                 manifest["adopted"].append(entry)
                 recovery.save_manifest(self.checkpoint_dir, self.node_id, manifest)
-            for job in self._running():  # loaded whole: the instances may fire their timers
+            for job in self.running():  # loaded whole: the instances may fire their timers
                 for operator in job.keyed:
                     KeyedTable(job.arena(operator)).set_away(msg["key_groups"], False)
             self.owned[msg["key_groups"]] = True
             self.version = msg["version"]
         return {"ok": True}
 
-    def _running(self) -> list[NodeJob]:
+    def running(self) -> list[NodeJob]:
         """The jobs whose key groups move with a handoff: a job that ended here (its sources
         ended) takes no more rows, and its shared memory went with its engine; its state stays."""
         return [job for job in self.jobs.values() if job.coordinator.status.name == "RUNNING"]
 
-    # ---- checkpoints and recovery (a cluster with a checkpoint directory) ---------------------
-    def _durable(self) -> list[NodeJob]:
-        """The checkpointed jobs still running here (a finished job's output is all committed)."""
-        return [
-            job
-            for job in self.jobs.values()
-            if job.checkpoint_dir is not None and job.coordinator.status.name == "RUNNING"
-        ]
-
-    def _checkpoint(self, name: str, kgs: list[int]) -> dict:
-        """Checkpoint key groups ``kgs`` of every checkpointed job (the caller holds the lock, so
-        no row comes in meanwhile), then commit the outputs it covers."""
-        durable = self._durable()
-        operators, marks, journal, outputs = {}, {}, {}, {}
-        for job in durable:
-            job.flush()
-            for operator in job.keyed:
-                table = KeyedTable(job.arena(operator))
-                operators.setdefault(job.name, {})[operator] = (
-                    copy_key_groups(table, kgs),
-                    describe_arena(table.arena),
-                )
-            marks[job.name] = job.marks_of(kgs)
-            journal[job.name] = job.journal_offsets()
-            outputs[job.name] = {c: log.end_offset for c, _r, log in job.outputs()}
-        directory = recovery.node_dir(self.checkpoint_dir, self.node_id) / "checkpoints"
-        path = directory / name
-        size = recovery.write_checkpoint(
-            path, operators, marks, {"key_groups": kgs, "version": self.version, "node": self.node_id}
-        )
-        points = self._save_broadcast(durable, path)
-        owned = np.flatnonzero(self.owned).tolist()
-        manifest = {
-            "checkpoint": str(path),
-            "key_groups": owned,
-            "journal": journal,
-            "outputs": outputs,
-            "adopted": [],
-        }
-        recovery.save_manifest(self.checkpoint_dir, self.node_id, manifest)
-        for job in durable:
-            for channel, _runner, log in job.outputs():
-                log.set_committed(outputs[job.name][channel])
-            for channel, log in job.journals.items():  # whole segments before it go
-                log.commit("checkpoint", journal[job.name][channel])
-            for channel, log in job.broadcast_journals.items():
-                log.commit("checkpoint", points[job.name]["journal"][channel])
-        # periodic checkpoints replace each other; a release's stays while its adopter needs it
-        for old in directory.glob("c*"):
-            if old != path and name.startswith("c"):
-                shutil.rmtree(old, ignore_errors=True)
-        return {"path": str(path), "bytes": size, "key_groups": len(kgs)}
-
-    @staticmethod
-    def _save_broadcast(durable: list[NodeJob], path) -> dict[str, dict]:
-        """The broadcast point of each checkpointed job with broadcast state, saved next to a
-        checkpoint (its rows processed: the caller flushed them), for a restarted driver."""
-        points = {job.name: job.broadcast_point() for job in durable if job.broadcast_ops}
-        if points:
-            broadcast_restore.save_checkpoint(path, points)
-        return points
-
-    def _act_broadcast_replay(self, body: bytes) -> dict:
-        """Take again the broadcast rows an old node's journal holds of a job from ``journal``
-        (channel -> offset; from its first row if not given), each (query, batch) once: a
-        restarted driver's new node, started from that node's broadcast point."""
-        msg = json.loads(body)
-        taken = 0
-        with self.lock:
-            job = self._job(msg["job"])
-            for channel in job.broadcast:
-                directory = recovery.journal_dir(self.checkpoint_dir, msg["node"], job.name, channel)
-                try:
-                    log = ChannelLog(directory, create=False)
-                except LookupError:
-                    continue
-                try:
-                    start = max(int(msg["journal"].get(channel, 0)), log.start_offset)
-                    for batch in log.read(start, log.end_offset):
-                        query, batch_id = recovery.tag_of(batch)
-                        rows = batch.replace_schema_metadata(None)
-                        if query is not None and batch_id <= job.broadcast_marks.get((channel, query), -1):
-                            continue
-                        job.take(channel, rows, query, batch_id)
-                        if query is not None:
-                            job.broadcast_marks[(channel, query)] = batch_id
-                        taken += rows.num_rows
-                finally:
-                    log.close()
-        return {"rows_replayed": taken}
-
+    # ---- checkpoints and recovery (a cluster with a checkpoint directory: node_checkpoints) ---
     def _act_checkpoint(self, body: bytes) -> dict:
-        """Checkpoint the key groups this node owns (every checkpointed job's) into the cluster's
-        checkpoint directory; rows wait meanwhile."""
-        msg = json.loads(body)
-        if self.checkpoint_dir is None:
-            raise flight.FlightServerError(f"node {self.node_id} has no checkpoint directory")
-        with self.lock:
-            if not self._durable():
-                return {"path": None, "bytes": 0, "key_groups": 0}
-            t0 = time.monotonic()
-            owned = np.flatnonzero(self.owned).tolist() if self.owned is not None else []
-            report = self._checkpoint(f"c{int(msg['id'])}", owned)
-            return {**report, "duration_ms": (time.monotonic() - t0) * 1000}
+        return self.checkpoints.act_checkpoint(body)
 
     def _act_recover(self, body: bytes) -> dict:
-        """Own key groups of a node that died: load their state from its checkpoint (the part's
-        ``base``), take again the rows its journal holds of them since (``journal``: per job and
-        channel, the offset to start from), with their (query, micro-batch) marks, then own them.
+        return self.checkpoints.act_recover(body)
 
-        The rows go through this node's own journal, so the manifest can say: they restore from
-        the same base and this node's journal from here."""
-        msg = json.loads(body)
-        durable = self._durable()
-        with self.lock:
-            at = {job.name: job.journal_offsets() for job in durable}
-            taken = 0
-            for part in msg["parts"]:
-                kgs = np.asarray(part["key_groups"], dtype=np.int64)
-                base = part["base"]
-                meta = recovery.read_metadata(base) if base else {"operators": {}, "marks": {}}
-                for job in durable:
-                    layouts = meta["operators"].get(job.name, {})
-                    for operator in job.keyed:
-                        table = KeyedTable(job.arena(operator))
-                        release_key_groups(table, kgs)  # a half-done load
-                        if operator in layouts:
-                            batches = recovery.read_key_groups(base, job.name, operator, kgs)
-                            self._load_into(job, operator, layouts[operator], batches)
-                        table.set_away(kgs, False)  # before the replay: its rows may set timers
-                    for channel, query, by_kg in meta["marks"].get(job.name, []):
-                        mark = job.mark(channel, query)
-                        for kg in kgs.tolist():
-                            mark[kg] = max(mark[kg], int(by_kg.get(str(kg), -1)))
-                    for channel, start in part["journal"].get(job.name, {}).items():
-                        taken += self._replay(job, channel, part["node"], int(start), kgs)
-            if durable:
-                manifest = recovery.load_manifest(self.checkpoint_dir, self.node_id)
-                for part in msg["parts"]:
-                    entry = {"key_groups": list(part["key_groups"]), "base": part["base"], "journal": at}
-                    manifest["adopted"].append(entry)
-                recovery.save_manifest(self.checkpoint_dir, self.node_id, manifest)
-            for part in msg["parts"]:
-                self.owned[part["key_groups"]] = True
-            for job in self.jobs.values():  # jobs without checkpoints too: their new keys are here
-                self._place(job)
-            self.version = msg["version"]
-        return {"rows_replayed": taken}
-
-    def _replay(self, job: NodeJob, channel: str, node: str, start: int, kgs: np.ndarray) -> int:
-        try:
-            log = ChannelLog(recovery.journal_dir(self.checkpoint_dir, node, job.name, channel), create=False)
-        except LookupError:
-            return 0
-        wanted = np.zeros(job.max_parallelism, dtype=bool)
-        wanted[kgs] = True
-        taken = 0
-        try:
-            for batch in log.read(start, log.end_offset):
-                keys = key_groups_of(column_of(batch, job.inputs[channel]), job.max_parallelism)
-                keep = wanted[keys]
-                if not keep.any():
-                    continue
-                query, batch_id = recovery.tag_of(batch)
-                rows = (batch if keep.all() else batch.filter(pa.array(keep))).replace_schema_metadata(None)
-                job.take(channel, rows, query, batch_id)
-                taken += rows.num_rows
-                if query is not None:
-                    mark = job.mark(channel, query)
-                    hit = np.unique(keys[keep])
-                    mark[hit] = np.maximum(mark[hit], batch_id)
-        finally:
-            log.close()
-        return taken
+    def _act_broadcast_replay(self, body: bytes) -> dict:
+        return self.checkpoints.act_broadcast_replay(body)
 
     def _act_status(self, body: bytes) -> dict:
         return {
@@ -618,25 +431,25 @@ class NodeServer(flight.FlightServerBase):
     def _act_state_schema(self, body: bytes) -> dict:
         """The schema of an operator's keyed state rows here (as ``state:`` streams them)."""
         msg = json.loads(body)
-        table = KeyedTable(self._job(msg["job"]).arena(msg["operator"]))
+        table = KeyedTable(self.job(msg["job"]).arena(msg["operator"]))
         kg = next((kg for kg in range(table.maxp) if table.n_keys(kg)), 0)
         return {"schema": encode_schema(read_key_group(table, kg).schema)}
 
     def _act_rescale(self, body: bytes) -> dict:
         msg = json.loads(body)
-        report = self._job(msg["job"]).client.rescale(msg["operator"], msg["parallelism"], msg.get("timeout"))
+        report = self.job(msg["job"]).client.rescale(msg["operator"], msg["parallelism"], msg.get("timeout"))
         return {**report.__dict__}
 
     def _act_end(self, body: bytes) -> dict:
         msg = json.loads(body)
         with self.lock:
-            job = self._job(msg["job"])
+            job = self.job(msg["job"])
             job.writer(msg["channel"]).end()
         return {"ok": True}
 
     def _act_wait(self, body: bytes) -> dict:
         msg = json.loads(body)
-        job = self._job(msg["job"])
+        job = self.job(msg["job"])
         try:
             status = job.client.wait(msg.get("timeout"))
         except Exception as e:  # the job failed: say how
@@ -653,14 +466,14 @@ class NodeServer(flight.FlightServerBase):
 
     def _act_cancel(self, body: bytes) -> dict:
         msg = json.loads(body)
-        self._job(msg["job"]).client.cancel()
+        self.job(msg["job"]).client.cancel()
         return {"ok": True}
 
     def _act_retire(self, body: bytes) -> dict:
         """A node leaving the cluster, its key groups handed away: end its jobs' input channels so
         that each job finishes, its outputs complete and readable after the node is gone."""
         with self.lock:
-            for job in self._running():
+            for job in self.running():
                 for channel in [*job.inputs, *job.broadcast]:
                     try:
                         job.writer(channel).end()

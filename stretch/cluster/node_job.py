@@ -11,6 +11,7 @@ import pyarrow as pa
 from stretch.channels import open_writer
 from stretch.cluster import recovery
 from stretch.cluster.node_plans import broadcast_channels, cluster_inputs
+from stretch.cluster.stage_parts import StageParts
 from stretch.datastream.job_client import JobClient
 from stretch.jobs import find
 from stretch.runtime.broadcast_board import BroadcastBoard
@@ -67,6 +68,7 @@ class NodeJob:
             for _channel, _runner, log in self.outputs():
                 log.set_committed(log.end_offset)  # nothing shows before a checkpoint covers it
         self.broadcast_journals: dict[str, ChannelLog] = {}  # replayed whole by a restarted driver
+        self.stage = StageParts(node_id, self)  # parts of Spark stage transactions taken here
         if checkpoint_dir is not None:
             for channel in self.broadcast:
                 journal = self.broadcast_journals[channel] = recovery.open_journal(
@@ -82,13 +84,31 @@ class NodeJob:
             if getattr(r.writer, "log", None) is not None
         ]
 
-    def take(self, channel: str, rows: pa.RecordBatch, query, batch_id) -> None:
+    def take(self, channel: str, rows: pa.RecordBatch, query, batch_id, stage: tuple | None = None) -> None:
         """Rows into the job: journaled first (a checkpointed job), so that a node restoring this
-        node's key groups finds every row the job was given."""
+        node's key groups finds every row the job was given. ``stage``: (transaction number,
+        name) of the stage transaction part they are (cluster.stage_parts): the rows go in as
+        that transaction of the engine, ended by its marker."""
         journal = self.journals.get(channel, self.broadcast_journals.get(channel))
         if journal is not None:
-            journal.append(recovery.tagged(rows, query, batch_id))
-        self.writer(channel).write(rows)
+            journal.append(recovery.tagged(rows, query, batch_id, stage[1] if stage else None))
+        writer = self.writer(channel)
+        if stage is None:
+            writer.write(rows)
+            return
+        txn, name = stage
+        writer.write(rows, txn)
+        writer.end_txn(txn, name)
+
+    def output_channel(self, name: str):
+        """The engine's output channel ``name`` (its log, and the results of its transactions)."""
+        out = self.coordinator.channels.outputs.get(name)
+        if out is None:
+            raise LookupError(
+                f"job {self.name!r} has no output channel {name!r} "
+                f"(output channels: {sorted(self.coordinator.channels.outputs)})"
+            )
+        return out
 
     def flush(self, timeout: float = 60.0) -> None:
         """Return once every row taken is processed (a barrier through each keyed gate) and each
@@ -160,6 +180,7 @@ class NodeJob:
         return m
 
     def close(self) -> None:
+        self.stage.close()
         for a in self._arenas.values():
             a.close()
         self._arenas.clear()

@@ -1,38 +1,21 @@
 """What a node accepts to run: jobs whose keyed operators are fed straight by channels keyed by a
-field, the channels every node takes whole (a broadcast operator's broadcast input), and the
-channels any node may take a row of (a non-keyed broadcast operator's other input)."""
+field or a key selector function (each channel's KeyRoute), the channels every node takes whole
+(a broadcast operator's broadcast input), and the channels any node may take a row of (a
+non-keyed broadcast operator's other input, routed by the whole row)."""
 
 from __future__ import annotations
 
-import pyarrow as pa
-
-from stretch.datastream.broadcast_stream import input_side, keyed_input_field
+from stretch.cluster.key_routes import ROW, KeyRoute
+from stretch.datastream.broadcast_stream import input_side, keyed_input_selector
 from stretch.datastream.two_inputs import LEFT, RIGHT
 
-ROW = "__row__"
-"""The routing field of a stream without a key (a non-keyed broadcast operator's input): the
-whole row. Its key group only picks the node that takes the row, deterministically, so a replayed
-micro-batch meets the marks its rows left, wherever their key groups are now."""
 
+def cluster_inputs(plan) -> dict[str, KeyRoute]:
+    """Input channel -> key route of a job that can run on a cluster, else a ValueError saying why.
 
-def column_of(batch: pa.RecordBatch, field) -> pa.Array:
-    """The key column of a batch: a field given by name or by position among the data columns,
-    or (``ROW``) every data column as one struct column, hashed as a tuple of the row's values."""
-    data = [i for i, name in enumerate(batch.schema.names) if not name.startswith("__")]
-    if field == ROW:
-        return pa.StructArray.from_arrays(
-            [batch.column(i) for i in data], [batch.schema.names[i] for i in data]
-        )
-    if isinstance(field, int):
-        return batch.column(data[field])
-    return batch.column(field)
-
-
-def cluster_inputs(plan) -> dict[str, object]:
-    """Input channel -> key field of a job that can run on a cluster, else a ValueError saying why.
-
-    Across nodes, rows are routed by the key group of a field, so every keyed operator must be fed
-    straight by an input channel keyed by that field (re-keying across nodes goes through Spark).
+    Across nodes, rows are routed by the key group of their key, so every keyed operator must be
+    fed straight by an input channel keyed right away, by a field or a key selector function
+    (re-keying across nodes goes through Spark).
     """
     inputs, fed = {}, set()
     feeds = broadcast_feeds(plan)
@@ -44,9 +27,9 @@ def cluster_inputs(plan) -> dict[str, object]:
                 "from channels (ChannelSource) that the cluster's writers route by key group"
             )
         if name in feeds:  # an input of a broadcast operator
-            field, gate = feeds[name]
-            if field is not BROADCAST:
-                inputs[name] = field
+            route, gate = feeds[name]
+            if route is not BROADCAST:
+                inputs[name] = route
                 fed.add(gate)
             continue
         if name is not None:
@@ -56,13 +39,14 @@ def cluster_inputs(plan) -> dict[str, object]:
                     "cluster yet; read the channel with from_source(source, None, name) there, or run "
                     "the job on one node engine (env.execute_async without cluster=)"
                 )
-            if not stage.direct:
+            head = stage.chain[0] if len(stage.chain) == 1 else None
+            if head is None or head.kind != "to_gate":
                 raise ValueError(
-                    f"input channel {name!r} is not keyed by a field right away: on a cluster, key the "
-                    "channel's records by a field first (key_by('field') or key_by(position))"
+                    f"input channel {name!r} is not keyed right away: on a cluster, key the channel's "
+                    "records first (key_by('field'), key_by(position) or key_by(a function))"
                 )
-            inputs[name] = stage.chain[0].key.field
-            fed.add(stage.chain[0].gate)
+            inputs[name] = KeyRoute(head.key.field, head.key.selector, head.name)
+            fed.add(head.gate)
     for stage in plan.stages:
         if stage.kind == "keyed" and stage.input_gate not in fed:
             raise ValueError(
@@ -81,12 +65,12 @@ def broadcast_channels(plan) -> list[str]:
 
 
 def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
-    """Input channel -> (key field, or ``BROADCAST``; the gate it feeds) of each channel that feeds
-    a broadcast operator, else a ValueError saying why the job cannot run on a cluster.
+    """Input channel -> (key route, or ``BROADCAST``; the gate it feeds) of each channel that
+    feeds a broadcast operator, else a ValueError saying why the job cannot run on a cluster.
 
-    The keyed input must be keyed by a field of the channel's records right away, as any keyed
-    input on a cluster; the broadcast input may pass stateless steps first (every node runs them
-    on every row), but no sink: each node would write every one of its records."""
+    The keyed input must be keyed right away, as any keyed input on a cluster; the broadcast input
+    may pass stateless steps first (every node runs them on every row), but no sink: each node
+    would write every one of its records."""
     gates = {
         s.input_gate: s
         for s in plan.stages
@@ -107,25 +91,22 @@ def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
         operator = gates[gate]
         sides = {input_side(step.fn) for step, _parent in steps if step.kind == "map"} - {None}
         if sides == {LEFT} and not operator.operator.fn.keyed:
-            feeds[name] = (_unkeyed_input(name, operator, steps, gates), gate)
+            feeds[name] = (_unkeyed_input(name, operator, steps), gate)
             continue
         if sides == {LEFT}:
             chain = stage.chain
             head = chain[0] if len(chain) == 1 else None
             if head is None or input_side(head.fn) != LEFT or len(head.children) != 1:
                 raise ValueError(
-                    f"input channel {name!r} is not keyed by a field right away: on a cluster, key the "
-                    "channel's records by a field first (key_by('field') or key_by(position)), then "
+                    f"input channel {name!r} is not keyed right away: on a cluster, key the channel's "
+                    "records first (key_by('field'), key_by(position) or key_by(a function)), then "
                     "connect the broadcast stream"
                 )
-            field = keyed_input_field(operator.operator.key.selector)
-            if field is None:
-                raise ValueError(
-                    f"operator {operator.name!r} reads input channel {name!r} keyed by a function: "
-                    "on a cluster, key the channel's records by a field (key_by('field') or "
-                    "key_by(position))"
-                )
-            feeds[name] = (field, gate)
+            key = keyed_input_selector(operator.operator.key.selector)
+            if isinstance(key, (str, int)) and not isinstance(key, bool):
+                feeds[name] = (KeyRoute(field=key, operator=operator.name), gate)
+            else:
+                feeds[name] = (KeyRoute(selector=key, operator=operator.name), gate)
             continue
         for step, parent in steps:
             side = input_side(parent.fn) if parent is not None else None
@@ -143,11 +124,11 @@ def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
     return feeds
 
 
-def _unkeyed_input(name: str, operator, steps, gates) -> str:
-    """The routing field (``ROW``) of a channel feeding a non-keyed broadcast operator: any node
-    may take any of its rows (the operator keeps no keyed state; every node holds the broadcast
-    state), so they spread over the nodes by a hash of the whole row, and may pass stateless steps
-    and feed sinks on the way; but no other keyed operator, which would need them by its key."""
+def _unkeyed_input(name: str, operator, steps) -> KeyRoute:
+    """The route of a channel feeding a non-keyed broadcast operator: any node may take any of its
+    rows (the operator keeps no keyed state; every node holds the broadcast state), so they spread
+    over the nodes by a hash of the whole row (``ROW``), and may pass stateless steps and feed
+    sinks on the way; but no other keyed operator, which would need them by its key."""
     for step, _parent in steps:
         if step.kind == "to_gate" and step.gate != operator.input_gate:
             raise ValueError(
@@ -155,7 +136,7 @@ def _unkeyed_input(name: str, operator, steps, gates) -> str:
                 f"operator {operator.name!r}: on a cluster its rows go to any node, so it may feed no "
                 "keyed operator; read it in a job of its own"
             )
-    return ROW
+    return KeyRoute(field=ROW, operator=operator.name)
 
 
 def _walk_steps(steps, parent=None):

@@ -52,6 +52,9 @@ class NodeLost(RuntimeError):
 
 QUERY_KEY = b"stretch.cluster.query"
 BATCH_KEY = b"stretch.cluster.batch"
+STAGE_KEY = b"stretch.cluster.stage"
+_TAGS = (QUERY_KEY, BATCH_KEY, STAGE_KEY)
+STAGE_PARTS = "stage_parts.arrow"  # a job's stage transaction parts in a checkpoint
 NO_LIMIT = 1 << 62  # a journal keeps everything (its node's checkpoints say what it still needs)
 
 
@@ -67,11 +70,24 @@ def open_journal(checkpoint_dir, node: str, job: str, channel: str) -> ChannelLo
     return ChannelLog(journal_dir(checkpoint_dir, node, job, channel), max_bytes=NO_LIMIT)
 
 
-def tagged(batch: pa.RecordBatch, query: str | None, batch_id: int | None) -> pa.RecordBatch:
-    """``batch`` with its (query, micro-batch) in its schema's metadata, as the journal keeps it."""
-    if query is None:
-        return batch.replace_schema_metadata(None)
-    return batch.replace_schema_metadata({QUERY_KEY: query.encode(), BATCH_KEY: str(batch_id).encode()})
+def tagged(
+    batch: pa.RecordBatch, query: str | None, batch_id: int | None, stage: tuple | None = None
+) -> pa.RecordBatch:
+    """``batch`` with its (query, micro-batch) in its schema's metadata, as the journal keeps it;
+    ``stage``: the name of the stage transaction it is a part of (cluster.stage_parts), so that a
+    replay makes it a part again."""
+    meta = {k: v for k, v in (batch.schema.metadata or {}).items() if k not in _TAGS}
+    if query is not None:
+        meta.update({QUERY_KEY: query.encode(), BATCH_KEY: str(batch_id).encode()})
+    if stage is not None:
+        meta[STAGE_KEY] = json.dumps(list(stage)).encode()
+    return batch.replace_schema_metadata(meta or None)
+
+
+def untagged(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A journaled batch as it was taken (its record kind kept, the journal's tags gone)."""
+    meta = {k: v for k, v in (batch.schema.metadata or {}).items() if k not in _TAGS}
+    return batch.replace_schema_metadata(meta or None)
 
 
 def tag_of(batch: pa.RecordBatch) -> tuple[str | None, int | None]:
@@ -81,10 +97,20 @@ def tag_of(batch: pa.RecordBatch) -> tuple[str | None, int | None]:
     return meta[QUERY_KEY].decode(), int(meta[BATCH_KEY])
 
 
+def stage_of(batch: pa.RecordBatch) -> tuple | None:
+    """The stage transaction (channel, query, micro-batch, partition, output) a journaled batch
+    is a part of, if it is."""
+    meta = batch.schema.metadata or {}
+    return tuple(json.loads(meta[STAGE_KEY])) if STAGE_KEY in meta else None
+
+
 # ---- snapshots ----------------------------------------------------------------------------------
-def write_checkpoint(path: Path, operators: dict, marks: dict, extra: dict) -> int:
+def write_checkpoint(
+    path: Path, operators: dict, marks: dict, extra: dict, stage_parts: dict | None = None
+) -> int:
     """A checkpoint directory: ``operators`` {job: {operator: (batches, description)}}, ``marks``
-    {job: [[channel, query, {kg: batch}]]}; ``_metadata.json`` last. Returns the bytes written."""
+    {job: [[channel, query, {kg: batch}]]}, ``stage_parts`` {job: table of stage transaction parts
+    (cluster.stage_parts)}; ``_metadata.json`` last. Returns the bytes written."""
     if path.exists():  # a checkpoint of that name that never completed (its node died)
         shutil.rmtree(path)
     make_private_dir(path)
@@ -94,6 +120,15 @@ def write_checkpoint(path: Path, operators: dict, marks: dict, extra: dict) -> i
         for operator, (batches, description) in by_operator.items():
             size += write_snapshot(batches, path / job_dir_name(job) / f"{operator}.arrow")
             layouts.setdefault(job, {})[operator] = description
+    for job, table in (stage_parts or {}).items():
+        if table.num_rows:
+            make_private_dir(path / job_dir_name(job))
+            with (
+                pa.OSFile(str(path / job_dir_name(job) / STAGE_PARTS), "wb") as f,
+                pa.ipc.new_file(f, table.schema) as writer,
+            ):
+                writer.write_table(table)
+            size += table.nbytes
     write_private(path / "_metadata.json", json.dumps({"operators": layouts, "marks": marks, **extra}))
     sync_tree(path)
     return size
@@ -135,6 +170,18 @@ def read_key_groups(path: str | os.PathLike, job: str, operator: str, key_groups
     inside = column < len(wanted)
     keep[inside] = wanted[column[inside]]
     return pa.Table.from_batches(table.filter(pa.array(keep)).to_batches(), SNAPSHOT_SCHEMA).to_batches()
+
+
+def read_stage_parts(path: str | os.PathLike, job: str, key_groups) -> pa.Table | None:
+    """The stage transaction parts a checkpoint keeps of a job that cover any of ``key_groups``."""
+    file = Path(path) / job_dir_name(job) / STAGE_PARTS
+    if not file.exists():
+        return None
+    with pa.OSFile(str(file)) as source:  # read into memory: the parts outlive the file
+        table = pa.ipc.open_file(source).read_all()
+    wanted = {int(kg) for kg in key_groups}
+    keep = [bool(wanted.intersection(kgs)) for kgs in table.column("key_groups").to_pylist()]
+    return table.filter(pa.array(keep, pa.bool_()))
 
 
 # ---- the manifest -------------------------------------------------------------------------------

@@ -102,8 +102,8 @@ def input_side(fn) -> int | None:
     return fn.side if isinstance(fn, _Tag) else None
 
 
-def keyed_input_field(key_selector) -> str | int | None:
-    """The field a broadcast operator's keyed input is keyed by (``key_by(0)``, ``key_by("id")``),
-    or None if it is keyed by a function or not keyed: what a cluster routes its rows by."""
-    inner = key_selector.selector if isinstance(key_selector, _BroadcastKey) else None
-    return inner if isinstance(inner, (str, int)) and not isinstance(inner, bool) else None
+def keyed_input_selector(key_selector):
+    """What a broadcast operator's keyed input is keyed by: a field (``key_by(0)``,
+    ``key_by("id")``) or a key selector function; None if it is not keyed. A cluster routes the
+    input's rows by it."""
+    return key_selector.selector if isinstance(key_selector, _BroadcastKey) else None

@@ -19,7 +19,8 @@ Modes, as Spark's output modes name them:
   keys by, which its results carry under the same names). Rows are first partitioned by key, so
   each key's rows of a micro-batch are in one task and its latest result is the micro-batch's.
 
-The job must run on this machine (a node engine; see stretch.cluster for several) and declare the
+The job runs on a node engine of this machine, or on a cluster (a job from
+``env.execute_async(name, cluster=...)``: see stretch.spark.cluster_stage). It must declare the
 record type of its input channel; the DataFrame must fit it, which is checked before the query
 starts, with both schemas in the error.
 """
@@ -30,16 +31,14 @@ import os
 import uuid
 from collections.abc import Iterator
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark import TaskContext
 
 from stretch import channels, jobs
-from stretch.spark.schemas import check_fits, spark_arrow_schema, spark_ddl, spark_values
-
-_QUERY_ID = "sql.streaming.queryId"  # Spark's local properties of a streaming query's tasks
-_BATCH_ID = "streaming.sql.batchId"
+from stretch.cluster import ClusterJobClient
+from stretch.spark.cluster_stage import ClusterStage
+from stretch.spark.schemas import check_fits, spark_arrow_schema, spark_ddl
+from stretch.spark.stage_results import in_spark_schema, latest_per_key, transaction_of
 
 
 def stage(
@@ -62,14 +61,17 @@ def stage(
     """
     if mode not in ("append", "update"):
         raise ValueError(f"mode must be 'append' or 'update', got {mode!r}")
-    target = jobs.find(job)
-    in_schema = channels.input_schema(target, into)
+    if isinstance(job, ClusterJobClient):
+        target = ClusterStage(job, into, out)
+    else:
+        target = EngineStage(jobs.find(job), into, out)
+    in_schema = target.input_schema()
     if in_schema is None:
         raise ValueError(
             f"channel {into!r} of job {target.name!r} declares no record type; a stage needs one"
         )
     check_fits(df.schema, in_schema, f"channel {into!r} of job {target.name!r}")
-    out_schema = channels.output_schema(target, out)
+    out_schema = target.output_schema()
     result_keys: list[str] = []
     if mode == "update":
         keys = _names(key)
@@ -83,9 +85,26 @@ def stage(
             )
         n = partitions or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
         df = df.repartition(n, *keys)
-    staging = target.join_channel(into, "writer")["staging"]
-    task = StageTask(target, into, out, staging, in_schema, spark_arrow_schema(out_schema), result_keys)
+    task = target.task(in_schema, spark_arrow_schema(out_schema), result_keys)
     return df.mapInArrow(task, spark_ddl(out_schema))
+
+
+class EngineStage:
+    """A stage whose job runs on a node engine of this machine."""
+
+    def __init__(self, job: jobs.Job, into: str, out: str):
+        self.job, self.into, self.out = job, into, out
+        self.name = job.name
+
+    def input_schema(self) -> pa.Schema | None:
+        return channels.input_schema(self.job, self.into)
+
+    def output_schema(self) -> pa.Schema:
+        return channels.output_schema(self.job, self.out)
+
+    def task(self, in_schema: pa.Schema, out_schema: pa.Schema, keys: list[str]) -> StageTask:
+        staging = self.job.join_channel(self.into, "writer")["staging"]
+        return StageTask(self.job, self.into, self.out, staging, in_schema, out_schema, keys)
 
 
 def _names(value) -> list[str]:
@@ -110,16 +129,14 @@ class StageTask:
         path = self._stage(batches)
         if path is None:
             return
-        ctx = TaskContext.get()
-        query = ctx.getLocalProperty(_QUERY_ID) or f"batch-query-{uuid.uuid4().hex}"  # no replays
-        batch_id = int(ctx.getLocalProperty(_BATCH_ID) or 0)
+        query, batch_id, partition = transaction_of(TaskContext.get())
         try:
-            reply = job.publish_txn(self.into, self.out, query, batch_id, ctx.partitionId(), [path])
+            reply = job.publish_txn(self.into, self.out, query, batch_id, partition, [path])
         except jobs.JobGone:
             raise self._gone() from None
         results = self._read(reply["log"], reply["offsets"])
-        if self.keys and results.num_rows:
-            results = _latest_per_key(results, self.keys)
+        if self.keys:
+            results = latest_per_key(results, self.keys)
         yield from results.to_batches()
 
     def _job(self) -> jobs.Job:
@@ -160,32 +177,5 @@ class StageTask:
         with channels.OutputLog(log) as results:
             for offset in offsets:
                 for batch in results.read(offset, offset + 1):
-                    columns = [spark_values(c).cast(f.type) for c, f in zip(batch.columns, schema)]
-                    out.append(pa.RecordBatch.from_arrays(columns, schema=schema))
+                    out.append(in_spark_schema(batch, schema))
         return pa.Table.from_batches(out, schema=schema)
-
-
-def _latest_per_key(results: pa.Table, keys: list[str]) -> pa.Table:
-    """The last result of each key, in the order the job emitted them."""
-    if (
-        len(keys) == 1
-        and _sortable(results.schema.field(keys[0]).type)
-        and not results.column(keys[0]).null_count
-    ):
-        # one numeric key (the common case): a stable sort finds each key's last row, about 2.5x
-        # faster than hashing the table
-        values = results.column(keys[0]).to_numpy()
-        order = np.argsort(values, kind="stable")
-        ordered = values[order]
-        last = np.empty(len(ordered), dtype=bool)
-        last[-1] = True
-        np.not_equal(ordered[1:], ordered[:-1], out=last[:-1])
-        return results.take(np.sort(order[last]))
-    indexed = results.append_column("__position", pa.array(range(results.num_rows), pa.int64()))
-    last = indexed.group_by(keys, use_threads=False).aggregate([("__position", "max")])
-    positions = pc.sort_indices(last.column("__position_max"))
-    return results.take(pc.take(last.column("__position_max"), positions))
-
-
-def _sortable(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_temporal(t) or pa.types.is_boolean(t)

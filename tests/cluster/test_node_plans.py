@@ -1,9 +1,11 @@
-"""What a node accepts to run: jobs whose keyed operators are fed straight by channels keyed by a field."""
+"""What a node accepts to run: jobs whose keyed operators are fed straight by channels keyed by a
+field or a key selector function."""
 
 from __future__ import annotations
 
 import pytest
 
+from stretch.cluster.key_routes import KeyRoute
 from stretch.cluster.node_plans import cluster_inputs
 from stretch.cluster.source_plans import split_sources
 from stretch.datastream import StreamExecutionEnvironment
@@ -17,15 +19,27 @@ def plan_of(env: StreamExecutionEnvironment):
 
 
 def test_a_job_keyed_by_a_field_of_its_channel_runs_on_a_cluster():
-    assert cluster_inputs(plan_of(count_sum_job())) == {"in": 0}
+    assert cluster_inputs(plan_of(count_sum_job())) == {"in": KeyRoute(field=0, operator="counts")}
 
 
-def test_a_job_keyed_by_a_function_is_refused_with_the_reason():
+def test_a_job_keyed_by_a_function_runs_on_a_cluster_routed_by_that_function():
     env = StreamExecutionEnvironment.get_execution_environment()
-    env.from_source(ChannelSource("in", PAIR), None, "in").key_by(lambda r: r[0]).reduce(
+
+    def first(r):
+        return r[0]
+
+    env.from_source(ChannelSource("in", PAIR), None, "in").key_by(first).reduce(
+        lambda a, b: (a[0], a[1] + b[1])
+    ).name("totals").sink_to(ChannelSink("out"))
+    assert cluster_inputs(plan_of(env)) == {"in": KeyRoute(selector=first, operator="totals")}
+
+
+def test_a_channel_that_is_not_keyed_right_away_is_refused_with_the_reason():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.from_source(ChannelSource("in", PAIR), None, "in").map(lambda r: r).key_by(0).reduce(
         lambda a, b: (a[0], a[1] + b[1])
     ).sink_to(ChannelSink("out"))
-    with pytest.raises(ValueError, match="not keyed by a field right away"):
+    with pytest.raises(ValueError, match="not keyed right away"):
         cluster_inputs(plan_of(env))
 
 
@@ -45,7 +59,8 @@ def test_a_job_that_rekeys_or_reads_no_channel_is_refused():
     env.from_collection([("a", 1)], PAIR).key_by(0).reduce(lambda a, b: a).sink_to(ChannelSink("out"))
     with pytest.raises(ValueError, match="not an input channel"):  # until split_sources reads it into one
         cluster_inputs(plan_of(env))
-    assert cluster_inputs(split_sources(plan_of(env))[0]) == {"Collection Source": 0}
+    routes = cluster_inputs(split_sources(plan_of(env))[0])
+    assert {channel: route.field for channel, route in routes.items()} == {"Collection Source": 0}
 
 
 def test_a_job_with_event_time_on_its_channel_is_refused_naming_the_watermark_strategy():

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from stretch.cluster.node_plans import ROW, broadcast_channels, cluster_inputs, column_of
+from stretch.cluster.key_routes import ROW, column_of
+from stretch.cluster.node_plans import broadcast_channels, cluster_inputs
 from stretch.cluster.source_feeder import _Capture
 from stretch.cluster.source_plans import DRIVER, NODES, split_sources
 from stretch.common import WatermarkStrategy
@@ -27,6 +28,11 @@ def plan_of(env: StreamExecutionEnvironment):
     return plan
 
 
+def routed_by(plan) -> dict:
+    """Input channel -> the field a node plan's rows are routed by."""
+    return {channel: route.field for channel, route in cluster_inputs(plan).items()}
+
+
 def run_feed(feed, records) -> dict[str, list]:
     """The feed's steps on ``records``, as its reader runs them: channel -> records at the cut."""
     captures = {i: _Capture() for i in range(len(feed.channels))}
@@ -41,7 +47,7 @@ def test_a_collection_with_steps_before_its_key_is_read_by_the_driver_into_a_cha
         "sums"
     ).sink_to(ChannelSink("out"))
     node_plan, (feed,) = split_sources(plan_of(env))
-    assert cluster_inputs(node_plan) == {"Collection Source": 0}  # a node takes it as any input channel
+    assert routed_by(node_plan) == {"Collection Source": 0}  # a node takes it as any input channel
     (stage,) = [s for s in node_plan.stages if s.kind == "source"]
     assert stage.direct and stage.source.channel_name == "Collection Source"
     assert feed.where == DRIVER and [sid for sid, _ in feed.parts] == ["0"]
@@ -63,7 +69,7 @@ def test_a_source_feeding_two_operators_and_a_broadcast_stream_gets_a_channel_fo
     plan = plan_of(env)
     node_plan, feeds = split_sources(plan)
     assert [f.channels for f in feeds] == [["numbers", "numbers-2"], ["Collection Source"]]
-    assert cluster_inputs(node_plan) == {"numbers": 0, "numbers-2": 1, "events": 0}
+    assert routed_by(node_plan) == {"numbers": 0, "numbers-2": 1, "events": 0}
     assert broadcast_channels(node_plan) == ["Collection Source"]  # every node takes all its rows
     feeding = {
         g: sorted(node_plan.stages[i].name for i in ids) for g, ids in node_plan.gate_producers.items()
@@ -90,7 +96,7 @@ def test_a_file_source_is_split_by_file_and_read_by_the_nodes_with_no_watermarks
         ("0", ["a.txt"]),
         ("1", ["b.txt"]),
     ]
-    assert cluster_inputs(node_plan) == {"files": 0}
+    assert routed_by(node_plan) == {"files": 0}
 
 
 def test_what_a_cluster_cannot_route_from_a_source_is_refused_saying_why():
@@ -124,6 +130,6 @@ def test_a_collection_of_events_without_a_key_for_a_broadcast_function_is_routed
         ChannelSink("out")
     )
     node_plan, (feed,) = split_sources(plan_of(env))
-    assert cluster_inputs(node_plan) == {"Collection Source": ROW}
+    assert routed_by(node_plan) == {"Collection Source": ROW}
     assert broadcast_channels(node_plan) == ["rules"]
     assert run_feed(feed, [("user-1", 5)]) == {"Collection Source": [{"f0": "user-1", "f1": 5}]}

@@ -202,7 +202,7 @@ def test_a_job_that_dies_mid_query_fails_the_query_with_a_clear_error(spark, tmp
 
 @pytest.mark.parametrize("key_type", [pa.int64(), pa.int8(), pa.string(), pa.float64(), pa.timestamp("ms")])
 def test_latest_per_key_keeps_each_keys_last_result_in_emission_order(key_type):
-    from stretch.spark.stage import _latest_per_key
+    from stretch.spark.stage_results import latest_per_key as _latest_per_key
 
     rng = np.random.default_rng(3)
     for n in (1, 2, 50, 1000):
