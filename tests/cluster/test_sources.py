@@ -33,8 +33,8 @@ def wait_for(what: str, predicate, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
-def counting(env: StreamExecutionEnvironment, stream) -> StreamExecutionEnvironment:
-    stream.key_by(0).process(CountSum(), TRIPLE).name("counts").sink_to(ChannelSink("out"))
+def counting(env: StreamExecutionEnvironment, stream, key=0) -> StreamExecutionEnvironment:
+    stream.key_by(key).process(CountSum(), TRIPLE).name("counts").sink_to(ChannelSink("out"))
     return env
 
 
@@ -118,7 +118,7 @@ def test_a_collection_a_sequence_and_a_generator_reach_their_key_groups_once_thr
     generated = env.from_source(
         DataGeneratorSource(lambda i: (f"d{i % 7}", i), 2_000, type_info=PAIR), None, "gen"
     )
-    counting(env, pairs.union(numbers, generated))
+    counting(env, pairs.union(numbers, generated), key=lambda r: r[0])  # routed by the function
     with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
         client = env.execute_async("collected", cluster=cluster)
         split = cluster.sources.jobs["collected"].splits["0/0"]
