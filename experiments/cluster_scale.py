@@ -16,7 +16,10 @@ query, so replays would be dropped per key group) while the nodes go 2 -> 3 -> 2
   restored (what a savepoint and restart, or Flink's reactive mode, amounts to; without moving
   files between hosts, so a lower bound for a cluster);
 - ``cluster_meps`` (2 nodes, through the cluster writer) against ``single_node_meps`` (the same
-  job and writer path on one node engine, ``channels.open_writer``).
+  job and writer path on one node engine, ``channels.open_writer``);
+- ``cluster_stage_meps`` against ``single_stage_meps``: one Spark query, W1 in update mode, its
+  stage's job on 2 nodes or on one node engine, side by side (see cluster_stage.py;
+  ``--skip-stage`` leaves them out).
 
 About 70 MB of state: ``--keys 2500000 --events 5000000``; about 0.5 GB: ``--keys 25000000
 --events 30000000``; about 1 GB: ``--keys 50000000 --events 55000000``. ``--plot`` saves each
@@ -45,6 +48,7 @@ import os
 import threading
 import time
 
+import cluster_stage
 import numpy as np
 import pyarrow as pa
 from _common import emit, log, median, w1
@@ -333,6 +337,8 @@ def main() -> None:
     parser.add_argument("--scaleout-keys", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3, help="scale-out runs of each kind")
     parser.add_argument("--scaleout-only", action="store_true", help="no node changes, only scale-out")
+    parser.add_argument("--skip-stage", action="store_true", help="leave out the one-query stage's figures")
+    cluster_stage.add_arguments(parser)
     args = parser.parse_args()
     figures = {}
     if args.scaleout_events:
@@ -392,6 +398,10 @@ def main() -> None:
         plot(added, removed, args.plot)
 
     steps = np.asarray(added.step_ms + removed.step_ms)
+    stage = {}
+    if not args.skip_stage:
+        log("the one-query stage, on one node and on 2 nodes ...")
+        stage = cluster_stage.from_arguments(args)
     emit(
         {
             "nodes": "2 -> 3 -> 2",
@@ -413,6 +423,7 @@ def main() -> None:
             "cluster_meps": round(cluster_meps, 3),
             "single_node_meps": round(single, 3),
             **figures,
+            **stage,
         },
         args.json,
     )

@@ -85,8 +85,11 @@ class Failover:
                     last = time.monotonic()
                     self.checkpoint()
             except Exception as e:  # kept for the caller to see; the thread goes on
-                if not c.stopping.is_set():
-                    self.errors.append(e)
+                if c.stopping.is_set():
+                    continue
+                if self.dead_among(*c.nodes, wait=2.0):
+                    continue  # a node died under the checkpoint: the next round restores it
+                self.errors.append(e)
 
     def dead_among(self, *nodes: str, wait: float = 10.0) -> list[str]:
         """Which of ``nodes`` died (a call to one failed: give a killed process time to end)."""

@@ -1,5 +1,6 @@
 """The jobs the cluster tests run, and their plain-Python references: a running count and sum per
-key; limits per group of keys broadcast to keyed events; steps that pace or hold a source."""
+key (or per team, a key a selector function computes); limits per group of keys broadcast to
+keyed events; steps that pace or hold a source."""
 
 from __future__ import annotations
 
@@ -314,3 +315,39 @@ class HeldByFiles(Held):
 def parse(line: str) -> tuple[str, int]:
     key, value = line.split(",")
     return key, int(value)
+
+
+# ---- a key selector function: users in teams of ten --------------------------------------------
+TEAM = Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()])
+
+
+def team_of(record) -> str:
+    """users 0..299 in teams of ten: the key is not a field of the record."""
+    return f"team-{int(record[0].rsplit('-', 1)[1]) // 10}"
+
+
+class TeamCountSum(KeyedProcessFunction):
+    def open(self, runtime_context):
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+        self.sum = runtime_context.get_state(ValueStateDescriptor("sum", Types.LONG()))
+
+    def process_element(self, value, ctx):
+        if value[1] == 1000:
+            raise AssertionError("a refused write reached the job")
+        c, s = (self.count.value() or 0) + 1, (self.sum.value() or 0) + value[1]
+        self.count.update(c)
+        self.sum.update(s)
+        yield ctx.get_current_key(), c, s
+
+
+def team_job() -> StreamExecutionEnvironment:
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    (
+        env.from_source(ChannelSource("in", PAIR, durable=False), None, "in")
+        .key_by(lambda r: f"team-{int(r[0].rsplit('-', 1)[1]) // 10}")  # team_of, as a lambda
+        .process(TeamCountSum(), TEAM)
+        .name("teams")
+        .sink_to(ChannelSink("out"))
+    )
+    return env
