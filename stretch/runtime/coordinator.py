@@ -293,8 +293,8 @@ class Coordinator:
         self.gates, self.sink_gates, self.arenas = {}, {}, {}
         for gate_id in plan.gate_producers:
             consumer = next(s for s in plan.stages if s.input_gate == gate_id)
-            g = Gate.create(  # a reader slot per instance, and one for an input channel's log
-                prefix, "gate", cfg.gate_slots, cfg.gate_bytes, max_readers=consumer.max_parallelism + 1
+            g = Gate.create(  # a reader slot per instance, a pin (Rescaler.release), an input channel's log
+                prefix, "gate", cfg.gate_slots, cfg.gate_bytes, max_readers=consumer.max_parallelism + 2
             )
             self.gates[gate_id] = g
             res.gates[gate_id] = g.name
@@ -339,7 +339,11 @@ class Coordinator:
                 elif stage.id in self.broadcast_start:
                     board.put_start(self.broadcast_start[stage.id])
             p = self._parallelism.get(stage.id, stage.parallelism)
-            self.control.publish(op_index, 0, range_assignment(p, stage.max_parallelism), stage.code_version)
+            owners = range_assignment(p, stage.max_parallelism)
+            released = self.rescaler.away.get(stage.id, {})  # a recovery keeps them away
+            owners[list(released)] = -1
+            released.update(dict.fromkeys(released, 0))  # nothing of theirs is queued in the new gate
+            self.control.publish(op_index, 0, owners, stage.code_version)
             gate = self.gates[stage.input_gate]
             for i in range(p):
                 gate.open_reader(i, 0)
@@ -689,6 +693,14 @@ class Coordinator:
         operators independent. A rescale to the current parallelism publishes nothing.
         """
         return self.rescaler.rescale(operator, parallelism, timeout)
+
+    def release(self, operator: str, key_groups, timeout: float | None = None):
+        """Stop processing ``key_groups`` from the readers' frontier (see ``Rescaler.release``)."""
+        return self.rescaler.release(operator, key_groups, timeout)
+
+    def own(self, operator: str, key_groups) -> int:
+        """Process released ``key_groups`` again (see ``Rescaler.own``)."""
+        return self.rescaler.own(operator, key_groups)
 
     def barrier(self, operator: str, timeout: float | None = None) -> dict:
         """Return once every instance of ``operator`` has processed everything its gate held when

@@ -227,9 +227,15 @@ class Gate:
         """The reader slot of the job's input logger, if it logs this gate: the last one."""
         return self.max_readers - 1
 
+    @property
+    def pin_slot(self) -> int:
+        """The reader slot that holds entries while the coordinator copies them (the one before the
+        logger's)."""
+        return self.max_readers - 2
+
     def instance_readers(self) -> int:
-        """How many operator instances read the gate: active cursors, not counting the logger's."""
-        return int(np.count_nonzero(self._cursors[: self.logger_slot] >= 0))
+        """How many operator instances read the gate: active cursors, not the logger's or a pin."""
+        return int(np.count_nonzero(self._cursors[: self.pin_slot] >= 0))
 
     def depth(self) -> int:
         """Entries appended but not yet read by the slowest active reader."""

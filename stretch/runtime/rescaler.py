@@ -17,10 +17,16 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
+import pyarrow as pa
+
 from stretch.common.job_status import JobStatus
 from stretch.errors import InputEnded
 from stretch.runtime import control_block as cbk
 from stretch.runtime import frontier
+from stretch.runtime.batch import KG_COLUMN
+from stretch.runtime.gate import Kind
+from stretch.runtime.transactions import tagged
 from stretch.state.key_groups import assignment as range_assignment
 
 
@@ -38,6 +44,16 @@ class Placed:
     generation: int  # the coordinator's at placing: a recovery after it restarts the job
 
 
+@dataclass(frozen=True)
+class Released:
+    """What ``Rescaler.release`` left: the position from which the key groups were no longer
+    processed, its epoch, and their records queued from there (gate batches, in order)."""
+
+    position: int
+    epoch: int
+    batches: list[pa.RecordBatch]
+
+
 class Rescaler:
     """The epochs of one job's keyed operators; ``co`` is its Coordinator."""
 
@@ -45,6 +61,8 @@ class Rescaler:
         self.co = coordinator
         self._lock = threading.Lock()
         self._busy: dict[int, threading.Event] = {}  # stage id -> set when its reconfiguration ends
+        # stage id -> {released key group: the gate's tail when it was}: no instance owns them
+        self.away: dict[int, dict[int, int]] = {}
 
     @property
     def busy(self) -> bool:
@@ -114,13 +132,59 @@ class Rescaler:
             self.await_(f"barrier of {operator!r}", "is placed", done, generation, timeout)
             return self._report(operator, epoch, p, p, t0)
 
+    def release(self, operator: str, key_groups, timeout: float | None = None) -> Released:
+        """Stop processing ``key_groups`` from the readers' frontier of the operator's gate (a
+        cluster node hands them to another node without working off its backlog first).
+
+        The caller has stopped appending records of these key groups. Returns once every instance
+        has passed the position, so their state is final as of it, with the records of these key
+        groups queued behind it, which no instance here processes, in gate order: they go along
+        with the state. The key groups stay away (no instance owns them, whatever the parallelism)
+        until ``own`` takes them back."""
+        self.co.refuse_if_ended("released")
+        stage = self._keyed(operator)
+        key_groups = sorted({int(k) for k in key_groups})
+        co = self.co
+        gate = co.gates[stage.input_gate]
+        with self.reconfiguring(stage):
+            placed = self.new_epoch(stage, away=key_groups)
+            try:
+                self.await_(
+                    f"release of key groups of {operator!r}",
+                    f"is placed (epoch {placed.epoch})",
+                    lambda: co.control.wait_epochs(placed.op, placed.instances, placed.epoch, timeout=0.05),
+                    placed.generation,
+                    timeout,
+                )
+                batches = _rows_from(gate, placed.position, np.array(key_groups, dtype=np.uint16))
+            finally:
+                gate.close_reader(gate.pin_slot)
+        return Released(placed.position, placed.epoch, batches)
+
+    def own(self, operator: str, key_groups) -> int:
+        """Process ``key_groups`` again (released before): from a position after every record of
+        theirs that was queued when they were released, so records appended from now on are
+        processed and those are not. Returns once placed; the epoch."""
+        self.co.refuse_if_ended("given key groups")
+        stage = self._keyed(operator)
+        with self.reconfiguring(stage):
+            return self.new_epoch(stage, own=sorted({int(k) for k in key_groups})).epoch
+
     def new_epoch(
-        self, stage, parallelism: int | None = None, code: int | None = None, at_tail: bool = False
+        self,
+        stage,
+        parallelism: int | None = None,
+        code: int | None = None,
+        at_tail: bool = False,
+        away: list[int] | None = None,
+        own: list[int] | None = None,
     ) -> Placed:
         """Place the next epoch of ``stage``'s operator (in the job's thread): a new parallelism,
-        a new code version, or neither (a barrier, ``at_tail``); raises why it could not."""
+        a new code version, key groups no instance processes (``away``, the gate's entries from
+        there pinned) or processes again (``own``), or none of these (a barrier, ``at_tail``);
+        raises why it could not."""
         ticket: queue.Queue = queue.Queue()
-        self.co.place_epoch(self._place_into, ticket, stage.id, parallelism, code, at_tail)
+        self.co.place_epoch(self._place_into, ticket, stage.id, parallelism, code, at_tail, away, own)
         placed = ticket.get()
         if isinstance(placed, BaseException):
             raise placed
@@ -191,7 +255,7 @@ class Rescaler:
             ticket.put(e)
             raise
 
-    def _place(self, stage_id: int, parallelism: int | None, code: int | None, at_tail: bool):
+    def _place(self, stage_id: int, parallelism: int | None, code: int | None, at_tail: bool, away, own):
         co = self.co
         if co.status is not JobStatus.RUNNING:
             return RuntimeError(f"{co.ended_as()}: nothing is reconfigured")
@@ -203,6 +267,8 @@ class Rescaler:
         if epoch - min(int(cb.instances(op)[i, cbk.I_EPOCH]) for i in range(old)) >= cbk.TABLE_RING:
             return RuntimeError("instances are too many epochs behind; retry later")
         floor = max(cb.position(op, epoch - 1), gate.position if at_tail else 0)
+        if own:  # after what was queued of theirs when they were released
+            floor = max([floor, *(self.away.get(stage_id, {}).get(kg, 0) for kg in own)])
         position = frontier.place(cb, op, epoch, range(old), floor)
         end = gate.end_position
         if end is not None and position > end:
@@ -213,7 +279,18 @@ class Rescaler:
             owners = cb.table(op, epoch - 1).copy()
         else:
             owners = range_assignment(parallelism, stage.max_parallelism)
+        gone = self.away.setdefault(stage_id, {})  # released key group -> the gate's tail then
+        if own:
+            owners[own] = range_assignment(new, stage.max_parallelism)[own]
+            for kg in own:
+                gone.pop(kg, None)
+        if away:
+            gone.update(dict.fromkeys(away, gate.position))
+        if gone:
+            owners[list(gone)] = -1
         start = gate.seq_at(position)
+        if away:  # what is queued from the position on stays readable until it is copied
+            gate.open_reader(gate.pin_slot, start)
         for i in range(old, new):  # before the position is published: nobody retires before them
             gate.open_reader(i, start)
             frontier.start_claim(cb, op, i, position)
@@ -237,3 +314,18 @@ class Rescaler:
             f"operator {stage.name!r} is at the end of its input: instance(s) {read} of {parallelism} read "
             "all of it, so no position is left that every instance has yet to read"
         )
+
+
+def _rows_from(gate, position: int, key_groups: np.ndarray) -> list[pa.RecordBatch]:
+    """The records of ``key_groups`` in the gate from ``position`` to its tail (pinned), copied,
+    each batch tagged with its input transaction."""
+    out = []
+    for seq in range(gate.seq_at(position), gate.tail):
+        entry = gate.read(seq)
+        if entry.kind is not Kind.DATA:
+            continue
+        batch = entry.batch.slice(max(position - entry.start, 0))
+        mine = np.isin(batch.column(KG_COLUMN).to_numpy(), key_groups)
+        if mine.any():
+            out.append(tagged(batch.filter(pa.array(mine)), entry.arg1))
+    return out

@@ -535,7 +535,7 @@ class KeyedInstanceTask(Task):
         cb.announce(op, index, cbk.I_EPOCH, epoch)
         gained = (new == index) & (owners != index)
         t0 = time.perf_counter_ns()
-        previous = sorted({int(p) for p in owners[gained]})
+        previous = sorted({int(p) for p in owners[gained] if p >= 0})  # -1: released, nobody's
         if self.board is not None and self.fresh:
             previous = sorted({*previous, int(owners[SAVER_GROUP])})
         if previous:

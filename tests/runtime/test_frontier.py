@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from pathlib import Path
 
 from stretch.runtime import control_block as cbk
 from stretch.runtime import frontier
@@ -69,7 +70,7 @@ def test_readers_switch_exactly_at_each_placed_position(shm_prefix, forked, tmp_
         forked.join(timeout=60)
         assert len(placed) > 40, "too few epochs were placed while the readers read"
         for out in outs:
-            got = json.loads(open(out).read())
+            got = json.loads(Path(out).read_text())
             switches = {int(e): p for e, p in got["switches"].items()}
             read_under = {int(e): p for e, p in got["read_under"].items()}
             assert switches == {e: p for e, p in placed.items() if e > 0}

@@ -28,6 +28,7 @@ from stretch.datastream.state import ValueStateDescriptor
 from stretch.errors import InputEnded, JobEnded
 from stretch.runtime.checkpointing import CheckpointStore
 from stretch.runtime.state_dir import job_dir
+from stretch.state.key_groups import key_group
 
 PAIR = Types.TUPLE([Types.LONG(), Types.LONG()])
 KEYS = 97
@@ -82,12 +83,13 @@ def _reader(client, name: str = "out"):
     return out, thread
 
 
-def _channel_job(name: str, parallelism: int = 1, cost_us: float = 30.0):
+def _channel_job(name: str, parallelism: int = 1, cost_us: float = 30.0, key=lambda r: r[0]):
+    """Busy over channel "in"; keyed by a field (``key=0``), writers append to its gate directly."""
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(parallelism)
     (
         env.from_source(ChannelSource("in", PAIR), None, "in")
-        .key_by(lambda r: r[0])
+        .key_by(key)
         .process(Busy(cost_us))
         .name("busy")
         .sink_to(ChannelSink("out"))
@@ -235,13 +237,17 @@ def rescale_and_kill(client, parallelism: int, instance: int) -> tuple[threading
     op = co.resources.keyed_index[sid]
     epoch = int(co.control.epoch(op))
     reports: list = []
-    rescale = threading.Thread(target=lambda: reports.append(client.rescale("busy", parallelism)), daemon=True)
+    rescale = threading.Thread(
+        target=lambda: reports.append(client.rescale("busy", parallelism)), daemon=True
+    )
     rescale.start()
     deadline = time.monotonic() + 30
     while True:
         assert time.monotonic() < deadline and not co.done, "the epoch was not placed"
         if int(co.control.epoch(op)) > epoch:
-            victim = next((w for w in list(co._workers.values()) if w.task == (sid, instance) and w.pid), None)
+            victim = next(
+                (w for w in list(co._workers.values()) if w.task == (sid, instance) and w.pid), None
+            )
             if victim is not None:
                 os.kill(victim.pid, signal.SIGKILL)
                 return rescale, reports
@@ -296,3 +302,33 @@ def test_a_job_killed_in_the_middle_of_a_frontier_epoch_restores_exactly(tmp_pat
     assert client._coordinator.restored_from == latest
     got = by_key(channels.open_reader(client, "out", from_offset=0))  # both runs: each result once
     assert got == sequential([(i % KEYS, i) for i in range(n)])
+
+
+def test_released_key_groups_stop_at_the_frontier_and_their_queued_records_come_back_in_order():
+    """What a cluster node hands over: the state of the released key groups is final at the
+    frontier, the records of theirs queued behind it come back; appended again (as the new owner
+    would), every key's results are those of the sequential model."""
+    rng = random.Random(8)
+    records = [(rng.randrange(KEYS), rng.randrange(1000)) for _ in range(16_000)]
+    client = _channel_job("frontier release", parallelism=2, key=0)  # rows straight into its gate
+    co = client._coordinator
+    out, reading = _reader(client)
+    writer = channels.open_writer(client, "in")
+    for i in range(0, len(records), 500):  # the whole input, far ahead of the operator
+        writer.write(records[i : i + 500])
+    moving = list(range(0, 128, 3))
+    released = co.release("busy", moving)
+    assert released.batches, "nothing of the released key groups was queued behind the frontier"
+    back = [tuple(r.values()) for b in released.batches for r in b.select(["f0", "f1"]).to_pylist()]
+    assert all(key_group(k, 128) in moving for k, _ in back)
+    # per key, the records after the frontier in input order (batches are laid out by key group)
+    for k, rows in by_key(back).items():
+        theirs = [r for r in records if r[0] == k]
+        assert rows == theirs[len(theirs) - len(rows) :]
+    assert client.rescale("busy", 3).queued > 0  # away at any parallelism: their queue is not run
+    co.own("busy", moving)  # as their new owner does: from after what was queued of theirs
+    writer.write(back)  # then it takes what came along, before anything newer of theirs
+    writer.end()
+    reading.join(60)
+    assert client.wait(60).name == "FINISHED"
+    assert by_key(out) == sequential(records)
