@@ -24,6 +24,9 @@ query, so replays would be dropped per key group) while the nodes go 2 -> 3 -> 2
 About 70 MB of state: ``--keys 2500000 --events 5000000``; about 0.5 GB: ``--keys 25000000
 --events 30000000``; about 1 GB: ``--keys 50000000 --events 55000000``. ``--plot`` saves each
 step's move time (experiments/out/cluster_scale.png).
+
+Scale-out (``scaleout_efficiency``, ``one_node_cluster_vs_engine``): see cluster_scaleout.py
+(``--scaleout-events 0`` leaves them out, ``--scaleout-only`` leaves out all else).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import argparse
 import threading
 import time
 
+import cluster_scaleout
 import cluster_stage
 import numpy as np
 import pyarrow as pa
@@ -149,9 +153,15 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=500_000)
     parser.add_argument("--events", type=int, default=3_000_000)
     parser.add_argument("--plot", default=None, help="save the handoff steps' plot here")
+    cluster_scaleout.add_arguments(parser)
+    parser.add_argument("--scaleout-only", action="store_true", help="no node changes, only scale-out")
     parser.add_argument("--skip-stage", action="store_true", help="leave out the one-query stage's figures")
     cluster_stage.add_arguments(parser)
     args = parser.parse_args()
+    figures = cluster_scaleout.from_arguments(args) if args.scaleout_events else {}
+    if args.scaleout_only:
+        emit(figures, args.json)
+        return
     table = w1(args.events, args.keys)
     data = batches(table)
     expected = np.bincount(table.column("f0").to_numpy(), minlength=args.keys)
@@ -228,6 +238,7 @@ def main() -> None:
             "duplicated": int(np.clip(held - expected, 0, None).sum()),
             "cluster_meps": round(cluster_meps, 3),
             "single_node_meps": round(single, 3),
+            **figures,
             **stage,
         },
         args.json,

@@ -43,6 +43,8 @@ from stretch.cluster.job_registry import JobRegistry
 from stretch.cluster.launchers import LocalNodes, SparkNodes
 from stretch.cluster.membership import Membership
 from stretch.cluster.routing import RoutingTable, plan_add_node, plan_remove_node
+from stretch.cluster.source_plans import split_sources
+from stretch.cluster.sources import ClusterSources
 from stretch.cluster.tls import ClusterTLS
 from stretch.cluster.writer import ClusterWriter
 from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
@@ -88,6 +90,7 @@ class StretchCluster:
         self.stopping = threading.Event()  # the cluster's threads end when it is set
         self._writers: weakref.WeakSet[ClusterWriter] = weakref.WeakSet()  # closed with the cluster
         self._step_hook = None  # tests: called at each point of a move (see handoff.Handoff)
+        self.sources = ClusterSources(self)  # the jobs' sources that are not channels (cluster.sources)
 
     # ---- creation -------------------------------------------------------------------------------
     @classmethod
@@ -191,6 +194,7 @@ class StretchCluster:
             self.files.write(NODES, {})
             self.connection = ClusterConnection(self.directory)
             self.failover.resume(stored, resumed)
+            self.sources.resume(list(resumed))
             return
         self.files.write(JOBS, {})
         self.files.write(NODES, {})
@@ -294,8 +298,10 @@ class StretchCluster:
     def submit(self, plan, name: str, config) -> ClusterJobClient:
         """Run a job on every node (what ``env.execute_async(name, cluster=cluster)`` does)."""
         self._check_open()
+        plan, feeds = split_sources(plan)  # its other sources: read into channels of their own
         if self.jobs.submit(plan, name, config):
             self.failover.supervise()
+        self.sources.start(name, feeds, bool(config.checkpointing))
         return ClusterJobClient(self, name)
 
     def job(self, name: str) -> ClusterJobClient:
@@ -360,6 +366,7 @@ class StretchCluster:
             raise ValueError(f"{node!r} is the cluster's last node: its key groups would have nowhere to go")
         if node not in self.nodes:
             raise LookupError(f"no node {node!r} in the cluster (nodes: {self.nodes})")
+        self.sources.leaving(node)  # its source readers give their splits back
         report = self.handoff.run(plan_remove_node(self.table, node))
         self.membership.leave(node)
         self.connection.action(node, "retire")
@@ -379,6 +386,7 @@ class StretchCluster:
             return
         self.closed = True
         self.stopping.set()
+        self.sources.close()
         self.failover.join(30)
         self.jobs.join(30)
         if self._elasticity is not None:

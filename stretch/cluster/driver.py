@@ -13,6 +13,8 @@ cluster's URL (``cluster.url``). Actions:
   URL routes by it and asks again when a node refuses rows (``NOT_OWNER``).
 - ``node_up`` (body ``{"node", "location"}``): a node started in a Spark executor says where it
   listens.
+- ``source_take``, ``source_progress``, ``source_done``, ``source_failed``: a node's reader of a
+  job's file sources asks for splits and says how far it got (see cluster.sources).
 - ``output`` and the ticket ``output:...`` (see cluster.output_logs): the output log of a node that
   was removed, for readers by URL (the driver reads it where it shares the node's filesystem).
 """
@@ -60,6 +62,8 @@ class DriverServer(flight.FlightServerBase):
             answer = output_info(action.body.to_pybytes())
         elif action.type in ("add_node", "remove_node"):
             answer = self._change(action.type, body)
+        elif action.type.startswith("source_"):  # a node's reader of file sources (cluster.sources)
+            answer = self.cluster.sources.act(action.type, body)
         else:
             raise flight.FlightServerError(f"unknown action {action.type!r}")
         yield flight.Result(json.dumps(answer).encode())

@@ -52,6 +52,8 @@ class ClusterJobClient:
             for node in self.cluster.nodes
         }
         failed = {node: r["error"] for node, r in replies.items() if r.get("error")}
+        if not failed and self.name in self.cluster.failures:  # its source failed (cluster.sources)
+            raise JobExecutionError(f"job {self.name!r} failed: {self.cluster.failures[self.name]['error']}")
         if failed:
             node, error = next(iter(failed.items()))
             raise JobExecutionError(
@@ -62,7 +64,8 @@ class ClusterJobClient:
         return {node: r["status"] for node, r in replies.items()}
 
     def cancel(self) -> None:
-        """Cancel the job on every node."""
+        """Cancel the job on every node (and the reading of its sources)."""
+        self.cluster.sources.cancel(self.name)
         for node in self.cluster.nodes:
             self.cluster.connection.action(node, "cancel", {"job": self.name})
 

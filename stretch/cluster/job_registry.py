@@ -122,6 +122,7 @@ class JobRegistry:
         entry["nodes"] = [*entry.get("nodes", []), *(n for n in starts if n not in entry.get("nodes", []))]
         entry.setdefault("starts", {}).update(starts)
         files.write(JOBS, jobs)
+        self.cluster.sources.ran_on(job, list(starts))  # its source readers there (cluster.sources)
 
     def unrecord(self, nodes: list[str]) -> None:
         """Nothing ran on ``nodes`` after all (a resume that failed): readers must not look for them."""

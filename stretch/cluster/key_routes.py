@@ -26,10 +26,20 @@ from stretch.runtime.outputs import NO_KEY, describe_failure, short
 from stretch.runtime.routing import not_null
 from stretch.state.key_groups import key_groups_of, key_groups_of_keys, stable_hash
 
+ROW = "__row__"
+"""The route of a stream without a key (a non-keyed broadcast operator's input): the whole row.
+Its key group only picks the node that takes the row, deterministically, so a replayed micro-batch
+meets the marks its rows left, wherever their key groups are now."""
+
 
 def column_of(batch: pa.RecordBatch, field) -> pa.Array:
-    """The key column of a batch: a field given by name or by position among the data columns."""
+    """The key column of a batch: a field given by name or by position among the data columns,
+    or (``ROW``) every data column as one struct column, hashed as a tuple of the row's values."""
     data = [i for i, name in enumerate(batch.schema.names) if not name.startswith("__")]
+    if field == ROW:
+        return pa.StructArray.from_arrays(
+            [batch.column(i) for i in data], [batch.schema.names[i] for i in data]
+        )
     if isinstance(field, int):
         return batch.column(data[field])
     return batch.column(field)

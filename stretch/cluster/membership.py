@@ -59,6 +59,7 @@ class Membership:
     def forget(self, node_id: str) -> None:
         """A node that died: out of the cluster and of the broadcast membership (its process reaped)."""
         self.locations.pop(node_id, None)
+        self.cluster.sources.lost(node_id)  # the splits its readers read go to others
         with contextlib.suppress(LookupError):  # writers of broadcast rows stop waiting for it
             members = Members.load(self.cluster.directory)
             if node_id in members.nodes:

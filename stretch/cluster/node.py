@@ -66,6 +66,7 @@ from stretch.cluster import broadcast_restore, recovery
 from stretch.cluster.node_checkpoints import NodeCheckpoints
 from stretch.cluster.node_intake import NodeIntake
 from stretch.cluster.node_job import NodeJob, barrier_all
+from stretch.cluster.node_sources import NodeSources
 from stretch.cluster.output_logs import encode_schema, output_info, output_range
 from stretch.cluster.protocol import (
     LEFT_CLUSTER,
@@ -118,6 +119,7 @@ class NodeServer(flight.FlightServerBase):
         self.members = 0  # broadcast writes of an older membership are refused (client.Members)
         self.parked_broadcast: dict[str, dict[str, bytes]] = {}  # fenced broadcast states for a do_get
         self.parked_stage: dict[str, pa.Table] = {}  # released stage transaction parts for a do_get
+        self.sources = NodeSources(node_id)  # readers of its jobs' file sources (cluster.node_sources)
         self.intake = NodeIntake(self)
         self.checkpoints = NodeCheckpoints(self)
         if checkpoint_dir is not None:  # a node id starts afresh: nothing of an earlier node of that id
@@ -311,6 +313,8 @@ class NodeServer(flight.FlightServerBase):
     def place(self, job: NodeJob) -> None:
         """Tell the job's instances which key groups' state is on this node: the others are
         away, and stay so while a handoff loads them (see KeyedTable.set_away)."""
+        if job.coordinator.status.name != "RUNNING":
+            return
         owned = self.owned if self.owned is not None else np.zeros(job.max_parallelism, bool)
         for operator in job.keyed:
             table = KeyedTable(job.arena(operator))
@@ -341,7 +345,7 @@ class NodeServer(flight.FlightServerBase):
                 name = "-".join(filter(None, [f"h{msg['version']}", self.node_id, msg.get("to")]))
                 base = self.checkpoints.checkpoint(name, covered)["path"]
         parts, marks, stage = [], {}, []
-        for job in self.jobs.values():
+        for job in self.running():
             for operator in job.keyed:  # timers and windows leave them alone once past the barrier
                 KeyedTable(job.arena(operator)).set_away(kgs, True)
             barrier_all(job)
@@ -390,12 +394,17 @@ class NodeServer(flight.FlightServerBase):
                 entry = {"key_groups": list(msg["key_groups"]), "base": msg["base"], "journal": journal}
                 manifest["adopted"].append(entry)
                 recovery.save_manifest(self.checkpoint_dir, self.node_id, manifest)
-            for job in self.jobs.values():  # loaded whole: the instances may fire their timers
+            for job in self.running():  # loaded whole: the instances may fire their timers
                 for operator in job.keyed:
                     KeyedTable(job.arena(operator)).set_away(msg["key_groups"], False)
             self.owned[msg["key_groups"]] = True
             self.version = msg["version"]
         return {"ok": True}
+
+    def running(self) -> list[NodeJob]:
+        """The jobs whose key groups move with a handoff: a job that ended here (its sources
+        ended) takes no more rows, and its shared memory went with its engine; its state stays."""
+        return [job for job in self.jobs.values() if job.coordinator.status.name == "RUNNING"]
 
     # ---- checkpoints and recovery (a cluster with a checkpoint directory: node_checkpoints) ---
     def _act_checkpoint(self, body: bytes) -> dict:
@@ -464,10 +473,22 @@ class NodeServer(flight.FlightServerBase):
         """A node leaving the cluster, its key groups handed away: end its jobs' input channels so
         that each job finishes, its outputs complete and readable after the node is gone."""
         with self.lock:
-            for job in self.jobs.values():
+            for job in self.running():
                 for channel in [*job.inputs, *job.broadcast]:
-                    job.writer(channel).end()
+                    try:
+                        job.writer(channel).end()
+                    except Exception:
+                        if job.coordinator.status.name == "RUNNING":
+                            raise  # not one ending meanwhile, as its sources end (cluster.sources)
         return {name: self._act_wait(json.dumps({"job": name}).encode())["status"] for name in self.jobs}
+
+    def _act_source_read(self, body: bytes) -> dict:
+        """Read splits of a job's file sources (a pickled order: the caller holds the secret)."""
+        return self.sources.start(cloudpickle.loads(body))
+
+    def _act_source_stop(self, body: bytes) -> dict:
+        """Stop reading a job's splits; returns how far the split being read got."""
+        return self.sources.stop(json.loads(body)["job"])
 
     def _act_shutdown(self, body: bytes) -> dict:
         threading.Thread(target=self.stop, daemon=True).start()
@@ -475,6 +496,7 @@ class NodeServer(flight.FlightServerBase):
 
     def stop(self) -> None:
         """Cancel every job, wait for it, and stop serving."""
+        self.sources.stop_all()
         for job in self.jobs.values():
             try:
                 job.client.cancel()

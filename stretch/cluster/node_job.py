@@ -202,8 +202,11 @@ def barrier_all(job: NodeJob) -> None:
 
     The engine's barrier places an epoch record at the current parallelism in the operator's
     gate and returns when every instance has passed it; rows of channels that pass a source stage
-    first (a broadcast operator's inputs) are drained into the gates before.
+    first (a broadcast operator's inputs) are drained into the gates before. A job that ended
+    (its sources ended: bounded ones, or every input channel) processed every row already.
     """
+    if job.coordinator.status.name != "RUNNING":
+        return
     job.drain()
     for operator in job.keyed:
         reply = job.client.control({"op": "barrier", "operator": operator})

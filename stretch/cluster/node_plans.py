@@ -1,10 +1,11 @@
 """What a node accepts to run: jobs whose keyed operators are fed straight by channels keyed by a
-field or a key selector function (each channel's KeyRoute), and the channels every node takes whole
-(a broadcast operator's broadcast input)."""
+field or a key selector function (each channel's KeyRoute), the channels every node takes whole
+(a broadcast operator's broadcast input), and the channels any node may take a row of (a
+non-keyed broadcast operator's other input, routed by the whole row)."""
 
 from __future__ import annotations
 
-from stretch.cluster.key_routes import KeyRoute
+from stretch.cluster.key_routes import ROW, KeyRoute
 from stretch.datastream.broadcast_stream import input_side, keyed_input_selector
 from stretch.datastream.two_inputs import LEFT, RIGHT
 
@@ -89,6 +90,9 @@ def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
         gate = min(targets)
         operator = gates[gate]
         sides = {input_side(step.fn) for step, _parent in steps if step.kind == "map"} - {None}
+        if sides == {LEFT} and not operator.operator.fn.keyed:
+            feeds[name] = (_unkeyed_input(name, operator, steps), gate)
+            continue
         if sides == {LEFT}:
             chain = stage.chain
             head = chain[0] if len(chain) == 1 else None
@@ -99,12 +103,6 @@ def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
                     "connect the broadcast stream"
                 )
             key = keyed_input_selector(operator.operator.key.selector)
-            if key is None:
-                raise ValueError(
-                    f"operator {operator.name!r} reads input channel {name!r} without a key: on a "
-                    "cluster rows are routed by key group, so key the stream and use a "
-                    "KeyedBroadcastProcessFunction"
-                )
             if isinstance(key, (str, int)) and not isinstance(key, bool):
                 feeds[name] = (KeyRoute(field=key, operator=operator.name), gate)
             else:
@@ -124,6 +122,21 @@ def broadcast_feeds(plan) -> dict[str, tuple[object, int]]:
                 )
         feeds[name] = (BROADCAST, gate)
     return feeds
+
+
+def _unkeyed_input(name: str, operator, steps) -> KeyRoute:
+    """The route of a channel feeding a non-keyed broadcast operator: any node may take any of its
+    rows (the operator keeps no keyed state; every node holds the broadcast state), so they spread
+    over the nodes by a hash of the whole row (``ROW``), and may pass stateless steps and feed
+    sinks on the way; but no other keyed operator, which would need them by its key."""
+    for step, _parent in steps:
+        if step.kind == "to_gate" and step.gate != operator.input_gate:
+            raise ValueError(
+                f"input channel {name!r} feeds operator {step.name!r} besides the non-keyed broadcast "
+                f"operator {operator.name!r}: on a cluster its rows go to any node, so it may feed no "
+                "keyed operator; read it in a job of its own"
+            )
+    return KeyRoute(field=ROW, operator=operator.name)
 
 
 def _walk_steps(steps, parent=None):

@@ -1,13 +1,21 @@
 """The jobs the cluster tests run, and their plain-Python references: a running count and sum per
 key (or per team, a key a selector function computes); limits per group of keys broadcast to
-keyed events."""
+keyed events; steps that pace or hold a source."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import defaultdict
+from pathlib import Path
 
 from stretch.common import Types
-from stretch.datastream import KeyedBroadcastProcessFunction, KeyedProcessFunction, StreamExecutionEnvironment
+from stretch.datastream import (
+    BroadcastProcessFunction,
+    KeyedBroadcastProcessFunction,
+    KeyedProcessFunction,
+    StreamExecutionEnvironment,
+)
 from stretch.datastream.connectors import DiscardingSink
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.state import MapStateDescriptor, ValueStateDescriptor
@@ -176,6 +184,46 @@ class ThresholdModel:
             self.alerts.append((key, n, -1 if limit is None else limit, self.over[key]))
 
 
+class Limit(BroadcastProcessFunction):
+    """Not keyed: each event reports the limit of its key's group in force and whether it went
+    over it; each rule reports itself, from the instance that applies it (once per node)."""
+
+    def process_element(self, value, ctx):
+        key, n = value
+        limit = ctx.get_broadcast_state(LIMITS).get(group_of(key))
+        yield key, n, -1 if limit is None else limit, int(limit is not None and n > limit)
+
+    def process_broadcast_element(self, value, ctx):
+        group, limit = value
+        ctx.get_broadcast_state(LIMITS).put(group, limit)
+        yield f"rule:{group}", limit, -1, -1
+
+
+def limit_job() -> StreamExecutionEnvironment:
+    """Events not keyed, connected to broadcast rules: on a cluster any node takes any event."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.set_max_parallelism(128)
+    rules = env.from_source(ChannelSource("rules", RULE, durable=False), None, "rules").broadcast(LIMITS)
+    (
+        env.from_source(ChannelSource("events", PAIR, durable=False), None, "events")
+        .connect(rules)
+        .process(Limit(), ALERT)
+        .name("limit")
+        .sink_to(ChannelSink("out"))
+    )
+    return env
+
+
+def limit_model(limits: dict[str, int], events) -> list[tuple]:
+    """The reference of ``Limit``: each event against the limits in force when it comes."""
+    out = []
+    for key, n in events:
+        limit = limits.get(group_of(key))
+        out.append((key, n, -1 if limit is None else limit, int(limit is not None and n > limit)))
+    return out
+
+
 class Accumulate(KeyedBroadcastProcessFunction):
     """Rules add to their group's total (applied twice or missed, a total shows it); each event
     reports its group's total."""
@@ -204,6 +252,69 @@ def accumulate_job() -> StreamExecutionEnvironment:
         .sink_to(ChannelSink("out"))
     )
     return env
+
+
+# ---- sources read at a pace, or held where a test wants a node change to come -----------------
+class Paced:
+    """A pair, unchanged, after a pause at every ``every``-th record: the source's reader goes at
+    a pace that node changes overlap (it runs where the source is read: the driver or a node)."""
+
+    def __init__(self, every: int, pause: float):
+        self.every, self.pause, self.seen = every, pause, 0
+
+    def __call__(self, record):
+        self.seen += 1
+        if self.seen % self.every == 0:
+            time.sleep(self.pause)
+        return record
+
+
+class Held(Paced):
+    """Paced, and at the ``holds``' record counts it waits until ``go(hold)`` says so: the reader
+    stops there until the test has begun a node change, so the change comes mid-source."""
+
+    def __init__(self, every: int, pause: float, holds: list[int]):
+        super().__init__(every, pause)
+        self.holds = holds
+        self.waiting: int | None = None
+
+    def go(self, hold: int) -> bool:
+        raise NotImplementedError
+
+    def __call__(self, record):
+        if self.seen + 1 in self.holds:
+            self.waiting = self.holds.index(self.seen + 1)
+            while not self.go(self.waiting):
+                time.sleep(0.01)
+            self.waiting = None
+        return super().__call__(record)
+
+
+class HeldByEvents(Held):
+    """Held in the driver's process (a collection's reader): ``events[i]`` lets hold ``i`` pass."""
+
+    def __init__(self, every: int, pause: float, holds: list[int]):
+        super().__init__(every, pause, holds)
+        self.events = [threading.Event() for _ in holds]
+
+    def go(self, hold: int) -> bool:
+        return self.events[hold].is_set()
+
+
+class HeldByFiles(Held):
+    """Held in the nodes' processes (their readers of files): file ``go-<i>`` lets hold ``i`` pass."""
+
+    def __init__(self, every: int, pause: float, holds: list[int], directory: Path):
+        super().__init__(every, pause, holds)
+        self.directory = directory
+
+    def go(self, hold: int) -> bool:
+        return (self.directory / f"go-{hold}").exists()
+
+
+def parse(line: str) -> tuple[str, int]:
+    key, value = line.split(",")
+    return key, int(value)
 
 
 # ---- a key selector function: users in teams of ten --------------------------------------------

@@ -27,6 +27,8 @@ from tests.cluster.jobs import (
     ThresholdModel,
     accumulate_job,
     group_of,
+    limit_job,
+    limit_model,
     threshold_job,
 )
 
@@ -198,19 +200,14 @@ def test_a_broadcast_write_of_an_older_membership_is_refused_and_the_writer_send
         assert sorted(acks(job, node)) == [("rule:g1", 7, -1, -1), ("rule:g2", 9, -1, -1)]
 
 
-def _broadcast_job(keyed: bool = True, echo_rules: bool = False) -> StreamExecutionEnvironment:
+def _rules_also_to_a_sink() -> StreamExecutionEnvironment:
+    """Keyed events and broadcast rules, the rules written to a sink as well."""
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_max_parallelism(128)
     rules = env.from_source(ChannelSource("rules", RULE, durable=False), None, "rules")
-    if echo_rules:
-        rules.sink_to(ChannelSink("echo"))
+    rules.sink_to(ChannelSink("echo"))
     events = env.from_source(ChannelSource("events", PAIR, durable=False), None, "events")
-    if keyed:
-        events.key_by(0).connect(rules.broadcast(LIMITS)).process(Threshold(), ALERT).sink_to(
-            ChannelSink("out")
-        )
-    else:
-        events.connect(rules.broadcast(LIMITS)).process(Echo(), ALERT).sink_to(ChannelSink("out"))
+    events.key_by(0).connect(rules.broadcast(LIMITS)).process(Threshold(), ALERT).sink_to(ChannelSink("out"))
     return env
 
 
@@ -222,19 +219,92 @@ class Echo(BroadcastProcessFunction):
         ctx.get_broadcast_state(LIMITS).put(*value)
 
 
+def test_events_without_a_key_reach_a_node_that_joins_and_meet_the_rules_each_once():
+    """A non-keyed BroadcastProcessFunction on a cluster of one node, then two: the joining node
+    starts from the rules the first holds and takes its share of the events (spread by a hash of
+    the whole row); replayed micro-batches are dropped; the alerts are the model's, each once."""
+    job, limits, expected = "unkeyed-joined", {}, []
+    with StretchCluster.local(nodes=1, step=64) as cluster:
+        client = limit_job().execute_async(job, cluster=cluster)
+        with client.writer("rules") as rules, client.writer("events") as feed:
+            rules.write(to_batch([("g0", 10), ("g1", 20), ("g2", 30), ("g3", 40)], RULE), query="r", batch=0)
+            limits.update({"g0": 10, "g1": 20, "g2": 30, "g3": 40})
+            wait_for("the rules", lambda: len(acks(job, "node-0")) == 4)
+            for batch, seed in enumerate((1, 2)):
+                rows = events(seed, 300)
+                feed.write(to_batch(rows, PAIR), query="events", batch=batch)
+                expected.extend(limit_model(limits, rows))
+                if batch == 0:
+                    cluster.add_node()  # it starts from the rules node-0 holds
+                feed.write(to_batch(rows[:50], PAIR), query="events", batch=batch)  # a replay: dropped
+            nodes = ["node-0", "node-1"]
+            wait_for("the events' alerts", lambda: len(alerts(job, nodes)) == len(expected))
+            took = {n: alerts(job, [n]) for n in nodes}
+        client.cancel()
+    assert sorted(took["node-0"] + took["node-1"]) == sorted(expected)
+    assert took["node-1"], "the joining node took no event"
+
+
+@pytest.mark.long  # the suite keeps within its time: run with -m long
+def test_events_without_a_key_spread_over_the_nodes_and_meet_the_rules_each_once():
+    """A non-keyed BroadcastProcessFunction on a cluster: every node holds the rules, each event
+    goes to one node (by a hash of the whole row), through a node added and one removed, replayed
+    micro-batches included; the alerts are the model's, each once, and every node took events."""
+    job, limits, expected = "unkeyed", {}, []
+    with StretchCluster.local(nodes=2, step=16) as cluster:
+        client = limit_job().execute_async(job, cluster=cluster)
+        with client.writer("rules") as rules, client.writer("events") as feed:
+
+            def send_rules(batch: int, rows, acks_each: list[int]) -> None:
+                rules.write(to_batch(rows, RULE), query="rules", batch=batch)
+                limits.update(rows)
+                wait_for("the rules", lambda: [len(acks(job, n)) for n in cluster.nodes] == acks_each)
+
+            def send_events(batch: int, rows) -> None:
+                feed.write(to_batch(rows, PAIR), query="events", batch=batch)
+                feed.write(to_batch(rows[:50], PAIR), query="events", batch=batch)  # a replay: dropped
+                expected.extend(limit_model(limits, rows))
+                nodes = job_nodes(cluster.address, job)
+                wait_for("the events' alerts", lambda: len(alerts(job, nodes)) == len(expected))
+
+            send_rules(0, [("g0", 10), ("g1", 20), ("g2", 30), ("g3", 40)], [4, 4])
+            send_events(0, events(1, 300))
+            cluster.add_node()  # it starts from the rules a member holds
+            send_events(1, events(2, 300))
+            send_rules(1, [("g0", 45), ("g2", 5)], [6, 6, 2])
+            cluster.remove_node("node-0")
+            send_events(2, events(3, 300))
+            took = {
+                n: [r for r in output(job, n) if not r[0].startswith("rule:")]
+                for n in job_nodes(cluster.address, job)
+            }
+        client.cancel()
+    assert sorted(r for rows in took.values() for r in rows) == sorted(expected)
+    assert all(took.values()), {n: len(rows) for n, rows in took.items()}  # every node took events
+
+
+def _events_keyed_elsewhere() -> StreamExecutionEnvironment:
+    """Events not keyed into a broadcast operator, and keyed into another operator too."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_max_parallelism(128)
+    rules = env.from_source(ChannelSource("rules", RULE, durable=False), None, "rules")
+    events = env.from_source(ChannelSource("events", PAIR, durable=False), None, "events")
+    events.connect(rules.broadcast(LIMITS)).process(Echo(), ALERT).sink_to(ChannelSink("out"))
+    events.key_by(0).sum(1).sink_to(ChannelSink("sums"))
+    return env
+
+
 @pytest.mark.parametrize(
-    ("keyed", "echo_rules", "reason"),
+    ("job", "reason"),
     [
-        (False, False, "without a key: on a cluster rows are routed by key group"),
-        (True, True, "is broadcast and also written to a sink"),
+        (_events_keyed_elsewhere, "besides the non-keyed broadcast operator"),
+        (_rules_also_to_a_sink, "is broadcast and also written to a sink"),
     ],
 )
-def test_a_broadcast_job_a_cluster_cannot_route_is_refused_before_any_node_is_asked(
-    tmp_path, keyed, echo_rules, reason
-):
+def test_a_broadcast_job_a_cluster_cannot_route_is_refused_before_any_node_is_asked(tmp_path, job, reason):
     cluster = StretchCluster(tmp_path, 128, 8, owns_directory=False)  # no node: none may be asked
     with pytest.raises(ValueError, match=reason):
-        _broadcast_job(keyed, echo_rules).execute_async("refused", cluster=cluster)
+        job().execute_async("refused", cluster=cluster)
 
 
 @pytest.mark.long  # the suite keeps within its time: run with -m long

@@ -7,6 +7,7 @@ import pytest
 
 from stretch.cluster.key_routes import KeyRoute
 from stretch.cluster.node_plans import cluster_inputs
+from stretch.cluster.source_plans import split_sources
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from tests.cluster.jobs import PAIR, count_sum_job
@@ -56,8 +57,10 @@ def test_a_job_that_rekeys_or_reads_no_channel_is_refused():
         cluster_inputs(plan_of(env))
     env = StreamExecutionEnvironment.get_execution_environment()
     env.from_collection([("a", 1)], PAIR).key_by(0).reduce(lambda a, b: a).sink_to(ChannelSink("out"))
-    with pytest.raises(ValueError, match="not an input channel"):
+    with pytest.raises(ValueError, match="not an input channel"):  # until split_sources reads it into one
         cluster_inputs(plan_of(env))
+    routes = cluster_inputs(split_sources(plan_of(env))[0])
+    assert {channel: route.field for channel, route in routes.items()} == {"Collection Source": 0}
 
 
 def test_a_job_with_event_time_on_its_channel_is_refused_naming_the_watermark_strategy():

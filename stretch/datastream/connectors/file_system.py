@@ -70,6 +70,14 @@ class FileSource(RecordPositionedSource):
             raise ValueError("FileSource needs at least one path")
         return FileSourceBuilder(stream_format, [Path(p) for p in paths])
 
+    def files(self) -> list[Path]:
+        """The files it reads, in the order it reads them (a cluster splits the source by file)."""
+        return _files(self.paths)
+
+    def of_file(self, path: Path) -> FileSource:
+        """The same source over one of its files."""
+        return FileSource(self.stream_format, [path])
+
     def create_reader(self, context=None):
         skip = self.resume_at(context)
         lines: list[str] = []
