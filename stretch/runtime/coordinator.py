@@ -38,7 +38,7 @@ from stretch.runtime.event_time import producer_id
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.metrics import serve
 from stretch.runtime.requests import ControlRequests
-from stretch.runtime.rescaler import Rescaler
+from stretch.runtime.rescaler import Rescaler, keep_every_instance
 from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
 from stretch.runtime.state_dir import JobDir
@@ -342,6 +342,7 @@ class Coordinator:
             owners = range_assignment(p, stage.max_parallelism)
             released = self.rescaler.away.get(stage.id, {})  # a recovery keeps them away
             owners[list(released)] = -1
+            keep_every_instance(owners, p)  # released ones left none to an instance: it borrows one
             released.update(dict.fromkeys(released, 0))  # nothing of theirs is queued in the new gate
             self.control.publish(op_index, 0, owners, stage.code_version)
             gate = self.gates[stage.input_gate]

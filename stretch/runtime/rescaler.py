@@ -266,14 +266,6 @@ class Rescaler:
         epoch = cb.epoch(op) + 1
         if epoch - min(int(cb.instances(op)[i, cbk.I_EPOCH]) for i in range(old)) >= cbk.TABLE_RING:
             return RuntimeError("instances are too many epochs behind; retry later")
-        floor = max(cb.position(op, epoch - 1), gate.position if at_tail else 0)
-        if own:  # after what was queued of theirs when they were released
-            floor = max([floor, *(self.away.get(stage_id, {}).get(kg, 0) for kg in own)])
-        position = frontier.place(cb, op, epoch, range(old), floor)
-        end = gate.end_position
-        if end is not None and position > end:
-            frontier.withdraw(cb, op, epoch)
-            return self._input_ended(stage, op, old, end)
         new = old if parallelism is None else parallelism
         if parallelism is None:
             owners = cb.table(op, epoch - 1).copy()
@@ -282,12 +274,23 @@ class Rescaler:
         gone = self.away.setdefault(stage_id, {})  # released key group -> the gate's tail then
         if own:
             owners[own] = range_assignment(new, stage.max_parallelism)[own]
-            for kg in own:
-                gone.pop(kg, None)
+        released = sorted((set(gone) - set(own or ())) | set(away or ()))
+        owners[released] = -1
+        short = keep_every_instance(owners, new)
+        if short is not None:
+            return RuntimeError(f"operator {stage.name!r}: {short}")
+        floor = max(cb.position(op, epoch - 1), gate.position if at_tail else 0)
+        if own:  # after what was queued of theirs when they were released
+            floor = max([floor, *(gone.get(kg, 0) for kg in own)])
+        position = frontier.place(cb, op, epoch, range(old), floor)
+        end = gate.end_position
+        if end is not None and position > end:
+            frontier.withdraw(cb, op, epoch)
+            return self._input_ended(stage, op, old, end)
+        for kg in own or ():
+            gone.pop(kg, None)
         if away:
             gone.update(dict.fromkeys(away, gate.position))
-        if gone:
-            owners[list(gone)] = -1
         start = gate.seq_at(position)
         if away:  # what is queued from the position on stays readable until it is copied
             gate.open_reader(gate.pin_slot, start)
@@ -314,6 +317,29 @@ class Rescaler:
             f"operator {stage.name!r} is at the end of its input: instance(s) {read} of {parallelism} read "
             "all of it, so no position is left that every instance has yet to read"
         )
+
+
+def keep_every_instance(owners: np.ndarray, parallelism: int) -> str | None:
+    """Give each of ``parallelism`` instances that would own no key group (all of its own are
+    released) one key group of the instance owning the most, in place; None, or why not.
+
+    An instance whose table is empty retires at the epoch (that is how a rescale down removes
+    one), so released key groups must not empty an instance the operator still counts: it would
+    never reach a later epoch. The lent key group moves between two running instances at the
+    epoch's position, as in any rescale."""
+    for index in range(parallelism):
+        if (owners == index).any():
+            continue
+        counts = np.bincount(owners[owners >= 0], minlength=parallelism)
+        donor = int(counts.argmax())
+        if counts[donor] < 2:
+            kept = int((owners >= 0).sum())
+            return (
+                f"{kept} key group(s) would stay with its {parallelism} instances once the released "
+                "ones are away: every instance must own one"
+            )
+        owners[int(np.flatnonzero(owners == donor)[-1])] = index
+    return None
 
 
 def _rows_from(gate, position: int, key_groups: np.ndarray) -> list[pa.RecordBatch]:
