@@ -27,7 +27,6 @@ from stretch.runtime import frontier
 from stretch.runtime.batch import KG_COLUMN
 from stretch.runtime.gate import Kind
 from stretch.runtime.transactions import tagged
-from stretch.state.key_groups import assignment as range_assignment
 
 
 @dataclass(frozen=True)
@@ -267,18 +266,17 @@ class Rescaler:
         if epoch - min(int(cb.instances(op)[i, cbk.I_EPOCH]) for i in range(old)) >= cbk.TABLE_RING:
             return RuntimeError("instances are too many epochs behind; retry later")
         new = old if parallelism is None else parallelism
-        if parallelism is None:
+        gone = self.away.setdefault(stage_id, {})  # released key group -> the gate's tail then
+        released = sorted((set(gone) - set(own or ())) | set(away or ()))
+        if parallelism is None and not own and not away:  # a barrier, a code update: the same table
             owners = cb.table(op, epoch - 1).copy()
         else:
-            owners = range_assignment(parallelism, stage.max_parallelism)
-        gone = self.away.setdefault(stage_id, {})  # released key group -> the gate's tail then
-        if own:
-            owners[own] = range_assignment(new, stage.max_parallelism)[own]
-        released = sorted((set(gone) - set(own or ())) | set(away or ()))
-        owners[released] = -1
-        short = keep_every_instance(owners, new)
-        if short is not None:
-            return RuntimeError(f"operator {stage.name!r}: {short}")
+            owners = spread(new, stage.max_parallelism, released)
+            if owners is None:
+                return RuntimeError(
+                    f"operator {stage.name!r}: {stage.max_parallelism - len(released)} key group(s) would "
+                    f"stay with its {new} instances once the released ones are away: each must own one"
+                )
         floor = max(cb.position(op, epoch - 1), gate.position if at_tail else 0)
         if own:  # after what was queued of theirs when they were released
             floor = max([floor, *(gone.get(kg, 0) for kg in own)])
@@ -319,27 +317,21 @@ class Rescaler:
         )
 
 
-def keep_every_instance(owners: np.ndarray, parallelism: int) -> str | None:
-    """Give each of ``parallelism`` instances that would own no key group (all of its own are
-    released) one key group of the instance owning the most, in place; None, or why not.
+def spread(parallelism: int, max_parallelism: int, released) -> np.ndarray | None:
+    """The ownership table of ``parallelism`` instances over the key groups not ``released``:
+    contiguous ranges of those, as ``range_assignment`` makes over all of them (the same table
+    when none is released); released ones -1. None if fewer are left than instances.
 
-    An instance whose table is empty retires at the epoch (that is how a rescale down removes
-    one), so released key groups must not empty an instance the operator still counts: it would
-    never reach a later epoch. The lent key group moves between two running instances at the
-    epoch's position, as in any rescale."""
-    for index in range(parallelism):
-        if (owners == index).any():
-            continue
-        counts = np.bincount(owners[owners >= 0], minlength=parallelism)
-        donor = int(counts.argmax())
-        if counts[donor] < 2:
-            kept = int((owners >= 0).sum())
-            return (
-                f"{kept} key group(s) would stay with its {parallelism} instances once the released "
-                "ones are away: every instance must own one"
-            )
-        owners[int(np.flatnonzero(owners == donor)[-1])] = index
-    return None
+    Every instance keeps a share of what is left: an instance with an empty table retires at the
+    epoch (that is how a rescale down removes one), which one the operator still counts must not
+    (later epochs would wait for it), and an instance owning only key groups that get no rows (a
+    cluster node's, of other nodes) would read ahead of the others and take the frontier with it."""
+    owners = np.full(max_parallelism, -1, dtype=np.int16)
+    kept = np.setdiff1d(np.arange(max_parallelism), np.asarray(released, dtype=np.int64))
+    if kept.size < parallelism:
+        return None
+    owners[kept] = (np.arange(kept.size) * parallelism // kept.size).astype(np.int16)
+    return owners
 
 
 def _rows_from(gate, position: int, key_groups: np.ndarray) -> list[pa.RecordBatch]:
