@@ -57,6 +57,7 @@ class Handoff:
         stalls: list[float] = []
         parts = steps(moves, c.step, self._state_bytes_per_key_group(moves), STEP_BYTES)
         for step in parts:
+            c.hook("step", "", "")
             old = c.table
             c.table = old.moved(step)
             if c.checkpoint_dir is not None:  # a restarted driver finds where each key group was
