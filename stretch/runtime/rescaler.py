@@ -338,12 +338,14 @@ def _rows_from(gate, position: int, key_groups: np.ndarray) -> list[pa.RecordBat
     """The records of ``key_groups`` in the gate from ``position`` to its tail (pinned), copied,
     each batch tagged with its input transaction."""
     out = []
+    wanted = np.zeros(1 << 16, dtype=bool)  # a lookup: faster than np.isin over a backlog's rows
+    wanted[key_groups] = True
     for seq in range(gate.seq_at(position), gate.tail):
         entry = gate.read(seq)
         if entry.kind is not Kind.DATA:
             continue
         batch = entry.batch.slice(max(position - entry.start, 0))
-        mine = np.isin(batch.column(KG_COLUMN).to_numpy(), key_groups)
+        mine = wanted[batch.column(KG_COLUMN).to_numpy()]
         if mine.any():
             out.append(tagged(batch.filter(pa.array(mine)), entry.arg1))
     return out
