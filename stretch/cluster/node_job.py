@@ -24,6 +24,7 @@ from stretch.runtime.coordinator import Coordinator
 from stretch.runtime.transactions import txn_of
 from stretch.state.arena import Arena
 
+APPEND_ROWS = 1 << 16  # rows per gate entry when queued rows go into a gate again
 RELEASE_TIMEOUT = 60.0
 """How long a release waits for every instance of an operator to pass the frontier (they are
 within milliseconds of each other, unless one is stuck in user code)."""
@@ -296,11 +297,11 @@ class NodeJob:
         if not channels_:
             raise RuntimeError(f"operator {operator!r} of job {self.name!r} is not fed straight by a channel")
         writer = self.writer(channels_[0])
-        n = 0
-        for batch in batches:
+        # one piece of each gate entry they came from: joined, they take a few of the gate's slots
+        rows = pa.Table.from_batches(batches).combine_chunks()
+        for batch in rows.to_batches(max_chunksize=APPEND_ROWS):
             writer.append_keyed(batch)
-            n += batch.num_rows
-        return n
+        return rows.num_rows
 
     def close(self) -> None:
         self.stage.close()
