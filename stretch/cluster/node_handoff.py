@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from stretch.cluster import recovery
-from stretch.cluster.node_job import NodeJob, barrier
+from stretch.cluster.node_job import NodeJob, at_tail, barrier
 from stretch.state.keyed_table import KeyedTable
 from stretch.state.snapshot import copy_key_groups, describe_arena, release_key_groups
 
@@ -112,7 +112,7 @@ class NodeHandoff:
         rows queued behind it returned; else (``NodeJob.release`` says when) after a barrier."""
         queued, behind = {}, []
         for operator in job.keyed:
-            batches = job.release(operator, kgs)
+            batches = None if at_tail() else job.release(operator, kgs)
             if batches is None:
                 behind.append(operator)
             else:

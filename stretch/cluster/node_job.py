@@ -5,6 +5,7 @@ back."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -24,6 +25,10 @@ from stretch.runtime.coordinator import Coordinator
 from stretch.runtime.transactions import txn_of
 from stretch.state.arena import Arena
 
+AT_TAIL_ENV = "STRETCH_HANDOFF_AT_TAIL"
+"""Set in a node's environment, its handoffs work off the moving key groups' backlog before they
+release them, as every handoff did before they stopped at the frontier: a baseline for
+side-by-side measurements (experiments/cluster_backlog.py), not a setting."""
 APPEND_ROWS = 1 << 16  # rows per gate entry when queued rows go into a gate again
 RELEASE_TIMEOUT = 60.0
 """How long a release waits for every instance of an operator to pass the frontier (they are
@@ -242,6 +247,8 @@ class NodeJob:
         behind it and the keepers it did not release (their backlog is short: a barrier works it
         off while the others skip theirs). What a release checkpoint takes at the frontier."""
         frozen = {}
+        if at_tail():
+            return frozen
         for operator in self.keyed:
             keep = self.keepers(operator, held, moving)
             batches = self.release(operator, [kg for kg in held if kg not in keep])
@@ -341,6 +348,11 @@ def barrier(job: NodeJob, operators) -> None:
         reply = job.client.control({"op": "barrier", "operator": operator})
         if not reply.get("ok"):
             raise RuntimeError(reply.get("error", f"the barrier of {operator!r} failed"))
+
+
+def at_tail() -> bool:
+    """Whether this node's handoffs work off the backlog first (``AT_TAIL_ENV``)."""
+    return bool(os.environ.get(AT_TAIL_ENV))
 
 
 def direct_feeds(plan) -> dict[str, list[str] | None]:
