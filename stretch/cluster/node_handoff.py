@@ -163,6 +163,8 @@ class NodeHandoff:
                     taken += job.append(operator, forwarded.get((job.name, operator), []))
             node.owned[kgs] = True
             node.version = msg["version"]
+            for job in node.running():  # spares it adopted are replaced, for its next release
+                job.align(node.owned)
         return {"ok": True, "rows_forwarded": taken}
 
 

@@ -283,10 +283,14 @@ class NodeJob:
             if self.feeds.get(operator) is None:
                 continue
             stage = co.plan.stage(operator)
-            self.take_back(mine, [operator])
             away = set(co.rescaler.away.get(stage.id, {}))
             others = [kg for kg in range(stage.max_parallelism) if kg not in mine and kg not in away]
-            extra = others[co.parallelism_of(stage.id) :]
+            spares = co.parallelism_of(stage.id)
+            short = spares - len(others)  # spares adopted since: others (no rows of theirs) instead
+            back = sorted(mine & away) + sorted(away - mine)[: max(short, 0)]
+            if back:
+                co.own(operator, back)
+            extra = others[spares:]
             if extra:
                 queued = self.release(operator, extra)
                 if queued:
