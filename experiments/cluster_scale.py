@@ -27,6 +27,10 @@ step's move time (experiments/out/cluster_scale.png).
 
 Scale-out (``scaleout_efficiency``, ``one_node_cluster_vs_engine``): see cluster_scaleout.py
 (``--scaleout-events 0`` leaves them out, ``--scaleout-only`` leaves out all else).
+
+A node change under a backlog (``max_stall_backlog_ms`` with at least 2 s queued on each source
+node, against the handoff that works off the backlog first): see cluster_backlog.py
+(``--backlog`` adds its figures, ``--backlog-only`` leaves out all else).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import argparse
 import threading
 import time
 
+import cluster_backlog
 import cluster_scaleout
 import cluster_stage
 import numpy as np
@@ -157,11 +162,19 @@ def main() -> None:
     parser.add_argument("--scaleout-only", action="store_true", help="no node changes, only scale-out")
     parser.add_argument("--skip-stage", action="store_true", help="leave out the one-query stage's figures")
     cluster_stage.add_arguments(parser)
+    parser.add_argument("--backlog", action="store_true", help="add a node change under a backlog")
+    parser.add_argument("--backlog-only", action="store_true", help="only the node change under a backlog")
+    cluster_backlog.add_arguments(parser)
     args = parser.parse_args()
+    if args.backlog_only:
+        emit(cluster_backlog.from_arguments(args), args.json)
+        return
     figures = cluster_scaleout.from_arguments(args) if args.scaleout_events else {}
     if args.scaleout_only:
         emit(figures, args.json)
         return
+    if args.backlog:
+        figures.update(cluster_backlog.from_arguments(args))
     table = w1(args.events, args.keys)
     data = batches(table)
     expected = np.bincount(table.column("f0").to_numpy(), minlength=args.keys)

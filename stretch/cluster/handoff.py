@@ -2,11 +2,12 @@
 
 A node change moves the fewest key groups (``routing.plan_add_node``/``plan_remove_node``), in
 steps of a few key groups (at most the cluster's ``step``, and about ``STEP_BYTES`` of state), each
-step one routing version: the old owner stops taking the step's key groups, lets its engine finish
-the rows it took (a barrier through the keyed gates), copies their state out (Arrow IPC key-group
-snapshot) and forgets it; the new owner loads it into its live arena and only then takes their
-rows. Writers that meet a refusal reload the table and send again, so a key waits at most for its
-own step.
+step one routing version: the old owner stops taking the step's key groups and stops them at the
+readers' frontier of its keyed gates (not behind its backlog), copies their state out (Arrow IPC
+key-group snapshot) with the rows of theirs it took and had not processed, and forgets them; the
+new owner loads the state into its live arena, appends the forwarded rows, and only then takes
+writers' rows of them (cluster.node_handoff). Writers that meet a refusal reload the table and
+send again, so a key waits at most for its own step, however much the old owner had queued.
 
 With a checkpoint directory, a node that dies in the middle of a move is restored on the others
 (cluster.failover), and the node change stops there (``NodeLost``).
@@ -38,6 +39,7 @@ class HandoffReport:
     version: int = 0
     steps: int = 0
     step_ms: tuple[float, ...] = ()  # each (source, target) move of each step, release to adoption
+    rows_forwarded: int = 0  # rows the old owners had queued, which the new owners processed
 
 
 class Handoff:
@@ -51,10 +53,11 @@ class Handoff:
         """Make ``moves`` (key group -> new owner), step by step."""
         c = self.cluster
         t0 = time.monotonic()
-        moved = size = 0
+        moved = size = forwarded = 0
         stalls: list[float] = []
         parts = steps(moves, c.step, self._state_bytes_per_key_group(moves), STEP_BYTES)
         for step in parts:
+            c.hook("step", "", "")
             old = c.table
             c.table = old.moved(step)
             if c.checkpoint_dir is not None:  # a restarted driver finds where each key group was
@@ -67,7 +70,9 @@ class Handoff:
             for index, ((src, dst), kgs) in enumerate(pairs.items()):
                 s0 = time.monotonic()
                 try:
-                    size += self._move(src, dst, kgs, c.table.version)
+                    shipped, rows = self._move(src, dst, kgs, c.table.version)
+                    size += shipped
+                    forwarded += rows
                 except Exception as e:
                     dead = c.failover.dead_among(src, dst)
                     if not dead or c.checkpoint_dir is None:
@@ -95,6 +100,7 @@ class Handoff:
             version=c.table.version,
             steps=len(parts),
             step_ms=tuple(stalls),
+            rows_forwarded=forwarded,
         )
 
     def _state_bytes_per_key_group(self, moves: dict[int, str]) -> dict[int, float]:
@@ -112,8 +118,9 @@ class Handoff:
                 shares[kg] = total / len(owned)
         return shares
 
-    def _move(self, src: str, dst: str, kgs: list[int], version: int) -> int:
-        """Move key groups ``kgs`` from node ``src`` to ``dst``; returns the state bytes shipped."""
+    def _move(self, src: str, dst: str, kgs: list[int], version: int) -> tuple[int, int]:
+        """Move key groups ``kgs`` from node ``src`` to ``dst``; returns the state bytes shipped and
+        the rows forwarded (those ``src`` had queued: ``dst`` processes them before any newer)."""
         c = self.cluster
         connection = c.connection
         self.in_flight = {"src": src, "dst": dst, "key_groups": kgs, "base": None}
@@ -135,14 +142,21 @@ class Handoff:
         for part in released.get("stage", ()):  # the stage transactions' results that cover them
             table = connection.get(src, f"stage:{part['ticket']}")
             connection.put(dst, {"op": "stage_parts", "job": part["job"]}, table)
+        c.hook("forward", src, dst)
+        move = f"{version}:{src}"  # the adoption takes the rows forwarded for this move
+        for part in released.get("forward", ()):  # rows src took and had not processed
+            table = connection.get(src, f"forward:{part['ticket']}")
+            command = {"op": "forward", "job": part["job"], "operator": part["operator"], "move": move}
+            connection.put(dst, command, table)
         c.hook("adopt", src, dst)
         body = {
             "version": version,
             "key_groups": kgs,
             "marks": released["marks"],
             "base": released.get("base"),
+            "move": move,
         }
-        connection.action(dst, "adopt", body)
+        rows = connection.action(dst, "adopt", body).get("rows_forwarded", 0)
         self.in_flight = None
         c.hook("adopted", src, dst)
-        return size
+        return size, rows

@@ -64,6 +64,7 @@ from pyarrow import flight
 
 from stretch.cluster import broadcast_restore, recovery
 from stretch.cluster.node_checkpoints import NodeCheckpoints
+from stretch.cluster.node_handoff import NodeHandoff
 from stretch.cluster.node_intake import NodeIntake
 from stretch.cluster.node_job import NodeJob, barrier_all
 from stretch.cluster.node_sources import NodeSources
@@ -84,11 +85,8 @@ from stretch.state.snapshot import (
     SCHEMA as SNAPSHOT_SCHEMA,
 )
 from stretch.state.snapshot import (
-    copy_key_groups,
-    describe_arena,
     load_key_groups,
     prepare_arena,
-    release_key_groups,
 )
 
 
@@ -122,6 +120,7 @@ class NodeServer(flight.FlightServerBase):
         self.sources = NodeSources(node_id)  # readers of its jobs' file sources (cluster.node_sources)
         self.intake = NodeIntake(self)
         self.checkpoints = NodeCheckpoints(self)
+        self.handoff = NodeHandoff(self)
         if checkpoint_dir is not None:  # a node id starts afresh: nothing of an earlier node of that id
             shutil.rmtree(recovery.node_dir(checkpoint_dir, node_id), ignore_errors=True)
             recovery.save_manifest(checkpoint_dir, node_id, recovery.load_manifest(checkpoint_dir, node_id))
@@ -137,6 +136,8 @@ class NodeServer(flight.FlightServerBase):
             self._load(cmd, batches)
         elif cmd["op"] == "stage_parts":  # stage transaction parts that come with key groups
             self.job(cmd["job"]).stage.adopt(pa.Table.from_batches(batches))
+        elif cmd["op"] == "forward":  # rows the key groups' old owner had queued, for their adoption
+            self.handoff.take_forwarded(cmd, batches)
         else:
             raise flight.FlightServerError(f"unknown put {cmd['op']!r}")
 
@@ -187,6 +188,13 @@ class NodeServer(flight.FlightServerBase):
         if kind == "snapshot":
             batches = self.parked.pop(rest, [])
             return flight.RecordBatchStream(pa.Table.from_batches(batches, SNAPSHOT_SCHEMA))
+        if kind == "forward":  # rows of released key groups that were queued behind the frontier
+            table = self.handoff.forwarded(rest)
+            if table is None:
+                raise flight.FlightServerError(
+                    f"no forwarded rows under ticket {rest!r} on node {self.node_id}"
+                )
+            return flight.RecordBatchStream(table)
         if kind == "stage":  # stage transaction parts a release parked
             return flight.RecordBatchStream(self.parked_stage.pop(rest, STAGE_SCHEMA.empty_table()))
         if kind == "broadcast":  # a fenced job's broadcast states: one row per broadcast operator
@@ -320,86 +328,19 @@ class NodeServer(flight.FlightServerBase):
             table = KeyedTable(job.arena(operator))
             table.set_away(np.flatnonzero(~owned), True)
             table.set_away(np.flatnonzero(owned), False)
+        job.align(owned)  # its instances share the key groups here among them
 
     def _act_release(self, body: bytes) -> dict:
-        """Give up key groups: refuse their rows from now on, let the job process every row of
-        them it took (a barrier through each keyed operator's gate), copy their state out for a
-        ``do_get``, and forget it here.
-
-        With checkpointed jobs the node first checkpoints everything it held, these key groups
-        included (its outputs commit there): from that moment until the new owner adopts them,
-        that checkpoint is where they restore from, whichever of the two nodes dies. It is named
-        by version, node and new owner (``h<version>-<node>-<to>``): a node giving key groups to
-        two nodes in one step must not overwrite the first release's checkpoint, which the first
-        new owner restores from."""
-        msg = json.loads(body)
-        kgs = np.asarray(msg["key_groups"], dtype=np.int64)
-        durable = self.checkpoints.durable()
-        with self.lock:  # no write is under way: each either came before this or will be refused
-            before = self.owned.copy()
-            self.owned[kgs] = False
-            self.version = msg["version"]
-            base = None
-            if durable:  # writes wait meanwhile: the checkpoint, its journal offsets and marks agree
-                covered = np.flatnonzero(before | self.owned).tolist()
-                name = "-".join(filter(None, [f"h{msg['version']}", self.node_id, msg.get("to")]))
-                base = self.checkpoints.checkpoint(name, covered)["path"]
-        parts, marks, stage = [], {}, []
-        for job in self.running():
-            for operator in job.keyed:  # timers and windows leave them alone once past the barrier
-                KeyedTable(job.arena(operator)).set_away(kgs, True)
-            barrier_all(job)
-            for operator in job.keyed:
-                table = KeyedTable(job.arena(operator))
-                batches = copy_key_groups(table, kgs)
-                description = describe_arena(table.arena)
-                release_key_groups(table, kgs)
-                ticket = str(next(self._tickets))
-                self.parked[ticket] = batches
-                size = sum(b.nbytes for b in batches)
-                parts.append(
-                    {
-                        "job": job.name,
-                        "operator": operator,
-                        "ticket": ticket,
-                        "description": description,
-                        "bytes": size,
-                    }
-                )
-            marks[job.name] = job.marks_of(kgs)
-            records = job.stage.records(kgs.tolist())  # the rows were processed: past the barrier
-            if records.num_rows:
-                ticket = str(next(self._tickets))
-                self.parked_stage[ticket] = records
-                stage.append({"job": job.name, "ticket": ticket})
-            job.stage.forget(self.owned)
-        return {"parts": parts, "marks": marks, "base": base, "stage": stage}
+        """Give up key groups at the readers' frontier (cluster.node_handoff)."""
+        return self.handoff.release(body)
 
     def _act_adopt(self, body: bytes) -> dict:
-        """Own key groups whose state was loaded: their rows are taken from now on. With
-        checkpointed jobs, the manifest says first where they restore from (the old owner's
-        release checkpoint, and this node's journal from here on)."""
-        msg = json.loads(body)
-        with self.lock:
-            for job_name, entries in msg.get("marks", {}).items():
-                job = self.job(job_name)
-                for channel, query, by_kg in entries:
-                    mark = job.mark(channel, query)
-                    for kg, batch in by_kg.items():
-                        mark[int(kg)] = max(mark[int(kg)], batch)
-            durable = self.checkpoints.durable()
-            if durable and msg.get("base"):
-                manifest = recovery.load_manifest(self.checkpoint_dir, self.node_id)
-                journal = {job.name: job.journal_offsets() for job in durable}
-                entry = {"key_groups": list(msg["key_groups"]), "base": msg["base"], "journal": journal}
-                manifest["adopted"].append(entry)
-                recovery.save_manifest(self.checkpoint_dir, self.node_id, manifest)
-            for job in self.running():  # loaded whole: the instances may fire their timers
-                for operator in job.keyed:
-                    KeyedTable(job.arena(operator)).set_away(msg["key_groups"], False)
-            self.owned[msg["key_groups"]] = True
-            self.version = msg["version"]
-        return {"ok": True}
+        """Own key groups whose state was loaded, their forwarded rows first (cluster.node_handoff)."""
+        return self.handoff.adopt(body)
+
+    def ticket(self) -> str:
+        """A fresh ticket for something parked for a ``do_get``."""
+        return str(next(self._tickets))
 
     def running(self) -> list[NodeJob]:
         """The jobs whose key groups move with a handoff: a job that ended here (its sources

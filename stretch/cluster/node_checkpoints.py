@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from stretch.cluster import broadcast_restore, recovery
-from stretch.cluster.node_job import NodeJob
+from stretch.cluster.node_job import NodeJob, rows_of
 from stretch.runtime.channel_log import ChannelLog
 from stretch.state.keyed_table import KeyedTable
 from stretch.state.snapshot import copy_key_groups, describe_arena, release_key_groups
@@ -40,14 +40,16 @@ class NodeCheckpoints:
         ]
 
     # ---- checkpoints ----------------------------------------------------------------------------
-    def checkpoint(self, name: str, kgs: list[int]) -> dict:
+    def checkpoint(self, name: str, kgs: list[int], queued: dict | None = None) -> dict:
         """Checkpoint key groups ``kgs`` of every checkpointed job (the caller holds the lock, so
-        no row comes in meanwhile), then commit the outputs it covers."""
+        no row comes in meanwhile), then commit the outputs it covers. ``queued`` {job: {operator:
+        gate batches}}: rows the jobs took and did not process, their key groups released at the
+        frontier (``release_checkpoint``); the checkpoint keeps them with the state."""
         node = self.node
         durable = self.durable()
         operators, marks, journal, outputs, stage_parts = {}, {}, {}, {}, {}
         for job in durable:
-            job.flush()
+            job.flush()  # with their key groups released, instances skip the rows queued
             for operator in job.keyed:
                 table = KeyedTable(job.arena(operator))
                 operators.setdefault(job.name, {})[operator] = (
@@ -66,6 +68,7 @@ class NodeCheckpoints:
             marks,
             {"key_groups": kgs, "version": node.version, "node": node.node_id},
             stage_parts,
+            queued,
         )
         points = self._save_broadcast(durable, path)
         owned = np.flatnonzero(node.owned).tolist()
@@ -89,6 +92,32 @@ class NodeCheckpoints:
             if old != path and name.startswith("c"):
                 shutil.rmtree(old, ignore_errors=True)
         return {"path": str(path), "bytes": size, "key_groups": len(kgs)}
+
+    def release_checkpoint(self, name: str, held: list[int], moving: list[int]) -> tuple[dict, dict]:
+        """The checkpoint a node takes as it gives key groups ``moving`` away (of ``held``, all it
+        owned; the caller holds the lock and stopped taking rows of ``moving``): at the readers'
+        frontier, not after the backlog.
+
+        Its outputs must commit at one offset covering exactly what the state covers, so every
+        key group it holds stops at the frontier together (``NodeJob.freeze``: released there,
+        the rows queued behind it kept in the checkpoint); the barrier that flushes the outputs
+        then passes rows nobody processes. Afterwards the key groups it keeps are taken back and
+        their queued rows appended again, before any newer row of theirs (writers wait for the
+        lock). Returns the checkpoint's report and the queued rows of ``moving``, per job and
+        operator: they go to the new owner with the state. A job that cannot stop at the
+        frontier (``NodeJob.release``) is checkpointed after its backlog, as a periodic
+        checkpoint is."""
+        frozen = {job.name: job.freeze(held, moving) for job in self.durable()}
+        queued = {name_: {op: b for op, (b, _k) in ops.items()} for name_, ops in frozen.items()}
+        report = self.checkpoint(name, held, queued)
+        kept = [kg for kg in held if kg not in set(moving)]
+        forwarded: dict[str, dict[str, list]] = {}
+        for job in self.durable():
+            for operator, (batches, keepers) in frozen.get(job.name, {}).items():
+                job.take_back([kg for kg in kept if kg not in keepers], [operator])
+                job.append(operator, rows_of(batches, kept))
+                forwarded.setdefault(job.name, {})[operator] = rows_of(batches, moving)
+        return report, forwarded
 
     @staticmethod
     def _save_broadcast(durable: list[NodeJob], path) -> dict[str, dict]:
@@ -129,6 +158,9 @@ class NodeCheckpoints:
         with node.lock:
             at = {job.name: job.journal_offsets() for job in durable}
             taken = 0
+            restored = sorted({int(kg) for part in msg["parts"] for kg in part["key_groups"]})
+            for job in node.running():  # released here once: processed again before their rows
+                job.take_back(restored)
             for part in msg["parts"]:
                 kgs = np.asarray(part["key_groups"], dtype=np.int64)
                 base = part["base"]
@@ -142,6 +174,8 @@ class NodeCheckpoints:
                             batches = recovery.read_key_groups(base, job.name, operator, kgs)
                             node.load_into(job, operator, layouts[operator], batches)
                         table.set_away(kgs, False)  # before the replay: its rows may set timers
+                        if base:  # the rows its release checkpoint kept queued come first
+                            taken += job.append(operator, recovery.read_queued(base, job.name, operator, kgs))
                     for channel, query, by_kg in meta["marks"].get(job.name, []):
                         mark = job.mark(channel, query)
                         for kg in kgs.tolist():

@@ -1,8 +1,11 @@
 """One job as a node runs it: the engine's job under ``<job>@<node>``, the writers of its input
-channels, its (query, batch) marks, journals and the barrier through its keyed gates."""
+channels, its (query, batch) marks, journals, the barrier through its keyed gates, and key groups
+released at the readers' frontier of them (with the rows of theirs queued behind it) and taken
+back."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -13,11 +16,23 @@ from stretch.cluster import recovery
 from stretch.cluster.node_plans import broadcast_channels, cluster_inputs
 from stretch.cluster.stage_parts import StageParts
 from stretch.datastream.job_client import JobClient
+from stretch.errors import InputEnded
 from stretch.jobs import find
+from stretch.runtime.batch import KG_COLUMN
 from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.channel_log import ChannelLog
 from stretch.runtime.coordinator import Coordinator
+from stretch.runtime.transactions import txn_of
 from stretch.state.arena import Arena
+
+AT_TAIL_ENV = "STRETCH_HANDOFF_AT_TAIL"
+"""Set in a node's environment, its handoffs work off the moving key groups' backlog before they
+release them, as every handoff did before they stopped at the frontier: a baseline for
+side-by-side measurements (experiments/cluster_backlog.py), not a setting."""
+APPEND_ROWS = 1 << 16  # rows per gate entry when queued rows go into a gate again
+RELEASE_TIMEOUT = 60.0
+"""How long a release waits for every instance of an operator to pass the frontier (they are
+within milliseconds of each other, unless one is stuck in user code)."""
 
 
 class NodeJob:
@@ -51,6 +66,7 @@ class NodeJob:
         self.keyed = [s.name for s in plan.stages if s.kind == "keyed"]
         self.checkpoint_dir = checkpoint_dir
         self.coordinator = Coordinator(plan, f"{name}@{node_id}", config)
+        self.feeds = direct_feeds(self.coordinator.plan)
         for operator, state in (broadcast_start or {}).items():  # before any instance starts
             self.coordinator.broadcast_start[self.broadcast_ops[operator]] = state
         self.client = JobClient(self.coordinator)._start()
@@ -179,6 +195,125 @@ class NodeJob:
             m = self.marks[(channel, query)] = np.full(self.max_parallelism, -1, dtype=np.int64)
         return m
 
+    # ---- key groups released at the readers' frontier, and taken back ---------------------------
+    def release(self, operator: str, kgs, timeout: float = RELEASE_TIMEOUT) -> list[pa.RecordBatch] | None:
+        """Stop processing ``kgs`` in ``operator`` at the readers' frontier of its gate: their
+        state here is final as of it once this returns, with the rows of theirs queued behind it
+        (which no instance here processes; normalized by ``queued_batch``). The node stopped
+        taking rows of ``kgs`` before.
+
+        None if they cannot stop there, and the caller works off the backlog instead (a barrier):
+        a source task feeds the operator (rows of theirs may still be on the way to its gate), the
+        operator's input ended, or so few key groups would be left here that an instance would own
+        none (``rescaler.keep_every_instance``)."""
+        co = self.coordinator
+        stage = co.plan.stage(operator)
+        kgs = sorted({int(kg) for kg in kgs})
+        away = set(co.rescaler.away.get(stage.id, {}))
+        left = stage.max_parallelism - len(away.union(kgs))
+        if self.feeds.get(operator) is None or left < co.parallelism_of(stage.id):
+            return None
+        try:
+            released = co.release(operator, kgs, timeout)
+        except InputEnded:  # what is left of the input is read already: the barrier is short
+            return None
+        batches = []
+        for batch in released.batches:
+            if txn_of(batch)[0]:
+                raise RuntimeError(
+                    f"rows of a stage transaction of job {self.name!r} were queued behind the release of "
+                    f"key groups of {operator!r}: its parts should have completed first"
+                )
+            batches.append(queued_batch(batch))
+        return batches
+
+    def keepers(self, operator: str, held, moving) -> set[int]:
+        """The fewest key groups of ``held`` (this node's) that ``freeze`` must not release, so that
+        every instance of ``operator`` keeps one (those not moving first): a node that owns nearly
+        every key group."""
+        co = self.coordinator
+        stage = co.plan.stage(operator)
+        away = set(co.rescaler.away.get(stage.id, {}))
+        need = co.parallelism_of(stage.id) - (stage.max_parallelism - len(away.union(held)))
+        if need <= 0:
+            return set()
+        moving = set(moving)
+        ordered = [kg for kg in held if kg not in moving] + [kg for kg in held if kg in moving]
+        return set(ordered[:need])
+
+    def freeze(self, held, moving) -> dict[str, tuple[list[pa.RecordBatch], set[int]]]:
+        """Release every key group this node holds (``held``, of which ``moving`` leave it) at the
+        frontier of each keyed operator that can (see ``release``): per operator, the rows queued
+        behind it and the keepers it did not release (their backlog is short: a barrier works it
+        off while the others skip theirs). What a release checkpoint takes at the frontier."""
+        frozen = {}
+        if at_tail():
+            return frozen
+        for operator in self.keyed:
+            keep = self.keepers(operator, held, moving)
+            batches = self.release(operator, [kg for kg in held if kg not in keep])
+            if batches is not None:
+                frozen[operator] = (batches, keep)
+        return frozen
+
+    def take_back(self, kgs, operators=None) -> None:
+        """Process ``kgs`` again in each keyed operator (``operators``: those) that released them,
+        from after every row of theirs it had queued: before rows of theirs are appended again (key
+        groups that come back to this node, or that a release checkpoint froze)."""
+        co = self.coordinator
+        for operator in self.keyed if operators is None else operators:
+            away = co.rescaler.away.get(co.plan.stage(operator).id, {})
+            back = sorted({int(kg) for kg in kgs} & set(away))
+            if back:
+                co.own(operator, back)
+
+    def align(self, owned: np.ndarray) -> None:
+        """Let the instances of each keyed operator fed straight by channels own the key groups
+        this node owns (``owned``: bools), spread over all of them, and a few spares: the others
+        are released (writers send none of their rows here).
+
+        Otherwise an instance's range could hold only other nodes' key groups: it would get no
+        rows, leave the work to the others, and read ahead of them to the gate's tail while their
+        pace is not known, taking the frontier of every later release with it. The spares (as
+        many as instances, of those not owned) let a release checkpoint release every key group
+        the node owns and still leave each instance one (``rescaler.spread``)."""
+        co = self.coordinator
+        mine = {int(kg) for kg in np.flatnonzero(owned)}
+        for operator in self.keyed:
+            if self.feeds.get(operator) is None:
+                continue
+            stage = co.plan.stage(operator)
+            away = set(co.rescaler.away.get(stage.id, {}))
+            others = [kg for kg in range(stage.max_parallelism) if kg not in mine and kg not in away]
+            spares = co.parallelism_of(stage.id)
+            short = spares - len(others)  # spares adopted since: others (no rows of theirs) instead
+            back = sorted(mine & away) + sorted(away - mine)[: max(short, 0)]
+            if back:
+                co.own(operator, back)
+            extra = others[spares:]
+            if extra:
+                queued = self.release(operator, extra)
+                if queued:
+                    raise RuntimeError(
+                        f"job {self.name!r} had rows queued of key groups {extra[:8]} its node does not own"
+                    )
+
+    def append(self, operator: str, batches) -> int:
+        """Rows of ``operator``'s gate that were queued behind a release (here or on the key
+        groups' old owner), into its gate as they were, not keyed again and not journaled (the
+        checkpoint that names them keeps them, if the job is checkpointed); how many."""
+        if not batches:
+            return 0
+        channels_ = self.feeds.get(operator)
+        if not channels_:
+            raise RuntimeError(f"operator {operator!r} of job {self.name!r} is not fed straight by a channel")
+        writer = self.writer(channels_[0])
+        # one piece of each gate entry they came from: joined, they take a few of the gate's slots
+        rows = pa.Table.from_batches(batches).combine_chunks()
+        for batch in rows.to_batches(max_chunksize=APPEND_ROWS):
+            writer.append_keyed(batch)
+        return rows.num_rows
+
     def close(self) -> None:
         self.stage.close()
         for a in self._arenas.values():
@@ -205,10 +340,58 @@ def barrier_all(job: NodeJob) -> None:
     first (a broadcast operator's inputs) are drained into the gates before. A job that ended
     (its sources ended: bounded ones, or every input channel) processed every row already.
     """
+    barrier(job, job.keyed)
+
+
+def barrier(job: NodeJob, operators) -> None:
+    """``barrier_all`` through the gates of ``operators`` only."""
     if job.coordinator.status.name != "RUNNING":
         return
     job.drain()
-    for operator in job.keyed:
+    for operator in operators:
         reply = job.client.control({"op": "barrier", "operator": operator})
         if not reply.get("ok"):
             raise RuntimeError(reply.get("error", f"the barrier of {operator!r} failed"))
+
+
+def at_tail() -> bool:
+    """Whether this node's handoffs work off the backlog first (``AT_TAIL_ENV``)."""
+    return bool(os.environ.get(AT_TAIL_ENV))
+
+
+def direct_feeds(plan) -> dict[str, list[str] | None]:
+    """Keyed operator -> the input channels whose writers append straight into its gate; None for
+    an operator a source task feeds (a key selector function, a broadcast operator's keyed input):
+    rows of its key groups may be on their way there after a release."""
+    feeds: dict[str, list[str] | None] = {}
+    for stage in plan.stages:
+        if stage.kind != "keyed":
+            continue
+        producers = [plan.stages[i] for i in plan.gate_producers.get(stage.input_gate, [])]
+        direct = producers and all(p.kind == "source" and p.direct for p in producers)
+        feeds[stage.name] = [p.source.channel_name for p in producers] if direct else None
+    return feeds
+
+
+def queued_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A gate batch as a node ships or keeps it: without schema metadata or the mark of a layout
+    in runs of key groups (a filtered batch may no longer fill its runs), so that every batch of
+    one gate has one schema (one Arrow stream, one file)."""
+    schema = batch.schema
+    i = schema.get_field_index(KG_COLUMN)
+    schema = schema.set(i, schema.field(i).with_metadata(None)).remove_metadata()
+    return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+
+
+def rows_of(batches: list[pa.RecordBatch], kgs) -> list[pa.RecordBatch]:
+    """The rows of ``kgs`` in queued gate batches, in order."""
+    wanted = np.zeros(1 << 16, dtype=bool)
+    wanted[list(kgs)] = True
+    out = []
+    for batch in batches:
+        keep = wanted[batch.column(KG_COLUMN).to_numpy()]
+        if keep.all():
+            out.append(batch)
+        elif keep.any():
+            out.append(batch.filter(pa.array(keep)))
+    return out

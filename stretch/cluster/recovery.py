@@ -10,13 +10,18 @@ location on Spark) keeps, per node, under ``nodes/<node>/``:
 - ``checkpoints/<name>/``: a checkpoint of the key groups the node owns: per job and keyed
   operator one Arrow IPC file of key-group snapshots (``<job>/<operator>.arrow``, rows tagged by
   key group, so any node loads any key group of it), and ``_metadata.json`` (each state's layout
-  and the dedup marks of every (channel, query) per key group), written last.
+  and the dedup marks of every (channel, query) per key group), written last. A release
+  checkpoint (a node giving key groups away) is taken at the readers' frontier of each keyed
+  operator rather than after its backlog: it keeps too the rows the node had taken and not
+  processed there (``<job>/<operator>.queued.arrow``, gate batches in order, with their key
+  groups), which a restore takes before the journal's.
 - ``manifest.json``, replaced atomically: how to restore each key group the node owns, its latest
   checkpoint with the journal offsets and output offsets it covers, and the key groups adopted
   since (each with the snapshot it came from and the journal offset from which its rows are here).
 
-A key group restores from its base (a checkpoint, None: empty) plus the journal's rows of it from
-the base's offsets on; its dedup marks from the base's marks plus the journal's tags. A dead
+A key group restores from its base (a checkpoint, None: empty) plus the base's queued rows of it,
+plus the journal's rows of it from the base's offsets on; its dedup marks from the base's marks
+plus the journal's tags. A dead
 node's output logs are cut back to what its latest checkpoint committed: the restored key groups
 produce the rest again.
 
@@ -39,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from stretch.runtime.batch import KG_COLUMN
 from stretch.runtime.channel_log import ChannelLog
 from stretch.runtime.state_dir import job_dir_name, make_private_dir, write_private
 from stretch.state.snapshot import SCHEMA as SNAPSHOT_SCHEMA
@@ -55,6 +61,7 @@ BATCH_KEY = b"stretch.cluster.batch"
 STAGE_KEY = b"stretch.cluster.stage"
 _TAGS = (QUERY_KEY, BATCH_KEY, STAGE_KEY)
 STAGE_PARTS = "stage_parts.arrow"  # a job's stage transaction parts in a checkpoint
+QUEUED = ".queued.arrow"  # after an operator's name: the rows a release checkpoint kept queued
 NO_LIMIT = 1 << 62  # a journal keeps everything (its node's checkpoints say what it still needs)
 
 
@@ -106,11 +113,17 @@ def stage_of(batch: pa.RecordBatch) -> tuple | None:
 
 # ---- snapshots ----------------------------------------------------------------------------------
 def write_checkpoint(
-    path: Path, operators: dict, marks: dict, extra: dict, stage_parts: dict | None = None
+    path: Path,
+    operators: dict,
+    marks: dict,
+    extra: dict,
+    stage_parts: dict | None = None,
+    queued: dict | None = None,
 ) -> int:
     """A checkpoint directory: ``operators`` {job: {operator: (batches, description)}}, ``marks``
     {job: [[channel, query, {kg: batch}]]}, ``stage_parts`` {job: table of stage transaction parts
-    (cluster.stage_parts)}; ``_metadata.json`` last. Returns the bytes written."""
+    (cluster.stage_parts)}, ``queued`` {job: {operator: gate batches the node had taken and not
+    processed}}; ``_metadata.json`` last. Returns the bytes written."""
     if path.exists():  # a checkpoint of that name that never completed (its node died)
         shutil.rmtree(path)
     make_private_dir(path)
@@ -120,18 +133,26 @@ def write_checkpoint(
         for operator, (batches, description) in by_operator.items():
             size += write_snapshot(batches, path / job_dir_name(job) / f"{operator}.arrow")
             layouts.setdefault(job, {})[operator] = description
+    for job, by_operator in (queued or {}).items():
+        for operator, batches in by_operator.items():
+            if batches:
+                make_private_dir(path / job_dir_name(job))
+                size += _write_file(
+                    path / job_dir_name(job) / f"{operator}{QUEUED}", pa.Table.from_batches(batches)
+                )
     for job, table in (stage_parts or {}).items():
         if table.num_rows:
             make_private_dir(path / job_dir_name(job))
-            with (
-                pa.OSFile(str(path / job_dir_name(job) / STAGE_PARTS), "wb") as f,
-                pa.ipc.new_file(f, table.schema) as writer,
-            ):
-                writer.write_table(table)
-            size += table.nbytes
+            size += _write_file(path / job_dir_name(job) / STAGE_PARTS, table)
     write_private(path / "_metadata.json", json.dumps({"operators": layouts, "marks": marks, **extra}))
     sync_tree(path)
     return size
+
+
+def _write_file(path: Path, table: pa.Table) -> int:
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, table.schema) as writer:
+        writer.write_table(table)
+    return table.nbytes
 
 
 def sync_tree(path: Path) -> None:
@@ -170,6 +191,20 @@ def read_key_groups(path: str | os.PathLike, job: str, operator: str, key_groups
     inside = column < len(wanted)
     keep[inside] = wanted[column[inside]]
     return pa.Table.from_batches(table.filter(pa.array(keep)).to_batches(), SNAPSHOT_SCHEMA).to_batches()
+
+
+def read_queued(path: str | os.PathLike, job: str, operator: str, key_groups) -> list[pa.RecordBatch]:
+    """The rows of ``key_groups`` a release checkpoint kept of a job's operator, queued behind the
+    frontier there (gate batches, in order)."""
+    file = Path(path) / job_dir_name(job) / f"{operator}{QUEUED}"
+    if not file.exists():
+        return []
+    with pa.OSFile(str(file)) as source:  # read into memory: the rows outlive the file
+        table = pa.ipc.open_file(source).read_all()
+    wanted = np.zeros(1 << 16, dtype=bool)
+    wanted[list(key_groups)] = True
+    keep = wanted[table.column(KG_COLUMN).to_numpy()]
+    return table.filter(pa.array(keep)).to_batches() if keep.any() else []
 
 
 def read_stage_parts(path: str | os.PathLike, job: str, key_groups) -> pa.Table | None:

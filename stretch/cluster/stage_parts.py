@@ -133,6 +133,23 @@ class StageParts:
             part.done.set()
             self._record(part)
 
+    def settle(self, key_groups=None, timeout: float = 600) -> None:
+        """Return once every part taken here (``key_groups``: those covering any of them) has its
+        results: a release stops key groups at the readers' frontier, and a transaction's rows
+        must not be cut there (its results come from the node that took them, whole)."""
+        wanted = None if key_groups is None else {int(kg) for kg in key_groups}
+        with self._lock:
+            parts = [
+                p
+                for ps in self._parts.values()
+                for p in ps
+                if p.txn and not p.done.is_set() and (wanted is None or p.key_groups & wanted)
+            ]
+        deadline = time.monotonic() + timeout
+        for p in parts:
+            if not p.done.wait(max(deadline - time.monotonic(), 0)):
+                raise TimeoutError(f"stage part {p.id} of {p.name} had no results within {timeout} s")
+
     def records(self, key_groups) -> pa.Table:
         """The parts that cover any of ``key_groups`` (completed: the caller waited), as a table."""
         wanted = set(key_groups)

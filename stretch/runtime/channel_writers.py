@@ -88,6 +88,18 @@ class ChannelAppender:
         except GateClosed as e:
             raise RuntimeError(f"channel {self.name!r} takes no more records: {e}") from None
 
+    def append_keyed(self, batch: pa.RecordBatch) -> None:
+        """Append a batch the keyed operator's gate held before (its ``__kg`` and ``__key``
+        columns included), as it is: rows a cluster node took before and hands on after releasing
+        their key groups (``Coordinator.release``), which need not be keyed again."""
+        if self._key_field is None:
+            raise ValueError(f"channel {self.name!r} does not write straight into a keyed operator's gate")
+        self.check_open()
+        try:
+            self._gate.append_batch(batch, producer=self._producer)
+        except GateClosed as e:
+            raise RuntimeError(f"channel {self.name!r} takes no more records: {e}") from None
+
     def _append(self, batch: pa.RecordBatch, txn: int, round: str | None) -> None:
         if self._key_field is not None:  # straight into a keyed gate: no watermarks made here
             _refuse_null_keys(batch, self._key_field, self.name)

@@ -38,7 +38,7 @@ from stretch.runtime.event_time import producer_id
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.metrics import serve
 from stretch.runtime.requests import ControlRequests
-from stretch.runtime.rescaler import Rescaler
+from stretch.runtime.rescaler import Rescaler, spread
 from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
 from stretch.runtime.state_dir import JobDir
@@ -339,9 +339,11 @@ class Coordinator:
                 elif stage.id in self.broadcast_start:
                     board.put_start(self.broadcast_start[stage.id])
             p = self._parallelism.get(stage.id, stage.parallelism)
-            owners = range_assignment(p, stage.max_parallelism)
             released = self.rescaler.away.get(stage.id, {})  # a recovery keeps them away
-            owners[list(released)] = -1
+            owners = spread(p, stage.max_parallelism, list(released))
+            if owners is None:  # fewer left than instances: as before, some instance owns none
+                owners = range_assignment(p, stage.max_parallelism)
+                owners[list(released)] = -1
             released.update(dict.fromkeys(released, 0))  # nothing of theirs is queued in the new gate
             self.control.publish(op_index, 0, owners, stage.code_version, parallelism=p)
             gate = self.gates[stage.input_gate]

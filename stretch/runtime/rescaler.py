@@ -27,7 +27,6 @@ from stretch.runtime import frontier
 from stretch.runtime.batch import KG_COLUMN
 from stretch.runtime.gate import Kind
 from stretch.runtime.transactions import tagged
-from stretch.state.key_groups import assignment as range_assignment
 
 
 @dataclass(frozen=True)
@@ -266,28 +265,30 @@ class Rescaler:
         epoch = cb.epoch(op) + 1
         if epoch - min(int(cb.instances(op)[i, cbk.I_EPOCH]) for i in range(old)) >= cbk.TABLE_RING:
             return RuntimeError("instances are too many epochs behind; retry later")
+        new = old if parallelism is None else parallelism
+        gone = self.away.setdefault(stage_id, {})  # released key group -> the gate's tail then
+        released = sorted((set(gone) - set(own or ())) | set(away or ()))
+        if parallelism is None and not own and not away:  # a barrier, a code update: the same table
+            owners = cb.table(op, epoch - 1).copy()
+        else:
+            owners = spread(new, stage.max_parallelism, released)
+            if owners is None:
+                return RuntimeError(
+                    f"operator {stage.name!r}: {stage.max_parallelism - len(released)} key group(s) would "
+                    f"stay with its {new} instances once the released ones are away: each must own one"
+                )
         floor = max(cb.position(op, epoch - 1), gate.position if at_tail else 0)
         if own:  # after what was queued of theirs when they were released
-            floor = max([floor, *(self.away.get(stage_id, {}).get(kg, 0) for kg in own)])
+            floor = max([floor, *(gone.get(kg, 0) for kg in own)])
         position = frontier.place(cb, op, epoch, range(old), floor)
         end = gate.end_position
         if end is not None and position > end:
             frontier.withdraw(cb, op, epoch)
             return self._input_ended(stage, op, old, end)
-        new = old if parallelism is None else parallelism
-        if parallelism is None:
-            owners = cb.table(op, epoch - 1).copy()
-        else:
-            owners = range_assignment(parallelism, stage.max_parallelism)
-        gone = self.away.setdefault(stage_id, {})  # released key group -> the gate's tail then
-        if own:
-            owners[own] = range_assignment(new, stage.max_parallelism)[own]
-            for kg in own:
-                gone.pop(kg, None)
+        for kg in own or ():
+            gone.pop(kg, None)
         if away:
             gone.update(dict.fromkeys(away, gate.position))
-        if gone:
-            owners[list(gone)] = -1
         start = gate.seq_at(position)
         if away:  # what is queued from the position on stays readable until it is copied
             gate.open_reader(gate.pin_slot, start)
@@ -316,16 +317,34 @@ class Rescaler:
         )
 
 
+def spread(parallelism: int, max_parallelism: int, released) -> np.ndarray | None:
+    """The ownership table of ``parallelism`` instances over the key groups not ``released``:
+    contiguous ranges of those, as ``range_assignment`` makes over all of them (the same table
+    when none is released); released ones -1. None if fewer are left than instances.
+
+    Every instance keeps a share of what is left: one with nothing would idle while the others
+    work, and one owning only key groups that get no rows (a cluster node's, of other nodes) would
+    read ahead of the others and take the frontier with it."""
+    owners = np.full(max_parallelism, -1, dtype=np.int16)
+    kept = np.setdiff1d(np.arange(max_parallelism), np.asarray(released, dtype=np.int64))
+    if kept.size < parallelism:
+        return None
+    owners[kept] = (np.arange(kept.size) * parallelism // kept.size).astype(np.int16)
+    return owners
+
+
 def _rows_from(gate, position: int, key_groups: np.ndarray) -> list[pa.RecordBatch]:
     """The records of ``key_groups`` in the gate from ``position`` to its tail (pinned), copied,
     each batch tagged with its input transaction."""
     out = []
+    wanted = np.zeros(1 << 16, dtype=bool)  # a lookup: faster than np.isin over a backlog's rows
+    wanted[key_groups] = True
     for seq in range(gate.seq_at(position), gate.tail):
         entry = gate.read(seq)
         if entry.kind is not Kind.DATA:
             continue
         batch = entry.batch.slice(max(position - entry.start, 0))
-        mine = np.isin(batch.column(KG_COLUMN).to_numpy(), key_groups)
+        mine = wanted[batch.column(KG_COLUMN).to_numpy()]
         if mine.any():
             out.append(tagged(batch.filter(pa.array(mine)), entry.arg1))
     return out

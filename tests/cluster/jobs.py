@@ -24,11 +24,21 @@ PAIR = Types.TUPLE([Types.STRING(), Types.LONG()])
 
 
 class CountSum(KeyedProcessFunction):
+    """A running count and sum per key; ``cost_us`` of work per record makes a node fall behind
+    its writers (a backlog in its keyed gate)."""
+
+    def __init__(self, cost_us: float = 0.0):
+        self.cost_us = cost_us
+
     def open(self, runtime_context):
         self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
         self.sum = runtime_context.get_state(ValueStateDescriptor("sum", Types.LONG()))
 
     def process_element(self, value, ctx):
+        if self.cost_us:
+            until = time.perf_counter() + self.cost_us / 1e6
+            while time.perf_counter() < until:
+                pass
         key, n = value
         c = (self.count.value() or 0) + 1
         s = (self.sum.value() or 0) + n
@@ -37,14 +47,16 @@ class CountSum(KeyedProcessFunction):
         yield key, c, s
 
 
-def count_sum_job(max_parallelism: int = 128, parallelism: int = 2) -> StreamExecutionEnvironment:
+def count_sum_job(
+    max_parallelism: int = 128, parallelism: int = 2, cost_us: float = 0.0
+) -> StreamExecutionEnvironment:
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(parallelism)
     env.set_max_parallelism(max_parallelism)
     (
         env.from_source(ChannelSource("in", PAIR, durable=False), None, "in")
         .key_by(0)
-        .process(CountSum(), Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()]))
+        .process(CountSum(cost_us), Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()]))
         .name("counts")
         .sink_to(ChannelSink("out"))
     )

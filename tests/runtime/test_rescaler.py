@@ -339,3 +339,33 @@ def test_released_key_groups_stop_at_the_frontier_and_their_queued_records_come_
     reading.join(60)
     assert client.wait(60).name == "FINISHED"
     assert by_key(out) == sequential(records)
+
+
+def test_key_groups_left_after_a_release_are_spread_over_every_instance():
+    """A node that gives away every key group of an instance's range: the instance must not
+    retire (the operator still counts it, and later epochs wait for it) nor idle; the key groups
+    left are spread over all instances; rescales with those key groups away, and owning them
+    back, stay exact."""
+    rng = random.Random(9)
+    records = [(rng.randrange(KEYS), rng.randrange(1000)) for _ in range(8_000)]
+    client = _channel_job("frontier release of a range", parallelism=2, key=0)
+    co = client._coordinator
+    out, reading = _reader(client)
+    writer = channels.open_writer(client, "in")
+    for i in range(0, len(records), 500):
+        writer.write(records[i : i + 500])
+    moving = list(range(64))  # instance 0's whole range at parallelism 2
+    released = co.release("busy", moving)
+    back = [tuple(r.values()) for b in released.batches for r in b.select(["f0", "f1"]).to_pylist()]
+    op = co.resources.keyed_index[co.plan.stage("busy").id]
+    table = co.control.table(op, co.control.epoch(op))
+    assert set(table[moving].tolist()) == {-1}
+    assert np.bincount(table[64:], minlength=2).tolist() == [32, 32]  # 64 left, half each
+    for p in (3, 2):  # at 3, instance 0's range lies within the released ones again
+        assert client.rescale("busy", p, timeout=30).new_parallelism == p
+    co.own("busy", moving)
+    writer.write(back)
+    writer.end()
+    reading.join(60)
+    assert client.wait(60).name == "FINISHED"
+    assert by_key(out) == sequential(records)

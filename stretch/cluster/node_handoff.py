@@ -1,0 +1,173 @@
+"""A node's side of a key-group handoff: giving key groups away at the readers' frontier of its
+jobs' keyed gates, with the rows of theirs it took and had not processed, and adopting key groups
+that come with such rows.
+
+Giving away (``release``): the node stops taking rows of the key groups (writers are refused and
+send them to the new owner, which refuses them until it adopts). Each keyed operator releases them
+at its frontier (``Coordinator.release``): within milliseconds no instance processes them, their
+state is final, and the rows of theirs queued behind the frontier come back, however long the
+backlog. The node copies their state out, forgets it, and parks both for the new owner: the state
+(``snapshot:``), and the queued rows (``forward:``, gate batches in gate order).
+
+Adopting (``adopt``): the new owner loaded the state (a ``load`` put) and was given the queued rows
+(a ``forward`` put); under its lock it processes the key groups again, appends the forwarded rows
+to their operators' gates, and only then takes writers' rows of them: the forwarded rows run before
+anything newer, per key in the order the old owner took them.
+
+With checkpointed jobs the old owner first takes a release checkpoint, at the frontier too
+(``NodeCheckpoints.release_checkpoint``): it keeps the forwarded rows with the state, and it is
+where the key groups restore from until the new owner's adoption is in its manifest (which names
+it as the base): the forwarded rows are not journaled again, so each restores exactly once, from
+that checkpoint, whichever node dies at whichever point.
+
+Where rows of the key groups may still be on their way to a keyed gate (a source task feeds it: a
+key selector function, a broadcast operator's keyed input), the operator works them off instead
+(a barrier through its gate, placed at its tail), as does one whose input ended.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+
+from stretch.cluster import recovery
+from stretch.cluster.node_job import NodeJob, at_tail, barrier
+from stretch.state.keyed_table import KeyedTable
+from stretch.state.snapshot import copy_key_groups, describe_arena, release_key_groups
+
+
+class NodeHandoff:
+    """Key groups leaving and joining ``node`` (a NodeServer)."""
+
+    def __init__(self, node):
+        self.node = node
+        self.outgoing: dict[str, pa.Table] = {}  # ticket -> forwarded rows awaiting their do_get
+        # move -> {(job, operator): forwarded rows}, awaiting the adoption of that move
+        self.incoming: dict[str, dict[tuple[str, str], list[pa.RecordBatch]]] = {}
+
+    # ---- giving key groups away ------------------------------------------------------------------
+    def release(self, body: bytes) -> dict:
+        """Give up key groups ``key_groups`` to node ``to``: refuse their rows from now on, stop
+        them at each keyed operator's frontier, copy their state out for a ``do_get``
+        (``snapshot:<ticket>``) with the rows of theirs queued behind it (``forward:<ticket>``),
+        and forget it here.
+
+        With checkpointed jobs the node first takes a release checkpoint of everything it held,
+        these key groups included (its outputs commit there): from that moment until the new owner
+        adopts them, it is where they restore from, whichever of the two nodes dies. It is named
+        by version, node and new owner (``h<version>-<node>-<to>``): a node giving key groups to two
+        nodes in one step must not overwrite the first release's checkpoint, which the first new
+        owner restores from."""
+        node = self.node
+        msg = json.loads(body)
+        kgs = sorted({int(kg) for kg in msg["key_groups"]})
+        with node.lock:  # no write is under way: each either came before this or will be refused
+            held = np.flatnonzero(node.owned).tolist()
+            node.owned[kgs] = False
+            node.version = msg["version"]
+            jobs = node.running()
+            durable = node.checkpoints.durable()
+            for job in jobs:  # a stage transaction's rows are not cut: its results come whole
+                job.stage.settle(None if job in durable else kgs)
+            base, forwarded = None, {}
+            if durable:  # writes wait meanwhile: the checkpoint, its journal offsets and marks agree
+                for job in durable:  # timers leave them alone from here
+                    _set_away(job, kgs, True)
+                name = "-".join(filter(None, [f"h{msg['version']}", node.node_id, msg.get("to")]))
+                report, forwarded = node.checkpoints.release_checkpoint(name, held, kgs)
+                base = report["path"]
+        parts, marks, stage, forward = [], {}, [], []
+        moving = np.asarray(kgs, dtype=np.int64)
+        for job in jobs:
+            queued = forwarded.get(job.name, {}) if job in durable else self._stop(job, kgs)
+            for operator in job.keyed:
+                table = KeyedTable(job.arena(operator))
+                batches = copy_key_groups(table, moving)
+                description = describe_arena(table.arena)
+                release_key_groups(table, moving)
+                ticket = node.ticket()
+                node.parked[ticket] = batches
+                part = {"job": job.name, "operator": operator, "ticket": ticket, "description": description}
+                parts.append({**part, "bytes": sum(b.nbytes for b in batches)})
+                rows = queued.get(operator)
+                if rows:
+                    ticket = node.ticket()
+                    self.outgoing[ticket] = pa.Table.from_batches(rows)
+                    count = sum(b.num_rows for b in rows)
+                    forward.append({"job": job.name, "operator": operator, "ticket": ticket, "rows": count})
+            marks[job.name] = job.marks_of(kgs)
+            records = job.stage.records(kgs)  # their parts completed: settled before the release
+            if records.num_rows:
+                ticket = node.ticket()
+                node.parked_stage[ticket] = records
+                stage.append({"job": job.name, "ticket": ticket})
+            job.stage.forget(node.owned)
+        return {"parts": parts, "marks": marks, "base": base, "stage": stage, "forward": forward}
+
+    @staticmethod
+    def _stop(job: NodeJob, kgs: list[int]) -> dict[str, list[pa.RecordBatch]]:
+        """Stop ``kgs`` in each keyed operator of a job without checkpoints: at its frontier, the
+        rows queued behind it returned; else (``NodeJob.release`` says when) after a barrier."""
+        queued, behind = {}, []
+        for operator in job.keyed:
+            batches = None if at_tail() else job.release(operator, kgs)
+            if batches is None:
+                behind.append(operator)
+            else:
+                queued[operator] = batches
+        _set_away(job, kgs, True)  # timers and windows leave them alone once stopped
+        if behind:
+            barrier(job, behind)
+        return queued
+
+    def forwarded(self, ticket: str) -> pa.Table | None:
+        """The rows a release parked under ``ticket`` (once: the new owner takes them)."""
+        return self.outgoing.pop(ticket, None)
+
+    # ---- adopting key groups ----------------------------------------------------------------------
+    def take_forwarded(self, cmd: dict, batches: list[pa.RecordBatch]) -> None:
+        """Rows the old owner of key groups had queued, for the adoption of move ``move``."""
+        rows = self.incoming.setdefault(cmd["move"], {}).setdefault((cmd["job"], cmd["operator"]), [])
+        rows.extend(batches)
+
+    def adopt(self, body: bytes) -> dict:
+        """Own key groups whose state was loaded: the rows forwarded with them go into the job
+        first, then writers' rows of them are taken. With checkpointed jobs, the manifest says
+        first where they restore from (the old owner's release checkpoint, which keeps the
+        forwarded rows too, and this node's journal from here on)."""
+        node = self.node
+        msg = json.loads(body)
+        kgs = sorted({int(kg) for kg in msg["key_groups"]})
+        forwarded = self.incoming.pop(msg.get("move", ""), {})
+        with node.lock:
+            for job_name, entries in msg.get("marks", {}).items():
+                job = node.job(job_name)
+                for channel, query, by_kg in entries:
+                    mark = job.mark(channel, query)
+                    for kg, batch in by_kg.items():
+                        mark[int(kg)] = max(mark[int(kg)], batch)
+            durable = node.checkpoints.durable()
+            if durable and msg.get("base"):
+                manifest = recovery.load_manifest(node.checkpoint_dir, node.node_id)
+                journal = {job.name: job.journal_offsets() for job in durable}
+                entry = {"key_groups": kgs, "base": msg["base"], "journal": journal}
+                manifest["adopted"].append(entry)
+                recovery.save_manifest(node.checkpoint_dir, node.node_id, manifest)
+            taken = 0
+            for job in node.running():
+                _set_away(job, kgs, False)  # loaded whole: the instances may fire their timers
+                job.take_back(kgs)  # if this node gave them away once: processed here again
+                for operator in job.keyed:
+                    taken += job.append(operator, forwarded.get((job.name, operator), []))
+            node.owned[kgs] = True
+            node.version = msg["version"]
+            for job in node.running():  # spares it adopted are replaced, for its next release
+                job.align(node.owned)
+        return {"ok": True, "rows_forwarded": taken}
+
+
+def _set_away(job: NodeJob, kgs, away: bool) -> None:
+    for operator in job.keyed:
+        KeyedTable(job.arena(operator)).set_away(kgs, away)
