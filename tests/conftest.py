@@ -45,8 +45,12 @@ def expected_children() -> set[int]:
 
 def _children() -> dict[int, str]:
     """pid -> state letter of every process whose parent is this process (zombies included),
-    except the expected ones."""
+    except the expected ones, and of every worker of this process's zygote: the zygote is shared
+    by the jobs of the process and ends with it, a job's workers end with the job."""
+    from stretch.runtime import zygote
+
     me = os.getpid()
+    parents = {me, zygote.shared_pid()}
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -57,8 +61,9 @@ def _children() -> dict[int, str]:
             continue  # exited meanwhile
         # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 2 and int(fields[1]) == me and int(entry.name) not in EXPECTED_CHILDREN:
-            found[int(entry.name)] = fields[0]
+        pid = int(entry.name)
+        if len(fields) >= 2 and int(fields[1]) in parents and pid not in EXPECTED_CHILDREN | parents:
+            found[pid] = fields[0]
     return found
 
 

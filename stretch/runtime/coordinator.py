@@ -28,6 +28,7 @@ from stretch.common.job_status import JobStatus
 from stretch.errors import JobEnded, JobExecutionError, UserFunctionError
 from stretch.plan.stages import JobPlan
 from stretch.runtime import control_block as cbk
+from stretch.runtime import zygote
 from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.channels import JobChannels
 from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore, broadcast_file
@@ -44,7 +45,6 @@ from stretch.runtime.sink_runner import SinkRunner
 from stretch.runtime.state_dir import JobDir
 from stretch.runtime.status import describe_job
 from stretch.runtime.updater import Updater
-from stretch.runtime.zygote import Zygote
 from stretch.state.arena import Arena
 from stretch.state.key_groups import assignment as range_assignment
 from stretch.state.snapshot import prepare_arena, restore_key_groups
@@ -142,7 +142,7 @@ class Coordinator:
         self.prefix: str | None = None  # of the job's shared-memory segments, once it starts
         self._metrics = None  # (server, thread, port) of the Prometheus endpoint
         self._server: ControlServer | None = None
-        self._zygote: Zygote | None = None
+        self._zygote: zygote.Zygote | None = None
         self.socket_path = runtime_dir() / f"{self.job_id}.sock"
         self.info_path = runtime_dir() / f"{self.job_id}.json"
         self.channels = JobChannels(self, runtime_dir() / "staging" / self.job_id)
@@ -231,7 +231,7 @@ class Coordinator:
         if cfg.metrics is not None:
             self._metrics = serve(self, *cfg.metrics)
         self._write_info()
-        self._zygote = Zygote(str(self.socket_path), self._token, cfg.preload)
+        self._zygote = zygote.shared(cfg.preload)
         for _ in range(len(self._pending) + cfg.spare_workers):
             self.spawn_worker()
         for sink in plan.sinks:
@@ -370,7 +370,7 @@ class Coordinator:
     def spawn_worker(self) -> _Worker:
         wid = next(self._worker_ids)
         w = self._workers[wid] = _Worker(wid)
-        w.pid = self._zygote.fork(wid)
+        w.pid = self._zygote.fork(str(self.socket_path), self._token, wid, self.config.preload)
         return w
 
     def _write_info(self) -> None:
@@ -846,8 +846,6 @@ class Coordinator:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(w.pid, signal.SIGKILL)
         self._await_workers()
-        if self._zygote is not None:
-            self._zygote.stop()
         if self._server is not None:
             self._server.close()
         if self._metrics is not None:

@@ -29,7 +29,7 @@ from stretch.state.keyed_table import KeyedTable
 from stretch.state.warm import warm_fused_kernels, warm_table_kernels, warm_timer_kernels
 
 
-def warm_up(preload: list[str] = ()) -> None:
+def warm_up(preload: list[str] = (), kernels: bool = True) -> None:
     """Import and compile (or load from numba's cache) everything a task needs, ahead of time, and
     the ``preload`` modules (the function libraries the API builds jobs from).
 
@@ -37,6 +37,8 @@ def warm_up(preload: list[str] = ()) -> None:
     """
     for module in preload:
         importlib.import_module(module)
+    if not kernels:
+        return
     warm_key_groups()
     warm_table_kernels()
     warm_fused_kernels()

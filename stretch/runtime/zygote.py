@@ -1,18 +1,22 @@
 """The zygote: a warm, single-threaded process that forks workers in milliseconds.
 
-The coordinator starts one per job. It imports the engine and loads the numba kernels once; every
-worker is then a fork of it, so starting a worker (for a job or a rescale) never waits for Python to
-start, modules to import or numba to compile. Both the zygote and its workers die with their
-parent (PR_SET_PDEATHSIG), so nothing outlives the job even if the coordinator is killed.
+One per Python process, shared by the jobs it runs one after another (as multiprocessing's fork
+server is): it imports the engine and loads the numba kernels once, about two seconds, and every
+worker of every job is then a fork of it, so neither a job's start nor a rescale waits for Python to
+start, modules to import or numba to compile. It dies with the process that started it
+(PR_SET_PDEATHSIG, from a thread that lives as long as the process), and its workers with it, so
+nothing outlives the user's program even if it is killed; ``shutdown`` ends it sooner.
 
 The zygote imports the very ``stretch`` package its parent runs, wherever the current directory
 is: a source checkout (with a ``stretch/`` folder but no built extension) or a user's folder must
-not shadow the installed package. Then it takes the parent's ``sys.path`` as it is, so the modules
-of the user's script folder that functions refer to import in workers as they do in the parent.
+not shadow the installed package. Each worker takes the parent's ``sys.path``, environment and
+current directory as they are when it is forked, so the modules of the user's script folder that
+functions refer to import in workers as they do in the parent.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -59,6 +63,12 @@ def _serve(cmd_fd: int, resp_fd: int) -> int:
     for line in cmd:
         msg = json.loads(line)
         if "fork" in msg:
+            try:  # a job's function libraries, once: every later fork has them in memory
+                sys.path[:] = msg["sys_path"]
+                worker.warm_up([m for m in msg["preload"] if m not in sys.modules], kernels=False)
+            except Exception as e:
+                resp.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
+                continue
             pid = os.fork()
             if pid == 0:
                 code = 1
@@ -67,7 +77,10 @@ def _serve(cmd_fd: int, resp_fd: int) -> int:
                     resp.close()
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     set_parent_death_signal(signal.SIGKILL)
-                    code = worker.main(config["socket"], config["token"], int(msg["fork"]))
+                    os.environ.clear()
+                    os.environ.update(msg["env"])
+                    os.chdir(msg["cwd"])
+                    code = worker.main(msg["socket"], msg["token"], int(msg["fork"]))
                 finally:
                     os._exit(code)
             resp.write(json.dumps({"pid": pid, "worker": msg["fork"]}) + "\n")
@@ -82,10 +95,10 @@ def main(cmd_fd: int, resp_fd: int) -> int:
 
 
 class Zygote:
-    """The coordinator's handle on its zygote: start it, fork workers, stop it."""
+    """A handle on a zygote: start it, fork workers, stop it. ``shared()`` is the process's own."""
 
-    def __init__(self, socket_path: str, token: str, preload: tuple[str, ...] = ()):
-        """``preload``: modules the zygote imports before it forks (the job's function libraries)."""
+    def __init__(self, preload: tuple[str, ...] = ()):
+        """``preload``: modules the zygote imports before it forks (the API's function libraries)."""
         cmd_r, self._cmd_w = os.pipe()
         self._resp_r, resp_w = os.pipe()
         env = dict(os.environ)
@@ -101,9 +114,7 @@ class Zygote:
         self._cmd = os.fdopen(self._cmd_w, "w", buffering=1)
         self._resp = os.fdopen(self._resp_r, "r")
         self._lock = threading.Lock()
-        self._send(
-            {"socket": socket_path, "token": token, "sys_path": parent_path(), "preload": list(preload)}
-        )
+        self._send({"sys_path": parent_path(), "preload": list(preload)})
         self._ready = None
 
     def _send(self, obj) -> None:
@@ -116,15 +127,33 @@ class Zygote:
                 raise RuntimeError("the stretch zygote process failed to start (see its error output above)")
             self._ready = json.loads(line)
 
-    def fork(self, worker_id: int) -> int:
-        """Fork a worker that will connect to the job socket; returns its pid."""
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def fork(self, socket_path: str, token: str, worker_id: int, preload: tuple[str, ...] = ()) -> int:
+        """Fork a worker that will connect to the job socket ``socket_path``; returns its pid."""
         with self._lock:
             self.wait_ready()
-            self._send({"fork": worker_id})
-            line = self._resp.readline()
-            if not line:
+            self._send(
+                {
+                    "fork": worker_id,
+                    "socket": socket_path,
+                    "token": token,
+                    "preload": list(preload),
+                    "sys_path": parent_path(),
+                    "env": {**os.environ, "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")},
+                    "cwd": os.getcwd(),
+                }
+            )
+            reply = self._resp.readline()
+            if not reply:
                 raise RuntimeError("the stretch zygote process died")
-            return int(json.loads(line)["pid"])
+            answer = json.loads(reply)
+            if "error" in answer:
+                raise RuntimeError(
+                    f"the stretch zygote could not import the job's modules: {answer['error']}"
+                )
+            return int(answer["pid"])
 
     def stop(self, timeout: float = 5.0) -> None:
         with self._lock:
@@ -139,6 +168,61 @@ class Zygote:
                 self.process.kill()
                 self.process.wait()
             self._resp.close()
+
+
+_shared: Zygote | None = None
+_shared_lock = threading.Lock()
+
+
+def shared(preload: tuple[str, ...] = ()) -> Zygote:
+    """The process's zygote, started on first use (again if it died). It is started from a thread
+    of its own that lives as long as the process: the parent-death signal follows the thread that
+    forked, and a job's thread ends with the job."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or not _shared.alive():
+            started: list = []
+            ready = threading.Event()
+
+            def keep() -> None:
+                try:
+                    started.append(Zygote(preload))
+                except BaseException as e:
+                    started.append(e)
+                ready.set()
+                threading.Event().wait()  # this thread's life is the zygote's
+
+            threading.Thread(target=keep, name="stretch-zygote", daemon=True).start()
+            ready.wait()
+            if isinstance(started[0], BaseException):
+                raise started[0]
+            _shared = started[0]
+            atexit.register(shutdown)
+        return _shared
+
+
+def _forget_in_child() -> None:
+    """A process forked from this one (by multiprocessing, say) starts a zygote of its own: the
+    parent's pipes are not its to use."""
+    global _shared, _shared_lock
+    _shared, _shared_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def shared_pid() -> int | None:
+    """The pid of the process's zygote, if one runs."""
+    return _shared.process.pid if _shared is not None and _shared.alive() else None
+
+
+def shutdown() -> None:
+    """End the process's zygote (it ends with the process anyway); the next job starts another."""
+    global _shared
+    with _shared_lock:
+        if _shared is not None:
+            _shared.stop()
+            _shared = None
 
 
 if __name__ == "__main__":  # python -m stretch.runtime.zygote CMD_FD RESP_FD, as engines before _BOOT ran it
