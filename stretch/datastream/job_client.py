@@ -292,6 +292,10 @@ class CloseableIterator:
                 self._end()
         except GateClosed:
             self._end()
+        except ValueError:  # the job ended meanwhile and released the gate: say how it ended
+            if not (c.stopping or c.done):
+                raise
+            self._end()
 
     def _end(self) -> None:
         self._finished = True

@@ -214,7 +214,16 @@ class Rescaler:
         runs again), and times out after ``timeout`` (in effect all the same)."""
         co = self.co
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not done():
+
+        def done_() -> bool:
+            try:
+                return done()
+            except ValueError:  # a recovery released the control block it read: see below
+                if co.generation == generation and not co.stopping:
+                    raise
+                return False
+
+        while not done_():
             if co.generation != generation and survives_recovery:
                 while co.status is JobStatus.RESTARTING and not co.stopping:
                     time.sleep(0.01)
