@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 import time
 
+import cloudpickle
 import pyarrow as pa
 from _common import emit, log, median, w1
 
@@ -40,6 +42,10 @@ from stretch.datastream.state import ValueStateDescriptor
 W1 = Types.TUPLE([Types.LONG(), Types.LONG(), Types.DOUBLE()])
 BATCH = 65_536
 SETTLE = 2.0  # seconds
+
+
+# Nodes do not have experiments/ on their path: its functions travel by value, imported or run.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 class CountSum(KeyedProcessFunction):
