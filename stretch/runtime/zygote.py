@@ -181,6 +181,8 @@ def shared(preload: tuple[str, ...] = ()) -> Zygote:
     global _shared
     with _shared_lock:
         if _shared is None or not _shared.alive():
+            if _shared is not None:
+                _shared.stop()  # it died: close its pipes
             started: list = []
             ready = threading.Event()
 
@@ -189,15 +191,16 @@ def shared(preload: tuple[str, ...] = ()) -> Zygote:
                     started.append(Zygote(preload))
                 except BaseException as e:
                     started.append(e)
-                ready.set()
-                threading.Event().wait()  # this thread's life is the zygote's
+                    return
+                finally:
+                    ready.set()
+                started[0].process.wait()  # this thread lives as long as the zygote
 
             threading.Thread(target=keep, name="stretch-zygote", daemon=True).start()
             ready.wait()
             if isinstance(started[0], BaseException):
                 raise started[0]
             _shared = started[0]
-            atexit.register(shutdown)
         return _shared
 
 
@@ -224,6 +227,8 @@ def shutdown() -> None:
             _shared.stop()
             _shared = None
 
+
+atexit.register(shutdown)
 
 if __name__ == "__main__":  # python -m stretch.runtime.zygote CMD_FD RESP_FD, as engines before _BOOT ran it
     sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))

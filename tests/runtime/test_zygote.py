@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import stretch
@@ -142,3 +143,34 @@ def test_ctrl_c_is_the_programs_alone_the_zygote_and_workers_ignore_it(capfd):
         expected.append((k, sums[k]))
     assert sorted(results) == sorted(expected)
     assert "KeyboardInterrupt" not in capfd.readouterr().err
+
+
+def _sums(n: int) -> dict[int, int]:
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    final: dict[int, int] = {}
+    with (
+        env.from_collection([(x % 7, x) for x in range(n)])
+        .key_by(lambda r: r[0])
+        .sum(1)
+        .execute_and_collect() as it
+    ):
+        for key, total in it:
+            final[key] = total
+    return final
+
+
+def test_jobs_of_a_process_share_its_zygote_and_one_that_died_is_replaced():
+    from stretch.runtime import zygote
+
+    want = {k: sum(x for x in range(500) if x % 7 == k) for k in range(7)}
+    assert _sums(500) == want
+    first = zygote.shared_pid()
+    assert first is not None and _sums(500) == want and zygote.shared_pid() == first
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while zygote.shared_pid() == first:  # its keeper thread reaps it
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert _sums(500) == want  # a new zygote, started for this job
+    assert zygote.shared_pid() not in (None, first)
