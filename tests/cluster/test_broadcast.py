@@ -63,6 +63,7 @@ def alerts(job: str, nodes: list[str]) -> list[tuple]:
     return [r for node in nodes for r in output(job, node) if not r[0].startswith("rule:")]
 
 
+@pytest.mark.long  # 15 s or more; a node joining is also in test_rules_written_while_a_node_joins
 def test_rules_reach_every_node_also_one_added_later_and_a_replay_changes_nothing():
     """Rules, then events, a node added (the keys it takes must see the rules), a rule change and
     a replayed rules batch, more events, a node removed, more events: the alerts and each key's

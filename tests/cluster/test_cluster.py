@@ -177,6 +177,7 @@ def test_a_checkpointed_job_is_refused_by_a_cluster_without_a_checkpoint_directo
         env.execute_async("checkpointed", cluster=cluster)
 
 
+@pytest.mark.long  # 15 s or more; names of earlier runs are also checked on one machine
 def test_a_later_clusters_run_of_a_job_name_reads_back_only_its_own_results(tmp_path):
     """Output logs are named by job and node and outlive a cluster; the next cluster's run of the
     same name continues them, and its readers (the client's, Spark's batch reader) start at its
