@@ -33,6 +33,7 @@ I_CODE = 17  # the code version the instance runs (it passed that version's epoc
 I_CODE_AT_NS = 18  # CLOCK_MONOTONIC time it switched to that version
 I_CLAIM = 19  # the gate position up to which it has committed to read under its epoch (runtime.frontier)
 I_RATE = 20  # its recent reading time per gate position, in ns/1024 (0: not known yet)
+I_ENTRY_END = 21  # the end position of the gate entry it reads (others may read up to it: runtime.frontier)
 I_WORDS = 24
 # Instance states.
 FREE, RUNNING, DONE = 0, 1, 2

@@ -15,12 +15,19 @@ places P at or past all of them. So either the coordinator sees an instance's cl
 instance sees the placement; then it waits the microseconds until P is fixed and reads no further
 than P. No instance ever has to undo what it read.
 
+A per-record function reads a whole run of its rows in one call (its keys' state is then loaded
+and written back once a run), yet it claims that run piece by piece from inside the call, so a
+claim never runs far ahead of what the instance has processed.
+
 The frontier is only as close to every instance as the instances are to each other. Under a
 backlog, a reader that runs faster than another (its key groups hold fewer rows, or it got more
 CPU) would read on to the gate's tail, and an epoch placed there would wait for the slower one to
 work off the whole gate. So an instance reads ahead of another by at most ``LEAD_NS`` of the other's
 work (from the rate each one publishes): under a backlog the slowest instance sets the operator's
-pace in any case, and the frontier stays within ``LEAD_NS`` of every instance.
+pace in any case. A batch is laid out by key group, so the instances of one operator read the same
+entry at once, each in its own run of rows, far apart in positions though not in time: an instance
+may always read to the end of the entry another one reads. The frontier thus stays within the
+larger of ``LEAD_NS`` and one entry's work of every instance.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class Frontier:
         self._region = control.segment.region
         self._claim = control.instance_word(op, index, cbk.I_CLAIM)
         self._rate = control.instance_word(op, index, cbk.I_RATE)
+        self._entry_end = control.instance_word(op, index, cbk.I_ENTRY_END)
         self._placing = control.op_word(op, cbk.O_PLACING)
         self._futex = control.op_word(op, cbk.O_SWITCH_FUTEX)
         self._progress = control.op_word(op, cbk.O_PROGRESS)
@@ -53,10 +61,15 @@ class Frontier:
         """This instance's recent reading time per gate position (others pace themselves by it)."""
         self._region.store64(self._rate, max(1, int(ns_per_position * 1024)))
 
+    def reading(self, end: int) -> None:
+        """This instance reads the gate entry that ends at ``end`` (others may read up to there)."""
+        self._region.store64(self._entry_end, end)
+
     def lead_limit(self, here: int, instances: int) -> int | None:
         """The furthest position this instance, at ``here``, may read to and stay within LEAD_NS
-        of every instance of its epoch (``instances`` of them) that is behind it (no further than
-        one's claim while its pace is not known yet); None if none is behind."""
+        (or the entry it reads) of every instance of its epoch (``instances`` of them) that is
+        behind it (no further than that entry while its pace is not known yet); None if none is
+        behind."""
         r, cb, op = self._region, self.control, self.op
         limit = None
         for j in range(instances):
@@ -67,6 +80,7 @@ class Frontier:
                 continue
             rate = r.load64(cb.instance_word(op, j, cbk.I_RATE))
             reach = claim + LEAD_NS * 1024 // rate if rate > 0 else claim
+            reach = max(reach, r.load64(cb.instance_word(op, j, cbk.I_ENTRY_END)))
             limit = reach if limit is None else min(limit, reach)
         return limit
 
@@ -136,4 +150,6 @@ def withdraw(control, op: int, epoch: int) -> None:
 
 def start_claim(control, op: int, instance: int, position: int) -> None:
     """An instance added at ``position`` has committed to nothing before it."""
-    control.segment.region.store64(control.instance_word(op, instance, cbk.I_CLAIM), position)
+    region = control.segment.region
+    region.store64(control.instance_word(op, instance, cbk.I_ENTRY_END), position)
+    region.store64(control.instance_word(op, instance, cbk.I_CLAIM), position)

@@ -216,7 +216,9 @@ class KeyedInstanceTask(Task):
     batch in runs of key groups, only those rows: ``runtime.key_group_runs``), and moves to each
     new epoch (ownership, code) at the gate position where the coordinator placed it
     (``runtime.frontier``). It reads a batch in pieces of about ``PIECE_NS`` of work, committing
-    to each piece before it reads it, so that an epoch placed meanwhile applies within a piece."""
+    to each piece before it reads it, so that an epoch placed meanwhile applies within a piece. A
+    per-record function gets a whole run of its rows a call instead (its keys' state then moves
+    once a run), and the run's pieces are claimed from inside the call (``ProcessOperator.go_on``)."""
 
     retired = False  # set when a rescale removed this instance (it ended at the epoch's position)
     _parts = None
@@ -254,6 +256,7 @@ class KeyedInstanceTask(Task):
         gate, operator, outputs, chain = self._parts
         self.gate, self.operator, self.chain = gate, operator, chain
         self.fused = hasattr(operator, "process_owned")
+        self._stoppable()
         outputs.producer = index + 1
         outputs.producer_id = producer_id(stage.id, index)
         epoch = self.a.epoch
@@ -367,18 +370,24 @@ class KeyedInstanceTask(Task):
         kgs = batch.column(KG_COLUMN).to_numpy()
         runs = laid_out(batch)
         self._busy = 0  # ns spent processing this entry's pieces (not waiting between them)
+        self.frontier.reading(entry.end)
         rows_in = 0
         lo = first = here - start
         while True:
             epoch = self.frontier.epoch
             x, y = self._next_piece(kgs, runs, lo, n)
-            stop = self._bound(start + lo, start + max(y, lo + (n == 0)), paced=True) - start
+            whole = self._runs_whole(runs)  # a whole run: its pieces are claimed inside the call
+            reach = x if whole else y
+            stop = self._bound(start + lo, start + max(reach, lo + (n == 0)), paced=True) - start
             if self.retired:
                 return start + lo
             if self.frontier.epoch != epoch:  # an epoch applied at lo: the piece is another now
                 continue
-            if min(y, stop) > x:
-                rows_in += self._process(entry, kgs, runs, x, min(y, stop))
+            if whole and y > x <= stop:
+                n_in, stop = self._process(entry, kgs, runs, x, y)  # it may end where an epoch applies
+                rows_in += n_in
+            elif min(y, stop) > x:
+                rows_in += self._process(entry, kgs, runs, x, min(y, stop))[0]
             lo = stop
             if lo >= max(n, 1):
                 break
@@ -399,20 +408,23 @@ class KeyedInstanceTask(Task):
         order). (n, n): nothing of its own is left."""
         if self.whole:
             return lo, n
+        piece = n if self._runs_whole(runs) else self._piece
         if runs and not self.everything:
             for a, b in spans(kgs, self.ranges):
                 if b > lo:
                     x = max(a, lo)
-                    return x, min(b, x + self._piece)
+                    return x, min(b, x + piece)
             return n, n
-        return lo, min(n, lo + self._piece)
+        return lo, min(n, lo + piece)
 
-    def _process(self, entry, kgs: np.ndarray, runs: bool, x: int, y: int) -> int:
-        """Run the operator over rows [x, y) of a data entry (those it owns); returns how many."""
+    def _process(self, entry, kgs: np.ndarray, runs: bool, x: int, y: int) -> tuple[int, int]:
+        """Run the operator over rows [x, y) of a data entry (those it owns); returns how many
+        it processed, and the row it reached (before y if it stopped early)."""
         batch = entry.batch if (x, y) == (0, entry.batch.num_rows) else entry.batch.slice(x, y - x)
         part = writable(kgs[x:y])
         t0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
         chain, operator = self.chain, self.operator
+        whole = False
         if self.fused:
             operator.position = entry.seq  # where a broadcast operator's versions are placed
             out = operator.process_owned(batch, part, self.owners, self.a.index)
@@ -423,6 +435,9 @@ class KeyedInstanceTask(Task):
                 chain.push(out)
             n = operator.rows_in
         else:
+            whole = self._runs_whole(runs)
+            if whole:  # its claims go on piece by piece from inside the call, its results too
+                operator.go_on, operator.emit = self._claimer(entry.start + x, y - x), chain.push
             own, own_kgs = (
                 (batch, part)
                 if runs or self.everything
@@ -431,12 +446,50 @@ class KeyedInstanceTask(Task):
             n = own.num_rows
             if n:
                 chain.push(operator.process(own, own_kgs))
+                if whole and operator.stopped_at is not None:
+                    n = operator.stopped_at
+                    y = x + n
+            if whole:
+                operator.go_on = operator.emit = None
         self._busy += time.perf_counter_ns() - t0
-        if not self.whole:  # about PIECE_NS of work a piece, from this one's (CPU time: not the
-            # time others ran meanwhile, which would keep pieces small on a busy machine)
+        if not self.whole and not whole:  # about PIECE_NS of work a piece, from this one's (CPU
+            # time: not the time others ran meanwhile, which would keep pieces small on a busy
+            # machine)
             took = time.thread_time_ns() - cpu0
             self._piece = max(1, min(self._piece * 8, int(PIECE_NS * (y - x) / max(took, 1))))
-        return n
+        return n, y
+
+    def _stoppable(self) -> None:
+        """Whether its operator takes its claims from inside a call (``ProcessOperator.go_on``)."""
+        self.stoppable = not self.fused and hasattr(self.operator, "go_on")
+
+    def _runs_whole(self, runs: bool) -> bool:
+        """Whether it reads a whole run of a batch's rows a call (claimed from inside the call)."""
+        return self.stoppable and not self.whole and (runs or self.everything)
+
+    def _claimer(self, first: int, rows: int):
+        """``ProcessOperator.go_on`` for a call over gate positions [first, first + rows): claims
+        the next piece, about ``PIECE_NS`` of work (sized by CPU time, as pieces are), after the
+        records done; answers up to which record the call may go (not past the records done once
+        the next epoch applies there)."""
+        clock = [time.thread_time_ns(), 0]
+
+        def go_on(done: int) -> int:
+            now = time.thread_time_ns()
+            if done > clock[1]:
+                took = now - clock[0]
+                self._piece = max(1, min(self._piece * 8, int(PIECE_NS * (done - clock[1]) / max(took, 1))))
+            clock[0], clock[1] = now, done
+            here = first + done
+            end = first + min(rows, done + self._piece)
+            if self.instances > 1:
+                limit = self.frontier.keep_up(here, self.instances, self._waiting)
+                if limit is not None:
+                    end = min(end, limit)
+            position = self.frontier.claim(end, self._waiting)
+            return (end if position is None else max(here, min(position, end))) - first
+
+        return go_on
 
     def _own(self, owners: np.ndarray, parallelism: int) -> None:
         """Take up an epoch's ownership table (and how many instances it has)."""
@@ -481,6 +534,7 @@ class KeyedInstanceTask(Task):
             new.drop_state(name)
         new.open(self._context(new))
         self.operator, self.fused = new, hasattr(new, "process_owned")
+        self._stoppable()
         self.attached.control.announce(self.op_index, self.a.index, cbk.I_CODE, version)
 
     def _bind_board(self, operator, gate: Gate) -> None:

@@ -129,6 +129,45 @@ def test_random_rescales_under_a_growing_backlog_apply_at_the_frontier_and_stay_
     assert all(r.state_bytes_copied == 0 for r in reports)
 
 
+class WhoProcessed(Busy):
+    """Busy, saying which instance processed each record."""
+
+    def open(self, ctx):
+        super().open(ctx)
+        self.index = ctx.get_index_of_this_subtask()
+
+    def process_element(self, value, ctx):
+        for k, c, t, _ in super().process_element(value, ctx):
+            yield k, c, t, str(self.index)
+
+
+def test_a_rescale_applies_inside_one_large_batch_of_a_per_record_function():
+    # A per-record function gets a whole run of a batch in one call; the call claims it piece by
+    # piece, so an instance added while the only batch is being worked off takes its share of it.
+    rng = random.Random(11)
+    records = [(rng.randrange(KEYS), rng.randrange(1000)) for _ in range(12_000)]
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(1)
+    env.from_source(ChannelSource("in", PAIR), None, "in").key_by(lambda r: r[0]).process(
+        WhoProcessed(100.0)
+    ).name("busy").sink_to(ChannelSink("out"))
+    client = env.execute_async("rescale inside a batch")
+    out, reading = _reader(client)
+    writer = channels.open_writer(client, "in")
+    writer.write(records)  # one gate entry: 1.2 s of work at parallelism 1
+    while len(out) < 500:  # results come out while the batch is worked off
+        time.sleep(0.005)
+    report = client.rescale("busy", 2)
+    writer.end()
+    reading.join(60)
+    assert client.wait(60).name == "FINISHED"
+    assert report.new_parallelism == 2
+    model = sequential(records)
+    assert by_key([r[:3] for r in out]) == {k: [v[:3] for v in vs] for k, vs in model.items()}
+    by_instance = {i: sum(r[3] == i for r in out) for i in ("0", "1")}
+    assert by_instance["1"] > 1000, by_instance  # the new instance worked on the one batch
+
+
 def test_rescales_and_an_update_after_the_input_ended_work_off_what_is_queued():
     """A bounded source pushed all its input (its end is in the gate, behind a backlog): the
     operator still rescales and updates, the new parallelism and code taking what is queued."""

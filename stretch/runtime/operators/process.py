@@ -16,10 +16,22 @@ from stretch.state.timers import EVENT
 
 
 class ProcessOperator(KeyedOperator):
-    """A KeyedProcessFunction, called once per record with its key's state in place."""
+    """A KeyedProcessFunction, called once per record with its key's state in place.
+
+    A call's state is loaded and written back once, so the more records a call gets, the fewer
+    times each key's state moves. A caller that commits to records step by step (an instance of
+    the operator claiming gate positions, see runtime.frontier) sets ``go_on``: asked with the
+    records done so far, it answers how far the call may go; an answer not past them ends the call
+    there, and ``stopped_at`` says where. The results so far go to ``emit`` at each step, so a
+    long call holds them back no longer than a short one would.
+    """
+
+    go_on = None  # a callable: records done -> records the call may reach (None: all of them)
+    emit = None  # with go_on: a callable taking the results so far at each of its steps
 
     def __init__(self, spec, name, table):
         super().__init__(spec, name, table)
+        self.stopped_at: int | None = None  # the record the last call ended before, if interrupted
         self.fn = spec.fn
         self.ctx = KeyedContext(self.backend, KeyedTimerService(self.backend, self))
         self.timestamped = getattr(spec.fn, "emits_timestamps", False)  # yields (value, timestamp)
@@ -31,9 +43,11 @@ class ProcessOperator(KeyedOperator):
         self.fn.close()
 
     def process(self, batch: pa.RecordBatch, kgs: np.ndarray) -> Records | None:
+        go_on, self.stopped_at = self.go_on, None
         try:
             col, mode, rows, uidx, first = self.locate(batch, kgs)
         except TypeError as e:  # a key of another type: admit() routes or raises it
+            go_on = None  # records no longer match the batch's rows: no early end
             batch, kgs = self.admit(batch, kgs, e)
             if batch is None:
                 return None
@@ -50,15 +64,30 @@ class ProcessOperator(KeyedOperator):
         slots = uidx.tolist()
         stamps = ts.tolist() if ts is not None else None
         counts: list[int] = []
-        start = 0
-        while start < len(records):  # resumed after a record that went to dead letters
-            start = self._process_from(start, records, slots, stamps, out, counts, pe, ctx)
-        out_ts = np.repeat(ts, counts).tolist() if ts is not None else None
-        self.write_back()
-        return split_outputs(out, out_ts, self.timestamped, self.spec.output_type, self.name)
+        sent = [0, 0]  # records, and outputs, whose results went out already
 
-    def _process_from(self, start, records, slots, stamps, out, counts, pe, ctx) -> int:
-        """process_element of records[start:]; returns where to resume (after a rejected record,
+        def results(upto: int) -> Records | None:
+            """The outputs of records [sent, upto)."""
+            rec, o = sent
+            sent[:] = upto, len(out)
+            out_ts = np.repeat(ts[rec:upto], counts[rec:upto]).tolist() if ts is not None else None
+            return split_outputs(out[o:], out_ts, self.timestamped, self.spec.output_type, self.name)
+
+        start, n = 0, len(records)
+        limit = n if go_on is None else min(n, go_on(0))
+        while start < limit:  # resumed after a record that went to dead letters
+            start = self._process_from(start, limit, records, slots, stamps, out, counts, pe, ctx)
+            if start == limit < n:
+                if self.emit is not None:  # what the records so far produced, without waiting
+                    self.emit(results(start))  # for the rest of the call
+                limit = min(n, go_on(start))
+        if start < n:
+            self.stopped_at = start
+        self.write_back()
+        return results(start)
+
+    def _process_from(self, start, stop, records, slots, stamps, out, counts, pe, ctx) -> int:
+        """process_element of records[start:stop]; returns where to resume (after a rejected record,
         whose outputs, if it yielded some before it raised, are dropped with it).
 
         Outputs carry the timestamp of the record that produced them, as in Flink (``counts``:
@@ -70,7 +99,7 @@ class ProcessOperator(KeyedOperator):
         try:
             # i names the record that raised, in the handler below
             if stamps is None:
-                for i, (slot, record) in enumerate(zip(slots[start:], records[start:]), start):  # noqa: B007
+                for i, (slot, record) in enumerate(zip(slots[start:stop], records[start:stop]), start):  # noqa: B007
                     b.current = slot
                     res = pe(record, ctx)
                     if res is not None:
@@ -78,7 +107,7 @@ class ProcessOperator(KeyedOperator):
                         before = len(out)
             else:
                 for i, (slot, record, ctx.ts) in enumerate(  # noqa: B007
-                    zip(slots[start:], records[start:], stamps[start:]), start
+                    zip(slots[start:stop], records[start:stop], stamps[start:stop]), start
                 ):
                     b.current = slot
                     res = pe(record, ctx)
@@ -95,7 +124,7 @@ class ProcessOperator(KeyedOperator):
             if stamps is not None:
                 counts.append(0)
             return i + 1
-        return len(records)
+        return stop
 
     def write_back(self) -> None:
         """End the batch: its state changes go to shared memory. A value the write-back cannot
