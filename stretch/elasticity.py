@@ -11,9 +11,9 @@ Two policies ship, and any object with ``decide(load) -> int`` works:
   and keep the new width only if throughput measurably improved; otherwise go back and stay there
   until the load changes; narrow it one step at a time while it is underloaded.
 
-Between intervals the controller also looks, every tenth of one, at the interval that just went by
-(a sliding window): when the operator was overloaded all through it, a policy's ``react(load)`` may
-widen it at once instead of waiting for its next intervals. A rescale takes milliseconds and moves
+Between intervals the controller also looks, every tenth of one, at the half interval that just
+went by (a sliding window): when the operator was overloaded all through it, a policy's
+``react(load)`` may widen it at once instead of waiting for its next intervals. A rescale takes milliseconds and moves
 no state, so a scale-up that proves unneeded costs little; scale-downs still wait for the window.
 
 Both judge smoothed measurements (``LoadHistory``): single intervals are noisy, since busy time
@@ -45,6 +45,7 @@ class OperatorLoad:
     min_parallelism: int
     max_parallelism: int
     backlog_capacity: int = 0  # entries the gate holds (0: not known)
+    backlog_rising: bool = False  # the backlog grew at each sample of the window, never fell
 
     @property
     def mean_busy(self) -> float:
@@ -60,11 +61,14 @@ class OperatorLoad:
         return max(self.min_parallelism, min(self.max_parallelism, parallelism))
 
     def falling_behind(self, high: float) -> bool:
-        """This window alone: the busiest instance above ``high`` while the backlog grew to at
-        least half the gate, or grew by a quarter of it: more input than the instances take."""
+        """This window alone: the busiest instance above ``high`` while the backlog rose all
+        through it, grew to at least half the gate, or grew by a quarter of it: more input than
+        the instances take (however large the gate, a backlog that only rises says so)."""
         quarter = max(self.backlog_capacity // 4, 1)
         return max(self.busy, default=0.0) > high and (
-            self.backlog_growth >= quarter or (self.backlog_growth > 0 and self.backlog >= 2 * quarter)
+            self.backlog_rising
+            or self.backlog_growth >= quarter
+            or (self.backlog_growth > 0 and self.backlog >= 2 * quarter)
         )
 
 

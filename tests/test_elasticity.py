@@ -225,8 +225,8 @@ def test_trend_policy_does_not_retry_on_throughput_noise():
         assert all(b <= a for a, b in zip(path[back:], path[back + 1 :])), (seed, path)
 
 
-def falling(p, busy, growth, backlog=40, capacity=64):
-    return OperatorLoad("op", p, (busy,) * p, 1000.0, backlog, growth, 1, 8, capacity)
+def falling(p, busy, growth, backlog=40, capacity=64, rising=False):
+    return OperatorLoad("op", p, (busy,) * p, 1000.0, backlog, growth, 1, 8, capacity, rising)
 
 
 def test_threshold_policy_reacts_to_an_interval_of_falling_behind_and_to_nothing_less():
@@ -235,6 +235,8 @@ def test_threshold_policy_reacts_to_an_interval_of_falling_behind_and_to_nothing
     assert policy.react(falling(3, 0.95, growth=20)) == 5
     assert policy.react(falling(2, 0.95, growth=2, backlog=10)) is None  # a little growth, little queued
     assert policy.react(falling(2, 0.95, growth=1, backlog=40)) == 3  # growing and half full
+    assert policy.react(falling(2, 0.95, growth=4, backlog=10, rising=True)) == 3  # rose all through
+    assert policy.react(falling(2, 0.8, growth=4, backlog=10, rising=True)) is None  # not busy
     assert policy.react(falling(2, 0.8, growth=30)) is None  # not busy: not the instances' doing
     assert policy.react(falling(8, 1.0, growth=30)) is None  # at the most it may run
     assert not policy.history.intervals  # reacting to a window does not make it an interval
@@ -243,7 +245,7 @@ def test_threshold_policy_reacts_to_an_interval_of_falling_behind_and_to_nothing
 
 def test_the_controller_reacts_to_an_operator_falling_behind_within_an_interval():
     """Overloaded from the start: the policy's own window is two intervals, the sliding window
-    (ThresholdPolicy.react) one interval: it acts first, between two intervals."""
+    (ThresholdPolicy.react) half an interval: it acts first, between two intervals."""
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(1)
     env.enable_elasticity(ThresholdPolicy(), 1, 4, interval_ms=1000, cooldown_ms=10_000)

@@ -1,9 +1,10 @@
 """The elasticity controller: measures keyed operators each interval and rescales them live; between
-intervals it watches the last interval's worth (a sliding window) for an operator falling behind."""
+intervals it watches the last half interval (a sliding window) for an operator falling behind."""
 
 from __future__ import annotations
 
 import copy
+import itertools
 import threading
 import time
 from collections import deque
@@ -52,8 +53,9 @@ class ElasticController(threading.Thread):
             c.gates[stage.input_gate].depth(),
         )
 
-    def _load(self, stage, before, now) -> OperatorLoad:
-        """The operator's measurements between two snapshots (of one parallelism)."""
+    def _load(self, stage, before, now, rising: bool = False) -> OperatorLoad:
+        """The operator's measurements between two snapshots (of one parallelism); ``rising``:
+        the backlog rose at each snapshot between them."""
         dt = now[0] - before[0]
         # not clamped at 1: busy time is counted when a batch ends, so an interval may hold
         # a little of the previous one's, which the next interval then lacks
@@ -68,13 +70,17 @@ class ElasticController(threading.Thread):
             min_parallelism=self.config.min_parallelism,
             max_parallelism=min(self.config.max_parallelism, stage.max_parallelism),
             backlog_capacity=self.coordinator.gates[stage.input_gate].slot_capacity,
+            backlog_rising=rising,
         )
 
     def run(self) -> None:
         """Every interval, the policy decides on the interval's load; every tenth of one between,
-        it may react to the interval that just went by (a sliding window) if it was overloaded."""
+        it may react to the half interval that just went by (a sliding window) if it was
+        overloaded. Half an interval is enough to tell: a backlog that rose at each of its five
+        samples, with the instances busy, is no noise of batches ending."""
         interval = self.config.interval_ms / 1000
         tick = min(max(interval / 10, 0.01), 0.1)
+        span = interval / 2  # the sliding window's
         last = {s.id: self._snapshot(s) for s in self.stages}  # where the current interval began
         recent = {s.id: deque([last[s.id]]) for s in self.stages}  # the last interval's snapshots
         quiet_until = {s.id: 0.0 for s in self.stages}
@@ -85,7 +91,7 @@ class ElasticController(threading.Thread):
                 now = self._snapshot(stage)
                 window = recent[stage.id]
                 window.append(now)
-                while len(window) > 2 and now[0] - window[1][0] >= interval:
+                while len(window) > 2 and now[0] - window[1][0] >= span:
                     window.popleft()
                 quiet = now[0] < quiet_until[stage.id]
                 if now[0] - last[stage.id][0] >= interval:
@@ -94,8 +100,10 @@ class ElasticController(threading.Thread):
                         continue  # cooling down, or a rescale happened inside the interval
                     policy, load = self.policies[stage.id], self._load(stage, before, now)
                     target, early = load.clamp(int(policy.decide(load))), False
-                elif not quiet and now[0] - window[0][0] >= interval and all(s[1] == now[1] for s in window):
-                    load = self._load(stage, window[0], now)
+                elif not quiet and now[0] - window[0][0] >= span and all(s[1] == now[1] for s in window):
+                    depths = [s[3] for s in window]
+                    rising = all(b > a for a, b in itertools.pairwise(depths))
+                    load = self._load(stage, window[0], now, rising)
                     target = self.policies[stage.id].react(load)
                     if target is None:
                         continue
