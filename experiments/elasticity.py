@@ -8,7 +8,8 @@ under the default ``ThresholdPolicy`` (``--interval-ms`` between its decisions, 
 instance takes (measured first, in the same run). ``reaction_ms`` runs from the step until the
 operator's throughput (over 200 ms) reaches ``--reach`` times one instance's capacity;
 ``rescales`` counts the controller's rescales after the step (more than one or two would be
-flapping). The peer reacts the way an autoscaler that restarts the job does (Flink's adaptive
+flapping); ``settled_ratio`` is the rate the operator settled at from 2 s after the step, over one
+instance's capacity (what the cores allowed beside the writer). The peer reacts the way an autoscaler that restarts the job does (Flink's adaptive
 scheduler, Spark's dynamic allocation): the same decision, then a checkpoint, a stop and a
 restore at the new parallelism, measured in the same run under the same backlog
 (``restart_peer_reaction_ms``: the controller's decision time plus that). The plot shows
@@ -105,6 +106,8 @@ def stepped_case(cap: float, args) -> dict:
         "decided_ms": (after[0]["at"] - step) * 1000 if after else None,
         "rescales": len(after),
         "parallelism": [d["report"]["new_parallelism"] for d in after],
+        # the rate the operator settled at, from 2 s after the step on, over one instance's
+        "settled_ratio": progress.rate(step + 2.0, step + args.run) / cap,
         "samples": samples,
         "step": step,
     }
@@ -193,6 +196,7 @@ def main() -> None:
         "decision_ms": round(float(np.median(decided)), 1) if decided else None,
         "policy_interval_ms": args.interval_ms,
         "target_ms": args.interval_ms + 100,
+        "settled_ratio": round(float(np.median([c["settled_ratio"] for c in cases])), 2),
         "rescales": [c["rescales"] for c in cases],
         "parallelism_after_step": [c["parallelism"] for c in cases],
         "capacity_one_instance": round(cap),
