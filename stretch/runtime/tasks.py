@@ -256,7 +256,7 @@ class KeyedInstanceTask(Task):
         gate, operator, outputs, chain = self._parts
         self.gate, self.operator, self.chain = gate, operator, chain
         self.fused = hasattr(operator, "process_owned")
-        self._stoppable()
+        self._note_operator()
         outputs.producer = index + 1
         outputs.producer_id = producer_id(stage.id, index)
         epoch = self.a.epoch
@@ -455,17 +455,21 @@ class KeyedInstanceTask(Task):
         if not self.whole and not whole:  # about PIECE_NS of work a piece, from this one's (CPU
             # time: not the time others ran meanwhile, which would keep pieces small on a busy
             # machine)
-            took = time.thread_time_ns() - cpu0
-            self._piece = max(1, min(self._piece * 8, int(PIECE_NS * (y - x) / max(took, 1))))
+            self._size_piece(y - x, time.thread_time_ns() - cpu0)
         return n, y
 
-    def _stoppable(self) -> None:
+    def _size_piece(self, rows: int, took_ns: int) -> None:
+        """The next piece: about PIECE_NS of work at the rate of the last ``rows`` (growing at most
+        8x a piece)."""
+        self._piece = max(1, min(self._piece * 8, int(PIECE_NS * rows / max(took_ns, 1))))
+
+    def _note_operator(self) -> None:
         """Whether its operator takes its claims from inside a call (``ProcessOperator.go_on``)."""
-        self.stoppable = not self.fused and hasattr(self.operator, "go_on")
+        self.claims_in_call = not self.fused and hasattr(self.operator, "go_on")
 
     def _runs_whole(self, runs: bool) -> bool:
         """Whether it reads a whole run of a batch's rows a call (claimed from inside the call)."""
-        return self.stoppable and not self.whole and (runs or self.everything)
+        return self.claims_in_call and not self.whole and (runs or self.everything)
 
     def _claimer(self, first: int, rows: int):
         """``ProcessOperator.go_on`` for a call over gate positions [first, first + rows): claims
@@ -477,8 +481,7 @@ class KeyedInstanceTask(Task):
         def go_on(done: int) -> int:
             now = time.thread_time_ns()
             if done > clock[1]:
-                took = now - clock[0]
-                self._piece = max(1, min(self._piece * 8, int(PIECE_NS * (done - clock[1]) / max(took, 1))))
+                self._size_piece(done - clock[1], now - clock[0])
             clock[0], clock[1] = now, done
             here = first + done
             end = first + min(rows, done + self._piece)
@@ -534,7 +537,7 @@ class KeyedInstanceTask(Task):
             new.drop_state(name)
         new.open(self._context(new))
         self.operator, self.fused = new, hasattr(new, "process_owned")
-        self._stoppable()
+        self._note_operator()
         self.attached.control.announce(self.op_index, self.a.index, cbk.I_CODE, version)
 
     def _bind_board(self, operator, gate: Gate) -> None:
