@@ -13,8 +13,9 @@ Two policies ship, and any object with ``decide(load) -> int`` works:
 
 Between intervals the controller also looks, every tenth of one, at the half interval that just
 went by (a sliding window): when the operator was overloaded all through it, a policy's
-``react(load)`` may widen it at once instead of waiting for its next intervals. A rescale takes milliseconds and moves
-no state, so a scale-up that proves unneeded costs little; scale-downs still wait for the window.
+``react(load)`` may widen it at once instead of waiting for its next intervals. A rescale takes
+milliseconds and moves no state, so a scale-up that proves unneeded costs little; scale-downs
+still wait for the window.
 
 Both judge smoothed measurements (``LoadHistory``): single intervals are noisy, since busy time
 and records are counted when a batch ends, so one interval may hold one batch more or less than

@@ -155,7 +155,9 @@ def test_a_rescale_applies_inside_one_large_batch_of_a_per_record_function():
     out, reading = _reader(client)
     writer = channels.open_writer(client, "in")
     writer.write(records)  # one gate entry: 1.2 s of work at parallelism 1
-    while len(out) < 500:  # results come out while the batch is worked off
+    deadline = time.monotonic() + 30
+    while len(out) < 500:  # results come out while the batch is worked off, not at its end
+        assert time.monotonic() < deadline, "no results while the one batch was worked off"
         time.sleep(0.005)
     report = client.rescale("busy", 2)
     writer.end()
