@@ -45,6 +45,7 @@ from stretch.cluster.membership import Membership
 from stretch.cluster.routing import RoutingTable, plan_add_node, plan_remove_node
 from stretch.cluster.source_plans import split_sources
 from stretch.cluster.sources import ClusterSources
+from stretch.cluster.spark_workers import check_workers
 from stretch.cluster.tls import ClusterTLS
 from stretch.cluster.writer import ClusterWriter
 from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
@@ -160,6 +161,7 @@ class StretchCluster:
         ``cluster.secret`` (over a network, TLS is advised). ``checkpoint_dir`` (see ``local``;
         every node must reach it): by default ``stretch-cluster`` inside Spark's checkpoint
         location (``spark.sql.streaming.checkpointLocation``) when one is set."""
+        check_workers(spark)
         owns = directory is None
         path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
         path.mkdir(parents=True, exist_ok=True, mode=0o700)

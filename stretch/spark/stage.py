@@ -36,6 +36,7 @@ from pyspark import TaskContext
 
 from stretch import channels, jobs
 from stretch.cluster import ClusterJobClient
+from stretch.cluster.spark_workers import check_workers
 from stretch.spark.cluster_stage import ClusterStage
 from stretch.spark.schemas import check_fits, spark_arrow_schema, spark_ddl
 from stretch.spark.stage_results import in_spark_schema, latest_per_key, transaction_of
@@ -61,6 +62,7 @@ def stage(
     """
     if mode not in ("append", "update"):
         raise ValueError(f"mode must be 'append' or 'update', got {mode!r}")
+    check_workers(df.sparkSession)
     if isinstance(job, ClusterJobClient):
         target = ClusterStage(job, into, out)
     else:
