@@ -43,14 +43,19 @@ def _python_without_stretch(tmp_path) -> str:
         f.write("\n".join(site.getsitepackages()) + "\n")
     probe = "import pyspark, numpy\ntry:\n    import stretch\nexcept ModuleNotFoundError:\n    print('no stretch')"
     seen = subprocess.run(
-        [python, "-c", probe], capture_output=True, text=True, cwd=tmp_path, check=True
+        [python, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=_env(), check=True
     ).stdout
     assert seen.strip() == "no stretch", "the test's Python without stretch still imports it"
     return python
 
 
+def _env() -> dict:
+    """This environment without a PYTHONPATH (which Spark's workers would inherit)."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_DRIVER_PYTHON")}
+
+
 def _run(tmp_path, worker_python: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_DRIVER_PYTHON")}
+    env = _env()
     env["PYSPARK_PYTHON"] = worker_python
     # the driver finds stretch as installed; the working directory is not the checkout
     out = subprocess.run(
