@@ -376,14 +376,14 @@ class KeyedInstanceTask(Task):
         while True:
             epoch = self.frontier.epoch
             x, y = self._next_piece(kgs, runs, lo, n)
-            whole = self._runs_whole(runs)  # a whole run: its pieces are claimed inside the call
-            reach = x if whole else y
+            in_call = self._claims_in_call(runs)  # a whole run, its pieces claimed inside the call
+            reach = x if in_call else y
             stop = self._bound(start + lo, start + max(reach, lo + (n == 0)), paced=True) - start
             if self.retired:
                 return start + lo
             if self.frontier.epoch != epoch:  # an epoch applied at lo: the piece is another now
                 continue
-            if whole and y > x <= stop:
+            if in_call and y > x <= stop:
                 n_in, stop = self._process(entry, kgs, runs, x, y)  # it may end where an epoch applies
                 rows_in += n_in
             elif min(y, stop) > x:
@@ -408,7 +408,7 @@ class KeyedInstanceTask(Task):
         order). (n, n): nothing of its own is left."""
         if self.whole:
             return lo, n
-        piece = n if self._runs_whole(runs) else self._piece
+        piece = n if self._claims_in_call(runs) else self._piece
         if runs and not self.everything:
             for a, b in spans(kgs, self.ranges):
                 if b > lo:
@@ -424,7 +424,7 @@ class KeyedInstanceTask(Task):
         part = writable(kgs[x:y])
         t0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
         chain, operator = self.chain, self.operator
-        whole = False
+        in_call = False
         if self.fused:
             operator.position = entry.seq  # where a broadcast operator's versions are placed
             out = operator.process_owned(batch, part, self.owners, self.a.index)
@@ -435,8 +435,8 @@ class KeyedInstanceTask(Task):
                 chain.push(out)
             n = operator.rows_in
         else:
-            whole = self._runs_whole(runs)
-            if whole:  # its claims go on piece by piece from inside the call, its results too
+            in_call = self._claims_in_call(runs)
+            if in_call:  # its claims go on piece by piece from inside the call, its results too
                 operator.go_on, operator.emit = self._claimer(entry.start + x, y - x), chain.push
             own, own_kgs = (
                 (batch, part)
@@ -446,13 +446,13 @@ class KeyedInstanceTask(Task):
             n = own.num_rows
             if n:
                 chain.push(operator.process(own, own_kgs))
-                if whole and operator.stopped_at is not None:
+                if in_call and operator.stopped_at is not None:
                     n = operator.stopped_at
                     y = x + n
-            if whole:
+            if in_call:
                 operator.go_on = operator.emit = None
         self._busy += time.perf_counter_ns() - t0
-        if not self.whole and not whole:  # about PIECE_NS of work a piece, from this one's (CPU
+        if not self.whole and not in_call:  # about PIECE_NS of work a piece, from this one's (CPU
             # time: not the time others ran meanwhile, which would keep pieces small on a busy
             # machine)
             self._size_piece(y - x, time.thread_time_ns() - cpu0)
@@ -465,11 +465,11 @@ class KeyedInstanceTask(Task):
 
     def _note_operator(self) -> None:
         """Whether its operator takes its claims from inside a call (``ProcessOperator.go_on``)."""
-        self.claims_in_call = not self.fused and hasattr(self.operator, "go_on")
+        self.claiming_operator = not self.fused and hasattr(self.operator, "go_on")
 
-    def _runs_whole(self, runs: bool) -> bool:
+    def _claims_in_call(self, runs: bool) -> bool:
         """Whether it reads a whole run of a batch's rows a call (claimed from inside the call)."""
-        return self.claims_in_call and not self.whole and (runs or self.everything)
+        return self.claiming_operator and not self.whole and (runs or self.everything)
 
     def _claimer(self, first: int, rows: int):
         """``ProcessOperator.go_on`` for a call over gate positions [first, first + rows): claims
