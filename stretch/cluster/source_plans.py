@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from stretch.datastream.broadcast_stream import input_side
 from stretch.datastream.connectors.channel import ChannelSource
 from stretch.datastream.connectors.file_system import FileSource
-from stretch.plan.stages import JobPlan, StageSpec, Step
+from stretch.plan.stages import JobPlan, StageSpec, Step, walk_steps
 
 DRIVER, NODES = "driver", "nodes"  # where a feed's splits are read
 COLLECTION_CHUNK_ROWS = 8192
@@ -165,7 +165,7 @@ def _recount_producers(plan: JobPlan) -> None:
         if sink.id != plan.dead_letter_sink:
             sink.producers = []
     for stage in plan.stages:
-        for step in _walk(stage.chain):
+        for step in walk_steps(stage.chain):
             if step.kind == "to_gate":
                 plan.gate_producers[step.gate].append(stage.id)
             elif step.kind in ("to_sink", "to_chained_sink"):
@@ -173,8 +173,3 @@ def _recount_producers(plan: JobPlan) -> None:
     if plan.dead_letter_sink is not None:
         plan.sinks[plan.dead_letter_sink].producers = [s.id for s in plan.stages]
 
-
-def _walk(steps: list[Step]):
-    for s in steps:
-        yield s
-        yield from _walk(s.children)

@@ -203,7 +203,7 @@ def compile_plan(
                 stage.chain = [
                     Step("assign", strategy, t.output_type, stage.chain, name="Timestamps/Watermarks")
                 ]
-            for step in _walk(stage.chain):
+            for step in walk_steps(stage.chain):
                 if step.kind == "to_gate":
                     gate_producers[step.gate].append(stage.id)
                 elif step.kind in ("to_sink", "to_chained_sink"):
@@ -240,7 +240,8 @@ def _key_spec(key_by: Transformation, max_parallelism: int, operator_kind: str) 
     )
 
 
-def _walk(steps: list[Step]):
+def walk_steps(steps: list[Step]):
+    """Every step of a chain, depth first (a step's children follow it)."""
     for s in steps:
         yield s
-        yield from _walk(s.children)
+        yield from walk_steps(s.children)

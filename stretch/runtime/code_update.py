@@ -30,7 +30,7 @@ from stretch.contracts.functions import (
     ProcessFunction,
 )
 from stretch.errors import UpdateRefused
-from stretch.plan.stages import JobPlan, StageSpec, Step
+from stretch.plan.stages import JobPlan, StageSpec, Step, walk_steps
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
 from stretch.runtime.state_dir import make_private_dir, write_private
 from stretch.state.codecs import storage_entry
@@ -52,12 +52,12 @@ def target(plan: JobPlan, name: str) -> tuple[StageSpec, str]:
     for stage in plan.stages:
         if stage.kind == "keyed" and stage.name == name:
             return stage, ""
-    found = [s for s in plan.stages if any(step.name == name for step in _walk(s.chain))]
-    if len(found) > 1 or sum(step.name == name for s in found for step in _walk(s.chain)) > 1:
+    found = [s for s in plan.stages if any(step.name == name for step in walk_steps(s.chain))]
+    if len(found) > 1 or sum(step.name == name for s in found for step in walk_steps(s.chain)) > 1:
         raise UpdateRefused(f"several steps are named {name!r}: name them apart with .name(...)")
     if not found:
         keyed = [s.name for s in plan.stages if s.kind == "keyed"]
-        steps = sorted({step.name for s in plan.stages for step in _walk(s.chain) if step.kind in STEPS})
+        steps = sorted({step.name for s in plan.stages for step in walk_steps(s.chain) if step.kind in STEPS})
         raise KeyError(
             f"no operator named {name!r} in this job (keyed operators: {', '.join(keyed) or 'none'}; "
             f"chained steps: {', '.join(steps) or 'none'})"
@@ -67,13 +67,8 @@ def target(plan: JobPlan, name: str) -> tuple[StageSpec, str]:
 
 def updated_step(stage: StageSpec) -> Step:
     """The chained step a version changed (with its new function)."""
-    return next(s for s in _walk(stage.chain) if s.name == stage.updated_step)
+    return next(s for s in walk_steps(stage.chain) if s.name == stage.updated_step)
 
-
-def _walk(steps: list[Step]):
-    for step in steps:
-        yield step
-        yield from _walk(step.children)
 
 
 def swapped_stage(stage: StageSpec, function, output_type=None, step: str = "") -> StageSpec:

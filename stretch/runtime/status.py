@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from stretch.common.job_status import JobStatus
+from stretch.plan.stages import walk_steps
 from stretch.runtime import control_block as cbk
 
 
@@ -72,10 +73,31 @@ def _describe_live(job) -> dict:
         "name": job.job_name,
         "status": job.status.name,
         "operators": ops,
+        "graph": job_graph(job.plan),
         "rescales": list(job.rescales),  # every completed live rescale's report, in order
         "updates": list(job.updater.reports),  # every completed live code update's report, in order
         "checkpoints": _describe_checkpoints(job),
     }
+
+
+def job_graph(plan) -> dict:
+    """The job as the UI draws it: ``nodes`` (sources, keyed operators and sinks, each with the
+    stateless steps chained into it) and ``edges`` ([from, to] node ids, data flowing that way)."""
+    nodes, edges = [], []
+    for stage in plan.stages:
+        node_id = f"stage-{stage.id}"
+        kind = "source" if stage.kind == "source" else stage.operator.kind
+        chained = [step.name for step in walk_steps(stage.chain) if step.kind not in _EDGES and step.name]
+        nodes.append({"id": node_id, "name": stage.name, "kind": kind, "chained": chained})
+        if stage.kind == "keyed":
+            edges += [[f"stage-{p}", node_id] for p in plan.gate_producers.get(stage.input_gate, [])]
+    for sink in plan.sinks:
+        nodes.append({"id": f"sink-{sink.id}", "name": sink.name, "kind": "sink", "chained": []})
+        edges += [[f"stage-{p}", f"sink-{sink.id}"] for p in dict.fromkeys(sink.producers)]
+    return {"nodes": nodes, "edges": [list(e) for e in dict.fromkeys(map(tuple, edges))]}
+
+
+_EDGES = ("to_gate", "to_sink", "to_chained_sink")  # a step that leaves its stage: an edge, not a box
 
 
 def _describe_checkpoints(job) -> dict | None:
