@@ -22,6 +22,7 @@ that die (cluster.failover), and what it answers callers by URL (cluster.driver)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import shutil
@@ -47,8 +48,11 @@ from stretch.cluster.source_plans import split_sources
 from stretch.cluster.sources import ClusterSources
 from stretch.cluster.spark_workers import check_workers
 from stretch.cluster.tls import ClusterTLS
+from stretch.cluster.ui_source import ClusterJobs
 from stretch.cluster.writer import ClusterWriter
 from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM
+from stretch.ui.config import UIConfig
+from stretch.ui.server import UIServer
 
 
 class StretchCluster:
@@ -90,6 +94,7 @@ class StretchCluster:
         self.started = False  # the driver makes node changes only once the cluster has started
         self.stopping = threading.Event()  # the cluster's threads end when it is set
         self._writers: weakref.WeakSet[ClusterWriter] = weakref.WeakSet()  # closed with the cluster
+        self._ui = None  # the cluster's web page (ui=), served from this process
         self._step_hook = None  # tests: called at each point of a move (see handoff.Handoff)
         self.sources = ClusterSources(self)  # the jobs' sources that are not channels (cluster.sources)
 
@@ -105,6 +110,7 @@ class StretchCluster:
         private_shm_mb: int | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
         host: str = LOOPBACK,
+        ui=False,
     ) -> StretchCluster:
         """``nodes`` node processes on this machine (the default for laptops and tests).
 
@@ -120,7 +126,8 @@ class StretchCluster:
         (see cluster.recovery). ``host``: the interface nodes and the driver listen on, loopback
         by default; another (an IP of this machine, or ``"0.0.0.0"``) lets other hosts write and
         read by ``cluster.url`` with ``cluster.secret`` (every call still needs the secret; over
-        a network, TLS is advised).
+        a network, TLS is advised). ``ui``: serve the cluster's web page from this process (True,
+        a port, or a ``stretch.ui.UIConfig``; see ``ui_url``).
         """
         owns = directory is None
         path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
@@ -132,6 +139,8 @@ class StretchCluster:
         )
         try:
             cluster._begin(nodes)
+            if ui is not False:
+                cluster._serve_ui(ui)
         except BaseException:
             cluster.close()
             raise
@@ -148,6 +157,7 @@ class StretchCluster:
         tls: ClusterTLS | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
         host: str = LOOPBACK,
+        ui=False,
     ) -> StretchCluster:
         """``nodes`` nodes, each a long-running task of a Spark job of ``spark``'s context,
         holding one task slot for as long as it runs (as Ray on Spark does); leave task slots
@@ -160,7 +170,8 @@ class StretchCluster:
         then run on other hosts, and queries write and read by ``cluster.url`` with
         ``cluster.secret`` (over a network, TLS is advised). ``checkpoint_dir`` (see ``local``;
         every node must reach it): by default ``stretch-cluster`` inside Spark's checkpoint
-        location (``spark.sql.streaming.checkpointLocation``) when one is set."""
+        location (``spark.sql.streaming.checkpointLocation``) when one is set. ``ui``: as
+        ``local``'s."""
         check_workers(spark)
         owns = directory is None
         path = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="stretch-cluster-"))
@@ -174,6 +185,8 @@ class StretchCluster:
         )
         try:
             cluster._begin(nodes)
+            if ui is not False:
+                cluster._serve_ui(ui)
         except BaseException:
             cluster.close()
             raise
@@ -222,6 +235,20 @@ class StretchCluster:
         if hasattr(self.launcher, "driver"):
             self.launcher.driver = self._driver
         self.files.write(DRIVER, {"location": self._driver.location})
+
+    def _serve_ui(self, ui) -> None:
+        """The cluster's page, with the cluster's secret for changes and, with TLS, its
+        certificate for HTTPS."""
+        config = dataclasses.replace(UIConfig.of(ui), secret=self._secret)
+        if self.tls is not None and config.certfile is None:
+            config = dataclasses.replace(config, certfile=self.tls.cert_chain, keyfile=self.tls.private_key)
+        self._ui = UIServer([ClusterJobs(ClusterConnection(self.directory))], config).start()
+
+    @property
+    def ui_url(self) -> str | None:
+        """The cluster's web page with its secret (which lets a browser rescale); None without
+        ``ui=``."""
+        return self._ui.url if self._ui is not None else None
 
     def start_node(self, node_id: str, jobs: dict[str, bytes] | None = None) -> None:
         """Start a node running the cluster's jobs (or ``jobs``)."""
@@ -388,6 +415,8 @@ class StretchCluster:
             return
         self.closed = True
         self.stopping.set()
+        if self._ui is not None:
+            self._ui.stop()
         self.sources.close()
         self.failover.join(30)
         self.jobs.join(30)

@@ -58,6 +58,8 @@ class DriverServer(flight.FlightServerBase):
                 self._announced[body["node"]] = body["location"]
                 self._announcing.notify_all()
             answer = {"ok": True}
+        elif action.type == "handoff":  # the UI's: node changes under way and done
+            answer = self.cluster.handoff.describe()
         elif action.type == "output":
             answer = output_info(action.body.to_pybytes())
         elif action.type in ("add_node", "remove_node"):

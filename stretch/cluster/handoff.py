@@ -16,7 +16,7 @@ With a checkpoint directory, a node that dies in the middle of a move is restore
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from stretch.cluster.directory import HANDOFF
 from stretch.cluster.recovery import NodeLost
@@ -48,14 +48,35 @@ class Handoff:
     def __init__(self, cluster):
         self.cluster = cluster
         self.in_flight: dict | None = None  # the move under way: a node that dies in it is restored
+        self.progress: dict | None = None  # the node change under way: key groups to move, moved
+        self.reports: list[dict] = []  # every completed node change's HandoffReport, in order
+
+    def describe(self) -> dict:
+        """What the UI shows: the change under way (and its current move), and those done."""
+        move = self.in_flight
+        return {
+            "progress": self.progress,
+            "in_flight": None if move is None else {k: move[k] for k in ("src", "dst", "key_groups")},
+            "reports": self.reports[-50:],
+        }
 
     def run(self, moves: dict[int, str]) -> HandoffReport:
         """Make ``moves`` (key group -> new owner), step by step."""
         c = self.cluster
         t0 = time.monotonic()
+        parts = steps(moves, c.step, self._state_bytes_per_key_group(moves), STEP_BYTES)
+        self.progress = {"key_groups": len(moves), "moved": 0, "started": time.time()}
+        try:
+            report = self._run(parts, t0)
+        finally:
+            self.progress = None
+        self.reports.append(asdict(report))
+        return report
+
+    def _run(self, parts: list[dict[int, str]], t0: float) -> HandoffReport:
+        c = self.cluster
         moved = size = forwarded = 0
         stalls: list[float] = []
-        parts = steps(moves, c.step, self._state_bytes_per_key_group(moves), STEP_BYTES)
         for step in parts:
             c.hook("step", "", "")
             old = c.table
@@ -90,6 +111,7 @@ class Handoff:
                     ) from e
                 stalls.append((time.monotonic() - s0) * 1000)
                 moved += len(kgs)
+                self.progress["moved"] = moved
         (c.directory / HANDOFF).unlink(missing_ok=True)
         c.failover.collect_garbage()  # checkpoints the release checkpoints superseded
         return HandoffReport(

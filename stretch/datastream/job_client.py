@@ -18,6 +18,7 @@ from stretch.runtime.gate import GateClosed, Kind
 from stretch.state.key_groups import key_group
 from stretch.state.keyed_table import KeyedTable
 from stretch.state.queryable import read_state
+from stretch.ui.config import UIConfig
 
 
 class CompletableFuture(Future):
@@ -98,8 +99,30 @@ class JobClient:
     def __init__(self, coordinator: Coordinator):
         self._coordinator = coordinator
         self._thread = threading.Thread(
-            target=coordinator.run, name=f"stretch-job-{coordinator.job_id[:8]}", daemon=True
+            target=self._run, name=f"stretch-job-{coordinator.job_id[:8]}", daemon=True
         )
+        self._ui = None  # the job's web UI (execute_async(..., ui=...)), served while it runs
+
+    def _run(self) -> None:
+        try:
+            self._coordinator.run()
+        finally:
+            if self._ui is not None:
+                self._ui.stop()
+
+    def _serve_ui(self, config: UIConfig) -> None:
+        """Serve the job's page from this process (before the job starts: its info names it)."""
+        from stretch.ui.server import UIServer
+        from stretch.ui.sources import ProcessJob
+
+        self._ui = UIServer([ProcessJob(self.get_job_id(), self.control)], config).start()
+        self._coordinator.info_extra["ui"] = self._ui.address
+
+    @property
+    def ui_url(self) -> str | None:
+        """The job's web UI with its secret (open it to watch and rescale the job), while the job
+        runs; None without ``ui=``."""
+        return self._ui.url if self._ui is not None else None
 
     def _start(self) -> JobClient:
         termination.register(self._coordinator)

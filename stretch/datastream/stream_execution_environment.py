@@ -26,6 +26,7 @@ from stretch.runtime.coordinator import Coordinator, EngineConfig
 from stretch.runtime.elastic_controller import ElasticityConfig
 from stretch.runtime.metrics import require_prometheus
 from stretch.state.key_groups import DEFAULT_MAX_PARALLELISM, MAX_MAX_PARALLELISM
+from stretch.ui.config import UIConfig
 
 DEFAULT_JOB_NAME = "Flink Streaming Job"
 # the API's own functions and connectors that jobs run: workers import them before they are needed
@@ -368,20 +369,36 @@ class StreamExecutionEnvironment:
         coordinator = Coordinator(plan, job_name or DEFAULT_JOB_NAME, config)
         return coordinator, JobClient(coordinator)
 
-    def execute_async(self, job_name: str = DEFAULT_JOB_NAME, restore: bool | None = None, cluster=None):
+    def execute_async(
+        self, job_name: str = DEFAULT_JOB_NAME, restore: bool | None = None, cluster=None, ui=False
+    ):
         """Start the job and return at once; the JobClient follows, rescales or cancels it.
 
         ``restore``: start from the latest complete checkpoint of the job of this name (a job whose
         process died), at this job's parallelism. Default: ``stretch run --restore`` sets it.
         ``cluster``: a ``stretch.cluster.StretchCluster``; the job runs on each of its nodes, for
         the key groups the node owns, and the cluster's job client is returned.
+        ``ui``: serve the job's web page from this process while it runs (True: a free loopback
+        port; a port number; or a ``stretch.ui.UIConfig``); ``client.ui_url`` is its address
+        with the secret that lets a browser rescale. Needs the ``ui`` extra.
         """
         sinks, self._sinks = self._sinks, []
         if cluster is not None:
+            if ui is not False:
+                raise ValueError(
+                    "a cluster job is shown by its cluster's UI: StretchCluster.local(..., ui=True)"
+                )
             plan, config = self._compile(sinks, restore)
             return cluster.submit(plan, job_name, config)
         _, client = self._submit(sinks, job_name, restore)
-        return client._start()
+        if ui is not False:
+            client._serve_ui(UIConfig.of(ui))
+        try:
+            return client._start()
+        except BaseException:
+            if client._ui is not None:
+                client._ui.stop()
+            raise
 
     def execute(self, job_name: str | None = None, restore: bool | None = None) -> JobExecutionResult:
         """Run the job to completion (bounded inputs) and return its result; raises if it fails."""

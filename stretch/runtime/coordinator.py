@@ -141,6 +141,7 @@ class Coordinator:
         self._dataplane: list = []  # segments rebuilt by a recovery (see _build_dataplane)
         self.prefix: str | None = None  # of the job's shared-memory segments, once it starts
         self._metrics = None  # (server, thread, port) of the Prometheus endpoint
+        self.info_extra: dict = {}  # more for the job's info file (``ui``: its web page's address)
         self._server: ControlServer | None = None
         self._zygote: zygote.Zygote | None = None
         self.socket_path = runtime_dir() / f"{self.job_id}.sock"
@@ -384,6 +385,7 @@ class Coordinator:
         }
         if self._metrics is not None:
             info["metrics"] = f"http://{self.config.metrics[0]}:{self._metrics[2]}/metrics"
+        info.update(self.info_extra)
         tmp = self.info_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(info))
         tmp.replace(self.info_path)
