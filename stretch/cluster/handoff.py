@@ -70,7 +70,7 @@ class Handoff:
             report = self._run(parts, t0)
         finally:
             self.progress = None
-        self.reports.append(asdict(report))
+        self.reports.append({**asdict(report), "finished_at": time.time()})
         return report
 
     def _run(self, parts: list[dict[int, str]], t0: float) -> HandoffReport:

@@ -61,8 +61,20 @@ def test_rates_busy_and_backlog_wait_follow_the_counters():
 
 def test_an_operator_that_appears_later_has_gaps_not_shifted_values():
     a = sample_of(status([0], 0, 0, 0, name="a"), 0.0)
-    b = sample_of({"operators": status([0], 10, 0, 0, name="a")["operators"] + status([0], 5, 0, 0, name="b")["operators"]}, 1.0)
-    c = sample_of({"operators": status([0], 20, 0, 0, name="a")["operators"] + status([0], 25, 0, 0, name="b")["operators"]}, 2.0)
+    b = sample_of(
+        {
+            "operators": status([0], 10, 0, 0, name="a")["operators"]
+            + status([0], 5, 0, 0, name="b")["operators"]
+        },
+        1.0,
+    )
+    c = sample_of(
+        {
+            "operators": status([0], 20, 0, 0, name="a")["operators"]
+            + status([0], 25, 0, 0, name="b")["operators"]
+        },
+        2.0,
+    )
     got = series([a, b, c])
     assert got["operators"]["a"]["rate_in"] == [10.0, 10.0]
     assert got["operators"]["b"]["rate_in"] == [None, 20.0]
@@ -95,9 +107,34 @@ def test_the_event_log_has_each_rescale_update_and_checkpoint_once_in_order():
     ck = {"interval_ms": 100, "completed": 1, "failed": 0, "last_error": None}
     seen = [
         {"j": {**base, "rescales": [rescale], "checkpoints": {**ck, "latest": None}}},  # one before the UI
-        {"j": {**base, "rescales": [rescale], "checkpoints": {**ck, "latest": {"id": 1, "duration_ms": 3, "bytes": 10}}}},
-        {"j": {**base, "rescales": [rescale, rescale], "updates": [update], "checkpoints": {**ck, "latest": {"id": 1, "duration_ms": 3, "bytes": 10}}}},
-        {"j": {**base, "rescales": [rescale, rescale], "updates": [update], "checkpoints": {**ck, "failed": 1, "last_error": "disk full", "latest": {"id": 2, "duration_ms": 4, "bytes": 10}}}},
+        {
+            "j": {
+                **base,
+                "rescales": [rescale],
+                "checkpoints": {**ck, "latest": {"id": 1, "duration_ms": 3, "bytes": 10}},
+            }
+        },
+        {
+            "j": {
+                **base,
+                "rescales": [rescale, rescale],
+                "updates": [update],
+                "checkpoints": {**ck, "latest": {"id": 1, "duration_ms": 3, "bytes": 10}},
+            }
+        },
+        {
+            "j": {
+                **base,
+                "rescales": [rescale, rescale],
+                "updates": [update],
+                "checkpoints": {
+                    **ck,
+                    "failed": 1,
+                    "last_error": "disk full",
+                    "latest": {"id": 2, "duration_ms": 4, "bytes": 10},
+                },
+            }
+        },
     ]
     history = History([Source(seen)])
     for _ in seen:

@@ -87,7 +87,8 @@ def test_a_clusters_nodes_and_key_group_map(tmp_path):
         for node in cluster.nodes:
             row_text = page.text_content(f"[data-cluster-node='{node}']")
             assert str(owners[node]) in row_text and "counts (RUNNING)" in row_text
-        assert f"{report.key_groups_moved}" in page.text_content("table:last-of-type")
+        change = page.text_content(f"[data-change='{report.version}']")
+        assert f"{report.key_groups_moved}" in change and f"({report.steps} steps)" in change
         shoot(page, tmp_path, "ui-cluster.png")
         page.click("[data-job='counts@node-2']")
         page.wait_for_selector("[data-operator='counts']")

@@ -4,23 +4,12 @@ against the job's own status, who may rescale, and that it ends with the job."""
 from __future__ import annotations
 
 import socket
-import time
 import urllib.parse
 
 import pytest
 
 from stretch.ui import UIConfig
-from tests.ui.jobs import clicks, expected_totals, final_totals, get, post, totals_job
-
-
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out")
+from tests.ui.jobs import clicks, expected_totals, final_totals, get, post, totals_job, wait_for
 
 
 def test_the_api_shows_the_job_and_only_a_holder_of_the_secret_rescales_it():
@@ -33,8 +22,13 @@ def test_the_api_shows_the_job_and_only_a_holder_of_the_secret_rescales_it():
         writer.write(rows[:10_000])
         status, overview = get(base + "api/overview")
         assert status == 200 and not overview["can_change"]
-        (job,) = [j for j in overview["jobs"] if j["job_id"] == client.get_job_id()]
-        assert job["name"] == "ui-api" and job["status"] == "RUNNING"
+
+        def running():
+            jobs = get(base + "api/overview")[1]["jobs"]
+            return [j for j in jobs if j["job_id"] == client.get_job_id() and j["status"] == "RUNNING"]
+
+        (job,) = wait_for(running)
+        assert job["name"] == "ui-api"
         key = job["key"]
 
         def read_all():
@@ -67,7 +61,9 @@ def test_the_api_shows_the_job_and_only_a_holder_of_the_secret_rescales_it():
         assert code == 200, reply
         assert (reply["report"]["old_parallelism"], reply["report"]["new_parallelism"]) == (1, 2)
         assert client.describe()["operators"][0]["parallelism"] == 2
-        code, reply = post(base + "api/rescale", {**change, "operator": "nosuch"}, {"X-Stretch-Secret": secret})
+        code, reply = post(
+            base + "api/rescale", {**change, "operator": "nosuch"}, {"X-Stretch-Secret": secret}
+        )
         assert code == 409 and "nosuch" in reply["error"]
         code, reply = post(base + "api/rescale", {"job": key}, {"X-Stretch-Secret": secret})
         assert code == 400

@@ -261,16 +261,18 @@ function drawCluster(c) {
       el("td", { text: n.node }), el("td", { text: n.location }),
       el("td", { class: "num", text: String(n.key_groups) }),
       el("td", { text: Object.entries(n.jobs).map(([name, st]) => `${name} (${st})`).join(", ") || "none" }))));
-  const handoff = c.handoff
-    ? el("p", { "data-handoff": "" , text: `moving ${c.handoff.key_groups.length} key groups from ${c.handoff.src} to ${c.handoff.dst}` })
-    : el("p", { class: "muted", text: "no handoff in progress" });
+  const handoff = c.progress
+    ? el("p", { "data-handoff": "", text: `node change under way: ${c.progress.moved} of ${c.progress.key_groups} key groups moved` +
+        (c.handoff ? `; now ${c.handoff.key_groups.length} from ${c.handoff.src} to ${c.handoff.dst}` : "") })
+    : el("p", { class: "muted", text: "no node change under way" });
   const changes = el("table", {},
-    el("tr", {}, ...["node change", "key groups moved", "state moved", "took", "longest stall"].map((h) => el("th", { text: h }))),
-    ...(c.changes.length ? [...c.changes].reverse().map((r) => el("tr", {},
-      el("td", { text: `routing version ${r.version}` }), el("td", { class: "num", text: String(r.key_groups_moved) }),
+    el("tr", {}, ...["finished", "routing version", "key groups moved", "state moved", "took", "longest stall"].map((h) => el("th", { text: h }))),
+    ...(c.changes.length ? [...c.changes].reverse().map((r) => el("tr", { "data-change": String(r.version) },
+      el("td", { text: when(r.finished_at) }), el("td", { text: `${r.version} (${r.steps} steps)` }),
+      el("td", { class: "num", text: String(r.key_groups_moved) }),
       el("td", { class: "num", text: mb(r.bytes_moved) }), el("td", { class: "num", text: r.elapsed_ms.toFixed(0) + " ms" }),
       el("td", { class: "num", text: r.max_stall_ms.toFixed(1) + " ms" })))
-      : [el("tr", {}, el("td", { class: "muted", colspan: "5", text: "none yet" }))]));
+      : [el("tr", {}, el("td", { class: "muted", colspan: "6", text: "none yet" }))]));
   root.replaceChildren(el("h1", { text: "Cluster" }),
     el("div", { class: "muted", text: `${c.nodes.length} nodes · routing version ${c.version} · ${c.owners.length} key groups · ${c.address}` }),
     el("h3", { text: "Nodes" }), nodes,
