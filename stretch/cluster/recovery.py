@@ -47,6 +47,7 @@ import pyarrow as pa
 from stretch.runtime.batch import KG_COLUMN
 from stretch.runtime.channel_log import ChannelLog
 from stretch.runtime.state_dir import job_dir_name, make_private_dir, write_private
+from stretch.state.checkpoint_layout import MANIFEST, METADATA, node_dir, operator_file
 from stretch.state.snapshot import SCHEMA as SNAPSHOT_SCHEMA
 from stretch.state.snapshot import write_snapshot
 
@@ -63,10 +64,6 @@ _TAGS = (QUERY_KEY, BATCH_KEY, STAGE_KEY)
 STAGE_PARTS = "stage_parts.arrow"  # a job's stage transaction parts in a checkpoint
 QUEUED = ".queued.arrow"  # after an operator's name: the rows a release checkpoint kept queued
 NO_LIMIT = 1 << 62  # a journal keeps everything (its node's checkpoints say what it still needs)
-
-
-def node_dir(checkpoint_dir: str | os.PathLike, node: str) -> Path:
-    return Path(checkpoint_dir) / "nodes" / node
 
 
 def journal_dir(checkpoint_dir, node: str, job: str, channel: str) -> Path:
@@ -131,7 +128,7 @@ def write_checkpoint(
     for job, by_operator in operators.items():
         make_private_dir(path / job_dir_name(job))
         for operator, (batches, description) in by_operator.items():
-            size += write_snapshot(batches, path / job_dir_name(job) / f"{operator}.arrow")
+            size += write_snapshot(batches, operator_file(path, job, operator))
             layouts.setdefault(job, {})[operator] = description
     for job, by_operator in (queued or {}).items():
         for operator, batches in by_operator.items():
@@ -144,7 +141,7 @@ def write_checkpoint(
         if table.num_rows:
             make_private_dir(path / job_dir_name(job))
             size += _write_file(path / job_dir_name(job) / STAGE_PARTS, table)
-    write_private(path / "_metadata.json", json.dumps({"operators": layouts, "marks": marks, **extra}))
+    write_private(path / METADATA, json.dumps({"operators": layouts, "marks": marks, **extra}))
     sync_tree(path)
     return size
 
@@ -174,12 +171,12 @@ def _fsync(path: Path) -> None:
 
 
 def read_metadata(path: str | os.PathLike) -> dict:
-    return json.loads((Path(path) / "_metadata.json").read_text())
+    return json.loads((Path(path) / METADATA).read_text())
 
 
 def read_key_groups(path: str | os.PathLike, job: str, operator: str, key_groups) -> list[pa.RecordBatch]:
     """The snapshot rows of ``key_groups`` of a job's operator in a checkpoint directory."""
-    file = Path(path) / job_dir_name(job) / f"{operator}.arrow"
+    file = operator_file(path, job, operator)
     if not file.exists():
         return []
     with pa.memory_map(str(file)) as source:
@@ -221,7 +218,7 @@ def read_stage_parts(path: str | os.PathLike, job: str, key_groups) -> pa.Table 
 
 # ---- the manifest -------------------------------------------------------------------------------
 def load_manifest(checkpoint_dir, node: str) -> dict:
-    path = node_dir(checkpoint_dir, node) / "manifest.json"
+    path = node_dir(checkpoint_dir, node) / MANIFEST
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -233,7 +230,7 @@ def save_manifest(checkpoint_dir, node: str, manifest: dict) -> None:
     synced): what it no longer names may be deleted as soon as this returns."""
     directory = node_dir(checkpoint_dir, node)
     make_private_dir(directory)
-    path = directory / "manifest.json"
+    path = directory / MANIFEST
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:

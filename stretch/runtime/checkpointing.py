@@ -36,17 +36,10 @@ from pathlib import Path
 from stretch.runtime import control_block as cbk
 from stretch.runtime.gate import Kind
 from stretch.runtime.state_dir import make_private_dir, write_private
+from stretch.state.checkpoint_layout import FINISHED, METADATA, RUN_START, snapshot_file
 from stretch.state.snapshot import describe_arena, write_snapshot
 
-METADATA = "_metadata.json"
-RUN_START = "_run_start.json"
-FINISHED = "_finished.json"
 RETAINED = 2  # completed checkpoints kept on disk
-
-
-def snapshot_file(root: Path, checkpoint: int, stage: int, instance: int) -> Path:
-    """Where an instance writes its key groups at a checkpoint."""
-    return root / f"{checkpoint:010d}" / f"{stage}-{instance}.arrow"
 
 
 def broadcast_file(directory: Path, stage: int) -> Path:

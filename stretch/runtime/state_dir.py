@@ -4,35 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
-import re
 import shutil
 from pathlib import Path
 
+# the names are stretch.state's, so that it reads checkpoints without the runtime
+from stretch.state.checkpoint_layout import job_dir, job_dir_name, state_root
 
-def state_root() -> Path:
-    """``$STRETCH_STATE_DIR``, else ``$XDG_STATE_HOME/stretch``, else ``~/.local/state/stretch``."""
-    explicit = os.environ.get("STRETCH_STATE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "stretch"
-
-
-def job_dir_name(job_name: str) -> str:
-    """The directory name of a job name: readable (the name with anything but letters, digits,
-    ``_`` and ``-`` made ``_``) and one-to-one (a hash of the exact name follows), so that
-    ``clicks per user`` and ``clicks_per_user`` never share checkpoints or logs. No name has a
-    ``.``, which only private run directories (``<name>.run-<job id>``) have."""
-    slug = re.sub(r"[^A-Za-z0-9_-]", "_", job_name)[:80]
-    digest = hashlib.sha256(job_name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    return f"{slug}-{digest}"
-
-
-def job_dir(job_name: str) -> Path:
-    """A job's directory, named after the job (the name is what a restarted job shares)."""
-    return state_root() / "jobs" / job_dir_name(job_name)
+__all__ = [
+    "JobDir",
+    "channel_dir",
+    "job_dir",
+    "job_dir_name",
+    "make_private_dir",
+    "state_root",
+    "write_private",
+]
 
 
 def make_private_dir(path: Path) -> None:
