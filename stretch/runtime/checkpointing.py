@@ -148,7 +148,10 @@ class CheckpointStore:
                 shutil.rmtree(p, ignore_errors=True)
 
     def finish(self) -> None:
-        self._clear()
+        """The job ended: nothing is left to restore, but its latest complete checkpoint stays, so
+        its state can still be read (``stretch.state.read_checkpoint``) until a new run starts."""
+        done = self.completed()
+        self._clear(keep=self.path(done[-1]) if done else None)
         _write_json(self.dir / FINISHED, {"at": time.time()})
 
     def finished_at(self) -> float | None:
@@ -158,8 +161,10 @@ class CheckpointStore:
         except FileNotFoundError:
             return None
 
-    def _clear(self) -> None:
+    def _clear(self, keep: Path | None = None) -> None:
         for p in self.dir.iterdir():
+            if p == keep:
+                continue
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
             else:
