@@ -21,6 +21,7 @@ import numpy as np
 
 from stretch._shm import Segment
 from stretch.state import _table_kernels as K
+from stretch.state.memory_segment import MemorySegment
 
 _MAGIC = 0x53545245_4152454E  # "STREAREN"
 _A_MAGIC, _A_RESERVE, _A_BUMP, _A_KEY_MODE, _A_MAXP, _A_REGISTRY_LEN = 0, 8, 16, 24, 32, 40
@@ -73,7 +74,23 @@ class Arena:
     @classmethod
     def create(cls, prefix: str, max_parallelism: int, reserve: int = DEFAULT_RESERVE) -> Arena:
         seg = Segment.create(prefix, "state", size=reserve, reserve=False)  # sparse: reserved as used
-        first = _page_round(DIR_OFF + max_parallelism * K.KG_WORDS * 8)
+        return cls._initialise(seg, max_parallelism, reserve)
+
+    @classmethod
+    def in_memory(cls, max_parallelism: int, reserve: int) -> Arena:
+        """An arena in this process's memory, not /dev/shm, that no other process attaches (a
+        checkpoint's key groups restored to be read), with ``reserve`` bytes for structures."""
+        size = cls.directory_bytes(max_parallelism) + _page_round(reserve)
+        return cls._initialise(MemorySegment(size), max_parallelism, size)
+
+    @staticmethod
+    def directory_bytes(max_parallelism: int) -> int:
+        """What an arena takes before its first structure: header page, registry, directory."""
+        return _page_round(DIR_OFF + max_parallelism * K.KG_WORDS * 8)
+
+    @classmethod
+    def _initialise(cls, seg, max_parallelism: int, reserve: int) -> Arena:
+        first = cls.directory_bytes(max_parallelism)
         try:
             seg.reserve(0, first, "a state arena's key-group directory")
         except BaseException:

@@ -109,6 +109,11 @@ def read_state(table: KeyedTable, key_groups=None) -> pa.Table:
     parts = [read_key_group(table, int(kg)) for kg in table.here(groups) if table.n_keys(int(kg))]
     if not parts:  # the schema, without rows (key group 0 may hold keys not asked for)
         return read_key_group(table, 0).slice(0, 0)
+    return concat_states(parts)
+
+
+def concat_states(parts: list[pa.Table]) -> pa.Table:
+    """Key groups' states (``read_key_group``'s tables) as one table."""
     try:
         return pa.concat_tables(parts, promote_options="permissive")
     except pa.ArrowTypeError:  # a column Arrow held in some key groups and had to pickle in others
