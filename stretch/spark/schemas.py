@@ -66,7 +66,11 @@ def spark_ddl(schema: pa.Schema) -> str:
 
 
 def spark_values(column: pa.Array) -> pa.Array:
-    """A column as Spark reads it: as is where Spark has the type, else as JSON text."""
+    """A column as Spark reads it: as is where Spark has the type (large strings and binaries as
+    regular ones: a Python data source's reader must return Spark's own Arrow types, and state
+    keeps strings large), else as JSON text."""
+    if pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type):
+        return column.cast(_SPARK_ARROW[spark_type(column.type)])
     if spark_type(column.type) is not None:
         return column
     return pa.array(
