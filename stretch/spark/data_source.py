@@ -11,6 +11,7 @@ from stretch.cluster.client import ClusterConnection
 from stretch.cluster.output_logs import decode_schema
 from stretch.jobs import JobNotFound
 from stretch.jobs import find as find_job
+from stretch.spark.checkpoint_source import CheckpointStateReader, checkpoint_schema
 from stretch.spark.cluster_sink import ClusterStreamWriter
 from stretch.spark.cluster_source import ClusterBatchReader, ClusterStateReader, ClusterStreamReader
 from stretch.spark.options import cluster_credentials
@@ -23,7 +24,8 @@ from stretch.spark.state_source import StretchStateReader, state_ddl, state_sche
 class StretchDataSource(DataSource):
     """``format("stretch")`` with options ``job`` (a job name or id) and ``channel``; with
     ``cluster`` (a cluster's address: its directory, or its URL with option ``secret``), the job
-    of that name on the cluster's nodes."""
+    of that name on the cluster's nodes; with ``checkpoint`` (a path) and ``state``, an
+    operator's state in a checkpoint (``stretch.spark.checkpoint_source``)."""
 
     @classmethod
     def name(cls) -> str:
@@ -38,6 +40,8 @@ class StretchDataSource(DataSource):
     def schema(self):
         """What a read returns, so that Spark needs no schema from the user: an output channel's
         records, or (``option("state", operator)``) an operator's keyed state."""
+        if self.options.get("checkpoint"):
+            return checkpoint_schema(self.options)
         job = self._required("job")
         if is_url(self.options.get("cluster")):
             return self._remote_schema(job)
@@ -89,11 +93,15 @@ class StretchDataSource(DataSource):
         return StretchStreamWriter(self.options, schema)
 
     def streamReader(self, schema):
+        if self.options.get("checkpoint"):
+            raise ValueError("a checkpoint's state is read in batch: spark.read, not spark.readStream")
         if self.options.get("cluster"):
             return ClusterStreamReader(self.options, schema)
         return StretchStreamReader(self.options, schema)
 
     def reader(self, schema):
+        if self.options.get("checkpoint"):
+            return CheckpointStateReader(self.options, schema)
         cluster = bool(self.options.get("cluster"))
         if self.options.get("state"):
             return (ClusterStateReader if cluster else StretchStateReader)(self.options, schema)
