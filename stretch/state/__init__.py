@@ -10,6 +10,7 @@ _PUBLIC = (
     "checkpoint_dir",
     "open_checkpoint",
     "read_checkpoint",
+    "write_checkpoint",
 )
 
 

@@ -1,8 +1,9 @@
-"""State from checkpoints, for a job that finished or died, or is still running: the read side of
-Flink's State Processor API, as Arrow.
+"""State from checkpoints, for a job that finished or died, or is still running, as Arrow; and
+state written into them, for a job to restore from: Flink's State Processor API.
 
->>> from stretch.state import checkpoint_dir, read_checkpoint
+>>> from stretch.state import checkpoint_dir, read_checkpoint, write_checkpoint
 >>> read_checkpoint(checkpoint_dir("clicks"), "running-total")   # key_group, key, one column per state
+>>> write_checkpoint(checkpoint_dir("clicks"), "running-total", fixed)  # a new checkpoint to restore
 
 The table is the one a running job's state read gives (``JobClient.query_state``, Spark's
 ``format("stretch").option("state", ...)``), so the two compare directly. Spark reads the same
@@ -18,6 +19,7 @@ import pyarrow as pa
 from stretch.state.checkpoint_finder import CheckpointNotFound, IncompleteCheckpoint, find_operator
 from stretch.state.checkpoint_layout import checkpoint_dir
 from stretch.state.checkpoint_reader import OperatorCheckpoint
+from stretch.state.checkpoint_writer import write_checkpoint
 
 __all__ = [
     "CheckpointNotFound",
@@ -26,6 +28,7 @@ __all__ = [
     "checkpoint_dir",
     "open_checkpoint",
     "read_checkpoint",
+    "write_checkpoint",
 ]
 
 
