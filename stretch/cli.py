@@ -1,5 +1,12 @@
 """The ``stretch`` command: run the demo or a job script, list, describe, rescale, update and
-checkpoint the jobs on this machine, and look at or change a stretch cluster."""
+checkpoint the jobs on this machine, and look at or change a stretch cluster.
+
+The commands that talk to a running job (jobs, status, scale, update, checkpoint, metrics) import
+only ``stretch.jobs`` and its control socket client, so that each takes little more than the
+interpreter's start and the job's answer (figures in docs/guides/cli.md; tests/test_cli_imports.py
+guards it); a command that needs more (the DataStream API, pyarrow, Spark) imports it in its own
+function.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +15,12 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from stretch import jobs
-from stretch.cluster.client import ClusterConnection
-from stretch.datastream.stream_execution_environment import RESTORE_CODE_ENV, RESTORE_ENV
+
+if TYPE_CHECKING:
+    from stretch.cluster.client import ClusterConnection
 
 
 def _jobs() -> list[dict]:
@@ -55,7 +64,8 @@ def cmd_jobs(args) -> int:
         return 0
     print(f"{'JOB ID':34} {'STATUS':10} {'PID':>8}  NAME")
     for j in jobs:
-        print(f"{j['job_id']:34} {j['status']:10} {j['pid']:>8}  {j['name']}")
+        status = j["status"] or "-"  # a job that refused to say (its reply on `stretch status`)
+        print(f"{j['job_id']:34} {status:10} {j['pid']:>8}  {j['name']}")
     return 0
 
 
@@ -181,6 +191,8 @@ def cmd_run(args) -> int:
     """Run a job script; with --restore its job starts from its latest complete checkpoint."""
     import runpy
 
+    from stretch.datastream.stream_execution_environment import RESTORE_CODE_ENV, RESTORE_ENV
+
     if args.restore:
         os.environ[RESTORE_ENV] = "1"
     if args.restore_code:
@@ -209,6 +221,8 @@ def cmd_demo(args) -> int:
 
 
 def _connect(address: str) -> ClusterConnection:
+    from stretch.cluster.client import ClusterConnection  # pyarrow.flight: only for the cluster commands
+
     try:
         return ClusterConnection(address)
     except (OSError, LookupError, ValueError) as e:

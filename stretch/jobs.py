@@ -13,17 +13,22 @@ clients and the Spark connector all come through here.
 from __future__ import annotations
 
 import base64
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
-from stretch.datastream.job_client import JobClient
 from stretch.errors import UpdateRefused
 from stretch.runtime.control_socket import request, running_jobs
-from stretch.state.arena import Arena
-from stretch.state.keyed_table import KeyedTable
-from stretch.state.queryable import read_key_group, read_state
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from stretch.datastream.job_client import JobClient
+
+# The command line comes through here for every request to a job: what it needs (the control
+# socket, JSON) imports in milliseconds. The DataStream API (a JobClient), pyarrow and the state
+# store are imported only by the functions that use them.
 
 
 class JobNotFound(LookupError):
@@ -64,7 +69,8 @@ def find(job: str | JobClient) -> Job:
     """The job given by a JobClient, a job id (or a unique prefix of one) or a job name."""
     if isinstance(job, Job):
         return job
-    if isinstance(job, JobClient):
+    job_client = sys.modules.get("stretch.datastream.job_client")  # not imported: job is no JobClient
+    if job_client is not None and isinstance(job, job_client.JobClient):
         return Job(job.get_job_id(), job.name, local=job.control)
     if not isinstance(job, str) or not job:
         raise TypeError(f"job must be a JobClient, a job id or a job name, got {job!r}")
@@ -159,6 +165,8 @@ class Job:
     def channel_shape(self, name: str, schema: pa.Schema) -> pa.Schema:
         """An untyped input channel's schema: ``schema`` if this is the channel's first, else the
         first one any writer offered."""
+        import pyarrow as pa
+
         offered = base64.b64encode(schema.serialize().to_pybytes()).decode()
         reply = self._ok({"op": "channel_shape", "name": name, "schema": offered})
         return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(reply["schema"])))
@@ -202,15 +210,22 @@ class QueryableState:
     user, such as Spark's executors, attach it by that name)."""
 
     def __init__(self, arena: str):
+        from stretch.state.arena import Arena
+        from stretch.state.keyed_table import KeyedTable
+
         self._arena = Arena.attach(arena)
         self._table = KeyedTable(self._arena)
 
     def read(self, key_groups: Iterable[int] | None = None) -> pa.Table:
         """One row per key (key group, key, one column per declared state)."""
+        from stretch.state.queryable import read_state
+
         return read_state(self._table, key_groups)
 
     def schema(self) -> pa.Schema:
         """The rows' schema, as the first key group with keys has it."""
+        from stretch.state.queryable import read_key_group
+
         table = self._table
         kg = next((kg for kg in range(table.maxp) if table.n_keys(kg)), 0)
         return read_key_group(table, kg).schema

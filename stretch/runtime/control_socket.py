@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hmac
 import json
 import os
 import shutil
@@ -22,8 +21,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-import cloudpickle
 
 _HEADER = struct.Struct(">IB")
 JSON, PICKLE = ord("J"), ord("P")
@@ -69,7 +66,12 @@ def running_jobs() -> list[dict]:
 
 
 def send(sock: socket.socket, obj, fmt: int = JSON) -> None:
-    payload = json.dumps(obj).encode() if fmt == JSON else cloudpickle.dumps(obj)
+    if fmt == JSON:
+        payload = json.dumps(obj).encode()
+    else:  # cloudpickle only where pickled frames are sent: not in the command line's clients
+        import cloudpickle
+
+        payload = cloudpickle.dumps(obj)
     sock.sendall(_HEADER.pack(len(payload), fmt) + payload)
 
 
@@ -96,6 +98,8 @@ def recv(sock: socket.socket, trusted: bool, limit: int | None = None):
     if fmt == JSON:
         return json.loads(payload)
     if fmt == PICKLE and trusted:
+        import cloudpickle
+
         return cloudpickle.loads(payload)
     raise ConnectionError("refused a pickled frame from an unauthenticated peer")
 
@@ -200,6 +204,8 @@ class ControlServer:
 
     def _hello(self, conn: Connection, msg: dict) -> bool:
         """A worker proves it belongs to the job with the job's token."""
+        import hmac  # the server's only: the command line's clients need not load hashlib
+
         token = msg.get("token")
         try:
             ok = isinstance(token, str) and hmac.compare_digest(token.encode(), self.token.encode())
