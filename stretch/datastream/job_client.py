@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from stretch.common.job_status import JobStatus
 from stretch.common.records import from_batch
-from stretch.errors import JobCancellationError
+from stretch.errors import JobCancellationError, JobEnded
 from stretch.runtime import termination
 from stretch.runtime.coordinator import Coordinator
 from stretch.runtime.gate import GateClosed, Kind
@@ -232,6 +232,11 @@ class JobClient:
         """
         c = self._coordinator
         stage = c.plan.stage(operator)
+        if c.done:
+            raise JobEnded(
+                f"job {c.job_name!r} has ended and its state with it: a checkpointed job's state stays "
+                "readable from its latest checkpoint (stretch.state.read_checkpoint)"
+            )
         if stage.kind != "keyed" or stage.id not in c.arenas:
             raise ValueError(f"operator {operator!r} has no keyed state (or the job is not running)")
         table = KeyedTable(c.arenas[stage.id])

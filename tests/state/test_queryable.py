@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from stretch import channels
 from stretch.common import Types
@@ -12,6 +13,7 @@ from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment
 from stretch.datastream.connectors import DiscardingSink
 from stretch.datastream.connectors.channel import ChannelSource
 from stretch.datastream.state import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+from stretch.errors import JobEnded
 from stretch.state.arena import Arena
 from stretch.state.backend import KeyedStateBackend
 from stretch.state.key_groups import key_groups_of
@@ -76,6 +78,8 @@ def test_state_of_a_running_job_equals_a_reference():
         writer.end()
     finally:
         client.wait()
+    with pytest.raises(JobEnded, match="has ended and its state with it"):
+        client.query_state("remember")
 
 
 def test_key_groups_whose_values_arrow_holds_and_key_groups_it_pickles_read_as_one_table():
