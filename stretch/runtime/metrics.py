@@ -67,6 +67,11 @@ class JobCollector:
         rescales = SummaryMetricFamily(
             "stretch_rescale_seconds", "Live rescales of an operator", labels=op_labels
         )
+        updates = SummaryMetricFamily(
+            "stretch_update_seconds",
+            "Live code updates of an operator (dry runs not counted)",
+            labels=op_labels,
+        )
         now_ms = time.time() * 1000
         for op in d["operators"]:
             labels = [job, op["name"]]
@@ -75,6 +80,8 @@ class JobCollector:
             state.add_metric(labels, op["state_bytes"])
             done = [r for r in c.rescales if r["operator"] == op["name"]]
             rescales.add_metric(labels, len(done), sum(r["elapsed_ms"] for r in done) / 1000)
+            swapped = [r for r in c.updater.reports if r["operator"] == op["name"] and not r.get("dry_run")]
+            updates.add_metric(labels, len(swapped), sum(r["elapsed_ms"] for r in swapped) / 1000)
             for inst in op["instances"]:
                 wm = inst.get("watermark")
                 if wm is not None and wm < MAX_WATERMARK:
@@ -86,7 +93,7 @@ class JobCollector:
                 records_in.add_metric(il, records)
                 records_out.add_metric(il, out)
                 busy.add_metric(il, busy_ns / 1e9)
-        yield from (parallelism, depth, state, records_in, records_out, busy, lag, rescales)
+        yield from (parallelism, depth, state, records_in, records_out, busy, lag, rescales, updates)
         yield from self._checkpoints(job)
         yield from user_families(job, dict(c.user_metrics))
 

@@ -58,6 +58,8 @@ def test_metrics_count_what_the_job_did():
         for _ in sent:
             next(results)
         client.rescale("sums", 3)
+        client.update("sums", "max", dry_run=True)  # a check only: not counted
+        client.update("sums", "max")
 
         info = next(j for j in running_jobs() if j["job_id"] == client.get_job_id())
         assert info["metrics"].startswith("http://127.0.0.1:")
@@ -75,6 +77,12 @@ def test_metrics_count_what_the_job_did():
             assert found[("stretch_parallelism", (("job", "metrics job"), ("operator", "sums")))] == 3
             assert (
                 found[("stretch_rescale_seconds_count", (("job", "metrics job"), ("operator", "sums")))] == 1
+            )
+            assert (
+                found[("stretch_update_seconds_count", (("job", "metrics job"), ("operator", "sums")))] == 1
+            )
+            assert (
+                0 < found[("stretch_update_seconds_sum", (("job", "metrics job"), ("operator", "sums")))] < 60
             )
             assert 0 < total(found, "stretch_busy_seconds_total") < 60
             watermark = stamp + len(sent) - 1 - 10 - 1
