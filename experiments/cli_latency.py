@@ -25,10 +25,12 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -137,8 +139,13 @@ def main() -> None:
         return
     stretch = shlex.split(args.command) if args.command else [str(Path(sys.executable).parent / "stretch")]
     name = f"cli-latency-{time.time_ns() % 10**9}"
+    state = tempfile.TemporaryDirectory(prefix="stretch-cli-latency-")  # the job's checkpoints
     job = subprocess.Popen(
-        [sys.executable, __file__, "--serve", name], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, __file__, "--serve", name],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "STRETCH_STATE_DIR": state.name},
     )
     try:
         line = job.stdout.readline()
@@ -162,6 +169,7 @@ def main() -> None:
     finally:
         job.stdin.close()
         job.wait(timeout=60)
+        state.cleanup()
     if args.json:
         print(json.dumps(result))
     else:
