@@ -276,6 +276,50 @@ def cmd_cluster_change(args) -> int:
     return 0
 
 
+def cmd_ui(args) -> int:
+    """Serve the web UI for this user's jobs on this machine (and a cluster's) until interrupted."""
+    import signal
+    import threading
+
+    from stretch.ui.config import UIConfig
+    from stretch.ui.server import UIServer
+    from stretch.ui.sources import LocalJobs
+
+    sources = [LocalJobs()]
+    secret = args.secret or os.environ.get("STRETCH_UI_SECRET")
+    if args.cluster:
+        from stretch.cluster.ui_source import ClusterJobs
+
+        connection = _connect(args.cluster)
+        sources.append(ClusterJobs(connection))
+        secret = secret or connection.secret  # who may call the cluster's nodes may rescale here
+    try:
+        config = UIConfig(
+            args.host,
+            args.port,
+            certfile=args.certfile,
+            keyfile=args.keyfile,
+            **({"secret": secret} if secret else {}),
+        )
+        server = UIServer(sources, config).start()
+    except (OSError, ImportError, ValueError) as e:
+        for source in sources:
+            source.close()
+        raise SystemExit(f"stretch: {e}") from None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(f"stretch UI at {server.url}", flush=True)
+    print(f"  (to look only: {server.address}; Ctrl-C stops it)", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
 _EXAMPLES = """examples:
   stretch demo                            the demo pipeline (Spark -> stretch -> Spark)
   stretch jobs                            running jobs (--json for scripts)
@@ -285,6 +329,7 @@ _EXAMPLES = """examples:
   stretch update clicks totals fns:V2     swap the function of operator 'totals', live
   stretch metrics clicks                  its metrics, in Prometheus' text format
   stretch run --restore my_job.py         a job script, from its job's latest checkpoint
+  stretch ui                              a web page of the running jobs (port 8081)
   stretch cluster status DIR              the nodes of a stretch cluster (its directory, or its URL)
 
 exit status: 0 done; 1 refused or failed (the reason on standard error); 2 wrong usage"""
@@ -381,6 +426,24 @@ def main(argv: list[str] | None = None) -> int:
     p = command("metrics", "a running job's metrics, in Prometheus' text format", "stretch metrics clicks")
     p.add_argument("job", help="job id (or a unique prefix) or job name")
     p.set_defaults(func=cmd_metrics)
+    p = command(
+        "ui",
+        "serve a live web page of this user's running jobs (and a cluster's) until interrupted",
+        "stretch ui\n  stretch ui --port 0 --cluster /tmp/stretch-cluster-4k8v6ur2",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="the interface to listen on (default: loopback)")
+    p.add_argument("--port", type=int, default=8081, help="the port (default 8081; 0: any free one)")
+    p.add_argument(
+        "--cluster", metavar="ADDRESS", help="also show this cluster: its directory, or its driver's URL"
+    )
+    p.add_argument(
+        "--secret",
+        help="what a rescale must carry (default: $STRETCH_UI_SECRET, the cluster's secret with --cluster, "
+        "else a fresh one); the printed URL carries it",
+    )
+    p.add_argument("--certfile", help="serve HTTPS with this PEM certificate (with --keyfile)")
+    p.add_argument("--keyfile", help="the PEM key of --certfile")
+    p.set_defaults(func=cmd_ui)
     p = command(
         "cluster",
         "look at a stretch cluster's nodes, or add and remove nodes through its driver",

@@ -54,6 +54,7 @@ class JobInfo:
     started: float
     operators: list[str] = field(default_factory=list)
     metrics: str | None = None  # the Prometheus endpoint, if the job serves one
+    ui: str | None = None  # the job's web page (execute_async(..., ui=...)), without its secret
 
     @classmethod
     def of(cls, info: dict) -> JobInfo:
