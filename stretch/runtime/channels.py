@@ -106,6 +106,12 @@ class JobChannels:
                     self.input_logs[stage.id] = log
                 self.loggers.append(InputLogger(name, g, 1, log, tail=tail))
 
+    def poke_sources(self) -> None:
+        """Wake the sources reading input channel logs (LogTail.poke)."""
+        for logger in self.loggers:
+            if logger.tail is not None:
+                logger.tail.poke()
+
     def restore_txns(self, restore: dict) -> None:
         """A restored run's stage transactions (see runtime.transactions): those its checkpoint
         covers are answered with their results; those its input logs replay, by their number;

@@ -298,6 +298,7 @@ class Checkpointer:
         positions: dict[str, int] = {}
         pause_ms = 0.0  # the longest an operator's instances stood still (first pause to release)
         cb.signal(cb.request_word, n)
+        co.channels.poke_sources()  # a source idle on its channel looks for the request now
         while True:
             seen = cb.signals()
             if co.generation != generation or not co.accepting_checkpoints():

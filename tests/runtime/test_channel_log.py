@@ -138,3 +138,38 @@ def test_another_process_reads_while_the_job_appends(tmp_path):
     assert not log.ended
     log.end()
     assert ChannelLog(tmp_path).ended
+
+
+def test_a_poke_wakes_a_reader_waiting_for_more_without_adding_any(shm_prefix):
+    """A checkpoint asked of a job whose channel is idle wakes its source at once (LogTail.poke)."""
+    import threading
+    import time
+
+    from stretch.runtime.channel_log import LogTail
+
+    tail = LogTail.create(shm_prefix, 5)
+    reader = LogTail.attach(tail.name)
+    try:
+        assert reader.wait(4, timeout=0.01)  # offset 4 is there already
+        t0 = time.monotonic()
+        assert not reader.wait(5, timeout=0.05)  # nothing more: a timeout
+        assert time.monotonic() - t0 >= 0.04
+        woke = {}
+
+        def wait() -> None:
+            start = time.monotonic()
+            woke["more"] = reader.wait(5, timeout=10)
+            woke["after"] = time.monotonic() - start
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.2)
+        tail.poke()
+        waiter.join(5)
+        assert woke["more"] is False and 0.15 < woke["after"] < 2  # woken by the poke, not data
+        assert tail.end == 5
+        tail.publish(6)
+        assert reader.wait(5, timeout=0.01)  # and real data still wakes it, with True
+    finally:
+        reader.close()
+        tail.close()
