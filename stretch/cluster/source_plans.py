@@ -172,4 +172,3 @@ def _recount_producers(plan: JobPlan) -> None:
                 plan.sinks[step.sink].producers.append(stage.id)
     if plan.dead_letter_sink is not None:
         plan.sinks[plan.dead_letter_sink].producers = [s.id for s in plan.stages]
-

@@ -58,7 +58,9 @@ class ClusterJobs:
                 "node": node,
                 "location": location,
                 "key_groups": len(table.key_groups_of(node)) if table else 0,
-                "jobs": {name: job.get("status") for name, job in statuses.get(node, {}).get("jobs", {}).items()},
+                "jobs": {
+                    name: job.get("status") for name, job in statuses.get(node, {}).get("jobs", {}).items()
+                },
                 "answers": node in statuses,
             }
             for node, location in locations.items()

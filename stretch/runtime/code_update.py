@@ -70,7 +70,6 @@ def updated_step(stage: StageSpec) -> Step:
     return next(s for s in walk_steps(stage.chain) if s.name == stage.updated_step)
 
 
-
 def swapped_stage(stage: StageSpec, function, output_type=None, step: str = "") -> StageSpec:
     """The stage with its user function replaced by ``function`` (an operator's adapter says which
     of its functions that is), or, with ``step``, that chained step's function; refused if
