@@ -5,8 +5,9 @@
 Starts a small keyed job in a process of its own (a channel-fed counter, parallelism 2,
 checkpointing enabled, 10,000 records in, then idle), then runs each command ``--runs`` times
 (after ``--warmup`` runs) and reports the median and the fastest, in ms: ``stretch jobs``,
-``stretch status JOB --interval 0`` (one status request; plain ``stretch status`` also waits the
-0.5 s over which it measures rates, reported as ``status_rates``), ``stretch scale`` (alternately
+``stretch status JOB`` (one status request: the job's own rates over about the last second;
+``--interval 0.5`` measures them here instead, waiting 0.5 s, reported as ``status_interval``),
+``stretch scale`` (alternately
 to 3 and 2: each a real rescale), a refused ``stretch scale`` (an unknown operator, exit 1),
 ``stretch update`` (a real update: this file's ``Count``; the job makes it durable with a
 checkpoint), ``stretch checkpoint`` and ``stretch metrics``. Beside each, ``in_process_ms``: the
@@ -156,8 +157,8 @@ def main() -> None:
             "python": [[sys.executable, "-c", "pass"]],
             "import": [[sys.executable, "-c", "import stretch.cli"]],
             "jobs": [["jobs"]],
-            "status": [["status", name, "--interval", "0"]],
-            "status_rates": [["status", name]],
+            "status": [["status", name]],
+            "status_interval": [["status", name, "--interval", "0.5"]],
             "scale": [["scale", name, "count", "3"], ["scale", name, "count", "2"]],
             "scale_refused": [["scale", name, "nosuch", "2", 1]],
             "update": [["update", name, "count", me]],

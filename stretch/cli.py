@@ -77,12 +77,21 @@ def cmd_metrics(args) -> int:
 
 def cmd_status(args) -> int:
     job = _find(args.job)
-    before = _ask(job, job.status)
-    t0 = time.monotonic()
-    time.sleep(args.interval)
     status = _ask(job, job.status)
-    dt = time.monotonic() - t0
-    rates = _rates(before, status, dt)
+    instances = [i for op in status["operators"] for i in op["instances"]]
+    if args.interval is None and all(i.get("rate") is not None for i in instances):
+        # the job's own rates, over about the last second
+        rates = {
+            (op["name"], i["index"]): {"rate": i["rate"], "busy": i["busy"]}
+            for op in status["operators"]
+            for i in op["instances"]
+        }
+    else:  # asked for, or a job too young to have its own: measured here
+        before = status
+        t0 = time.monotonic()
+        time.sleep(0.5 if args.interval is None else args.interval)
+        status = _ask(job, job.status)
+        rates = _rates(before, status, time.monotonic() - t0)
     if args.json:
         for op in status["operators"]:
             for inst in op["instances"]:
@@ -421,7 +430,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("job", help="job id (or a unique prefix) or job name")
     p.add_argument("--json", action="store_true", help="machine-readable: the status as JSON, with rates")
-    p.add_argument("--interval", type=float, default=0.5, help="seconds over which rates are measured")
+    p.add_argument(
+        "--interval",
+        type=float,
+        help="measure the rates over this many seconds here (default: the job's own, over about the last second)",
+    )
     p.set_defaults(func=cmd_status)
     p = command("metrics", "a running job's metrics, in Prometheus' text format", "stretch metrics clicks")
     p.add_argument("job", help="job id (or a unique prefix) or job name")

@@ -43,7 +43,7 @@ from stretch.runtime.rescaler import Rescaler, spread
 from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
 from stretch.runtime.state_dir import JobDir
-from stretch.runtime.status import describe_job
+from stretch.runtime.status import InstanceRates, describe_job
 from stretch.runtime.updater import Updater
 from stretch.state.arena import Arena
 from stretch.state.key_groups import assignment as range_assignment
@@ -142,6 +142,7 @@ class Coordinator:
         self.prefix: str | None = None  # of the job's shared-memory segments, once it starts
         self._metrics = None  # (server, thread, port) of the Prometheus endpoint
         self.info_extra: dict = {}  # more for the job's info file (``ui``: its web page's address)
+        self.rates = InstanceRates()  # the instances' recent rates, for a status that answers at once
         self._server: ControlServer | None = None
         self._zygote: zygote.Zygote | None = None
         self.socket_path = runtime_dir() / f"{self.job_id}.sock"
@@ -403,8 +404,9 @@ class Coordinator:
                 self.output_complete_at = time.monotonic()
                 self.status = JobStatus.FINISHED
                 return
+            self.rates.tick(self)
             try:
-                event = self._events.get(timeout=0.5)
+                event = self._events.get(timeout=InstanceRates.EVERY)
             except queue.Empty:
                 continue
             kind = event[0]

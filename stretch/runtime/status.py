@@ -4,6 +4,7 @@ counters (read from the control block), and its checkpoints."""
 from __future__ import annotations
 
 import time
+from collections import deque
 
 from stretch.common.job_status import JobStatus
 from stretch.plan.stages import walk_steps
@@ -38,6 +39,11 @@ def _describe_live(job) -> dict:
         epoch = job.control.epoch(op)
         p = job.control.parallelism(op, epoch)
         inst = job.control.instances(op)[:p]
+        now = time.monotonic()
+        rates = [
+            job.rates.of(stage.id, i, inst[i, cbk.I_RECORDS_IN], inst[i, cbk.I_BUSY_NS], now)
+            for i in range(p)
+        ]
         ops.append(
             {
                 "name": stage.name,
@@ -62,6 +68,9 @@ def _describe_live(job) -> dict:
                         "position": int(inst[i, cbk.I_GATE_SEQ]),
                         "max_stall_ns": int(inst[i, cbk.I_MAX_STALL_NS]),
                         "watermark": int(inst[i, cbk.I_WATERMARK]) or None,
+                        # over about the last second (None until the job has run that long)
+                        "rate": rates[i][0],
+                        "busy": rates[i][1],
                     }
                     for i in range(p)
                 ],
@@ -78,6 +87,48 @@ def _describe_live(job) -> dict:
         "updates": list(job.updater.reports),  # every completed live code update's report, in order
         "checkpoints": _describe_checkpoints(job),
     }
+
+
+class InstanceRates:
+    """Each keyed instance's records read per second and busy fraction over about the last
+    second, from counters the job samples as it runs (``tick``), so that a status answers them at
+    once: ``stretch status`` need not ask twice and wait between."""
+
+    EVERY = 0.25  # seconds between samples
+    SPAN = 0.5  # the shortest span a rate is measured over
+
+    def __init__(self):
+        self.samples: deque = deque(maxlen=8)  # (monotonic time, {(stage, index): (records, busy ns)})
+
+    def tick(self, job) -> None:
+        now = time.monotonic()
+        if (self.samples and now - self.samples[-1][0] < self.EVERY) or job.control is None:
+            return
+        counters = {}
+        try:
+            for stage in job.plan.stages:
+                if stage.kind == "keyed":
+                    slots = job.control.instances(job.resources.keyed_index[stage.id])
+                    for i in range(len(slots)):
+                        counters[(stage.id, i)] = (
+                            int(slots[i, cbk.I_RECORDS_IN]),
+                            int(slots[i, cbk.I_BUSY_NS]),
+                        )
+        except ValueError:  # the segments went away (the job ends or recovers)
+            return
+        self.samples.append((now, counters))
+
+    def of(self, stage: int, index: int, records: int, busy_ns: int, now: float):
+        """(records/s, busy fraction) since the newest sample at least SPAN old; (None, None)
+        before there is one."""
+        for t, counters in reversed(self.samples):
+            if now - t >= self.SPAN and (stage, index) in counters:
+                then_records, then_busy = counters[(stage, index)]
+                dt = now - t
+                return max(int(records) - then_records, 0) / dt, min(
+                    max(int(busy_ns) - then_busy, 0) / (dt * 1e9), 1.0
+                )
+        return None, None
 
 
 def job_graph(plan) -> dict:
