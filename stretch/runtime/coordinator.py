@@ -9,13 +9,11 @@ workers read and write the gates directly.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import queue
 import secrets
 import shutil
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,27 +25,23 @@ from stretch.common import user_code
 from stretch.common.job_status import JobStatus
 from stretch.errors import JobEnded, JobExecutionError, UserFunctionError
 from stretch.plan.stages import JobPlan
-from stretch.runtime import control_block as cbk
-from stretch.runtime import zygote
-from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.channels import JobChannels
-from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore, broadcast_file
+from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore
 from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.control_socket import ControlServer, running_jobs, runtime_dir
+from stretch.runtime.dataplane import build_dataplane
 from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
-from stretch.runtime.event_time import producer_id
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.metrics import serve
 from stretch.runtime.requests import ControlRequests
-from stretch.runtime.rescaler import Rescaler, spread
+from stretch.runtime.rescaler import Rescaler
 from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
 from stretch.runtime.state_dir import JobDir
 from stretch.runtime.status import InstanceRates, describe_job
 from stretch.runtime.updater import Updater
+from stretch.runtime.worker_pool import Worker, WorkerPool
 from stretch.state.arena import Arena
-from stretch.state.key_groups import assignment as range_assignment
-from stretch.state.snapshot import prepare_arena, restore_key_groups
 
 
 @dataclass
@@ -67,15 +61,6 @@ class EngineConfig:
     elasticity: ElasticityConfig | None = None
     shutdown_timeout: float = 10.0
     preload: tuple[str, ...] = ()  # modules every worker imports ahead of time (see runtime.zygote)
-
-
-@dataclass
-class _Worker:
-    id: int
-    pid: int | None = None
-    conn: object = None
-    task: tuple[int, int] | None = None  # (stage id, instance index)
-    exited: bool = False
 
 
 @dataclass
@@ -101,7 +86,6 @@ class Coordinator:
         self.recoveries_in_a_row = 0  # since the last complete checkpoint
         self.last_checkpoint_error: str | None = None
         self._positions: dict[int, int] = {}  # source stage id -> position to restart at
-        self._worker_ids = itertools.count()
         self.job_name = job_name
         self.job_id = secrets.token_hex(16)
         self.status = JobStatus.CREATED
@@ -113,7 +97,6 @@ class Coordinator:
         self._done = threading.Event()
         self._started = threading.Event()
         self._token = secrets.token_hex(32)
-        self._workers: dict[int, _Worker] = {}
         # (stage id, instance index, start epoch, code version, gate position): tasks waiting for a worker
         self._pending: list[tuple[int, int, int, int, int]] = []
         self._stages = {s.id: _StageState() for s in plan.stages}
@@ -144,9 +127,9 @@ class Coordinator:
         self.info_extra: dict = {}  # more for the job's info file (``ui``: its web page's address)
         self.rates = InstanceRates()  # the instances' recent rates, for a status that answers at once
         self._server: ControlServer | None = None
-        self._zygote: zygote.Zygote | None = None
         self.socket_path = runtime_dir() / f"{self.job_id}.sock"
         self.info_path = runtime_dir() / f"{self.job_id}.json"
+        self.workers = WorkerPool(str(self.socket_path), self._token, self.config.preload)
         self.channels = JobChannels(self, runtime_dir() / "staging" / self.job_id)
         self.requests = ControlRequests(self)
         self.updater = Updater(self)  # live code updates (runtime.updater)
@@ -233,7 +216,6 @@ class Coordinator:
         if cfg.metrics is not None:
             self._metrics = serve(self, *cfg.metrics)
         self._write_info()
-        self._zygote = zygote.shared(cfg.preload)
         for _ in range(len(self._pending) + cfg.spare_workers):
             self.spawn_worker()
         for sink in plan.sinks:
@@ -272,108 +254,19 @@ class Coordinator:
         return restore
 
     def _build_dataplane(self, restore: dict | None) -> None:
-        """Create the segments that workers use (control block, gates, sink gates, state arenas)
-        and the tasks to start, from a checkpoint's state and positions if ``restore``.
-
-        A recovery builds them anew and drops the old ones: nothing of a failed attempt is reused.
-        """
-        cfg, plan, prefix = self.config, self.plan, self.prefix
-        self._dataplane = []
-        keyed = [s for s in plan.stages if s.kind == "keyed"]
-        # an operator may have key groups of its own (set_max_parallelism): tables hold the most
-        tables = max([plan.max_parallelism, *(s.max_parallelism for s in keyed)])
-        self.control = ControlBlock.create(prefix, len(keyed), tables)
-        self._dataplane.append(self.control)
-        for op, stage in enumerate(keyed):
-            self.control.header(op)[cbk.O_KEY_GROUPS] = stage.max_parallelism
-        res = JobResources(prefix, self.control.segment.name, len(keyed), tables)
-        res.dead_letter_sink = plan.dead_letter_sink
-        res.job_parameters = dict(plan.job_parameters)
-        res.code = str(self.updater.history.dir)
-        if self.checkpointer is not None:
-            res.checkpoints = str(self.checkpointer.store.dir)
-        self.gates, self.sink_gates, self.arenas = {}, {}, {}
-        for gate_id in plan.gate_producers:
-            consumer = next(s for s in plan.stages if s.input_gate == gate_id)
-            g = Gate.create(  # a reader slot per instance, a pin (Rescaler.release), an input channel's log
-                prefix, "gate", cfg.gate_slots, cfg.gate_bytes, max_readers=consumer.max_parallelism + 2
-            )
-            self.gates[gate_id] = g
-            res.gates[gate_id] = g.name
-            self._dataplane.append(g.segment)
-        for sink in plan.sinks:
-            if sink.runs_in == "instance":
-                res.sinks[sink.id] = sink
-                continue
-            g = Gate.create(prefix, "sink", cfg.gate_slots, cfg.sink_gate_bytes)
-            g.open_reader(0, 0)
-            self.sink_gates[sink.id] = g
-            res.sink_gates[sink.id] = g.name
-            self._dataplane.append(g.segment)
-        res.channels = {name: g.name for name, g in self.channels.inputs.items()}
-        self._pending = []
-        self._stages = {s.id: _StageState() for s in plan.stages}
+        """The segments workers use and the tasks to start (runtime.dataplane), anew: a recovery
+        builds them afresh and drops the old ones."""
+        plane = build_dataplane(self, restore, self._parallelism)
+        self._dataplane = plane.segments
+        self.control, self.resources = plane.control, plane.resources
+        self.gates, self.sink_gates, self.arenas = plane.gates, plane.sink_gates, plane.arenas
+        self._pending, self._positions = plane.pending, plane.positions
+        self._parallelism.update(plane.parallelism)
+        self._stages = {s.id: _StageState() for s in self.plan.stages}
         self._finished_gates = set()
-        for op_index, stage in enumerate(keyed):
-            arena = Arena.create(prefix, stage.max_parallelism)
-            self.arenas[stage.id] = arena
-            res.arenas[stage.id] = arena.name
-            res.keyed_index[stage.id] = op_index
-            self._dataplane.append(arena)
-            saved = restore["operators"].get(stage.name) if restore is not None else None
-            if saved is not None:
-                prepare_arena(arena, saved)
-                directory = self.checkpointer.store.path(restore["id"])
-                for f in saved["files"]:  # every one is there in a complete checkpoint
-                    if not (directory / f).exists():
-                        raise FileNotFoundError(
-                            f"checkpoint {restore['id']} lacks {directory / f}: it is damaged"
-                        )
-                    restore_key_groups(arena, directory / f)
-            if stage.operator.kind == "broadcast_process":
-                board = BroadcastBoard.create(prefix)
-                self._dataplane.append(board.segment)
-                res.boards[stage.id] = board.name
-                if saved is not None:
-                    saved_state = broadcast_file(self.checkpointer.store.path(restore["id"]), stage.id)
-                    if saved_state.exists():  # absent: no instance owned its key groups at the barrier
-                        board.put_start(saved_state.read_bytes())
-                elif stage.id in self.broadcast_start:
-                    board.put_start(self.broadcast_start[stage.id])
-            p = self._parallelism.get(stage.id, stage.parallelism)
-            released = self.rescaler.away.get(stage.id, {})  # a recovery keeps them away
-            owners = spread(p, stage.max_parallelism, list(released))
-            if owners is None:  # fewer left than instances: as before, some instance owns none
-                owners = range_assignment(p, stage.max_parallelism)
-                owners[list(released)] = -1
-            released.update(dict.fromkeys(released, 0))  # nothing of theirs is queued in the new gate
-            self.control.publish(op_index, 0, owners, stage.code_version, parallelism=p)
-            gate = self.gates[stage.input_gate]
-            for i in range(p):
-                gate.open_reader(i, 0)
-            self._pending.extend((stage.id, i, 0, stage.code_version, 0) for i in range(p))
-            self._parallelism[stage.id] = p
-        res.channel_logs = dict(self.channels.log_locations)
-        res.aborted_txns = set(self.channels.aborted_txns)
-        self._positions = dict(self.channels.log_starts)  # channel sources start at the log's end
-        if restore is not None:
-            self._positions.update({int(k): v for k, v in restore["sources"].items()})
-        for stage in plan.stages:
-            if stage.kind == "source":
-                self._parallelism[stage.id] = 1
-                if not stage.direct:
-                    self._pending.append((stage.id, 0, 0, stage.code_version, 0))
-        for gate_id, stage_ids in plan.gate_producers.items():
-            res.producers[gate_id] = [
-                producer_id(s, i) for s in stage_ids for i in range(self._parallelism.get(s, 1))
-            ]
-        self.resources = res
 
-    def spawn_worker(self) -> _Worker:
-        wid = next(self._worker_ids)
-        w = self._workers[wid] = _Worker(wid)
-        w.pid = self._zygote.fork(str(self.socket_path), self._token, wid, self.config.preload)
-        return w
+    def spawn_worker(self) -> Worker:
+        return self.workers.spawn()
 
     def _write_info(self) -> None:
         info = {
@@ -446,7 +339,7 @@ class Coordinator:
         """A message of one of the job's own workers (requests from outside: ``runtime.requests``)."""
         op = msg.get("op")
         if op == "hello":
-            w = self._workers.get(conn.worker)
+            w = self.workers.of(conn)
             if w is None:
                 return
             w.conn = conn
@@ -458,17 +351,17 @@ class Coordinator:
             self._assign(w)
             self.updater.worker_ready(w)
         elif op == "user_metrics":
-            w = self._workers.get(conn.worker)
+            w = self.workers.of(conn)
             if w is not None and w.task == (msg["stage"], msg["index"]):  # not a late one of an ended task
                 self.user_metrics[(self.plan.stages[msg["stage"]].name, msg["index"])] = msg["metrics"]
         elif op == "update_checked":
-            w = self._workers.get(conn.worker)
+            w = self.workers.of(conn)
             if w is not None:
                 self.updater.checked(w, msg)
                 if self.status is JobStatus.RUNNING:
                     self._assign(w)
         elif op in ("done", "stopped", "failed"):
-            w = self._workers.get(conn.worker)
+            w = self.workers.of(conn)
             if w is None:  # a worker of an attempt that a recovery ended
                 return
             w.task = None
@@ -483,7 +376,7 @@ class Coordinator:
             if self.status is JobStatus.RUNNING:
                 self._assign(w)
 
-    def _assign(self, w: _Worker) -> None:
+    def _assign(self, w: Worker) -> None:
         if not self._pending or w.conn is None:
             return
         stage_id, index, epoch, code, start = self._pending.pop(0)
@@ -503,8 +396,8 @@ class Coordinator:
             }
         )
 
-    def idle_workers(self) -> list[_Worker]:
-        return [w for w in self._workers.values() if w.conn is not None and w.task is None and not w.exited]
+    def idle_workers(self) -> list[Worker]:
+        return self.workers.idle()
 
     def instance_done(self, stage_id: int, index: int) -> None:
         st = self._stages[stage_id]
@@ -537,7 +430,7 @@ class Coordinator:
                     self.sink_gates[sink.id].append_control(Kind.END_OF_STREAM)
 
     def _worker_gone(self, conn) -> None:
-        w = self._workers.get(conn.worker) if conn.worker is not None else None
+        w = self.workers.of(conn)
         if w is None:
             return
         w.exited = True
@@ -575,16 +468,8 @@ class Coordinator:
         while not self.exclusive.acquire(timeout=0.05):
             self._refuse_epochs()
         try:
-            workers = [w for w in self._workers.values() if w.pid]
-            for w in workers:
-                w.exited = True
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(w.pid, signal.SIGKILL)
-            self._workers.clear()
+            self.workers.kill_all(self.config.shutdown_timeout)
             self.updater.workers_gone()
-            deadline = time.monotonic() + self.config.shutdown_timeout
-            while any(_alive(w.pid) for w in workers) and time.monotonic() < deadline:
-                time.sleep(0.001)
             old = self._dataplane
             latest = self.checkpointer.store.latest()  # at least the run's start
             self.updater.run_code_of(latest, "checkpoint")  # an update after it is undone with the rest
@@ -673,10 +558,9 @@ class Coordinator:
 
     def _stop_everything(self) -> None:
         self._close_gates()
-        for w in self._workers.values():
-            if w.conn is not None and not w.exited:
-                with contextlib.suppress(OSError):
-                    w.conn.send({"op": "stop"})
+        for w in self.workers.live():
+            with contextlib.suppress(OSError):
+                w.conn.send({"op": "stop"})
 
     def _close_gates(self) -> None:
         """Close every gate, saying how the job ended: writers in other processes that still hold
@@ -788,13 +672,17 @@ class Coordinator:
     def stopping(self) -> bool:
         return self._stopping
 
-    def live_workers(self) -> list[_Worker]:
-        return [w for w in self._workers.values() if w.conn is not None and not w.exited]
+    def live_workers(self) -> list[Worker]:
+        return self.workers.live()
 
     def _replenish(self) -> None:
         """Keep the warm pool at its size (spares are forked from the zygote, ready in milliseconds)."""
-        starting = sum(1 for w in self._workers.values() if w.conn is None and not w.exited)
-        missing = self.config.spare_workers + len(self._pending) - len(self.idle_workers()) - starting
+        missing = (
+            self.config.spare_workers
+            + len(self._pending)
+            - len(self.workers.idle())
+            - self.workers.starting()
+        )
         for _ in range(max(missing, 0)):
             self.spawn_worker()
 
@@ -842,14 +730,7 @@ class Coordinator:
             self.checkpointer.stop.set()
         if self.status is not JobStatus.FINISHED:
             self._stop_everything()
-        for w in self._workers.values():
-            if w.conn is not None and not w.exited:
-                with contextlib.suppress(OSError):
-                    w.conn.send({"op": "exit"})
-            elif w.pid and not w.exited:  # still starting: it was given nothing, and nobody answers it now
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(w.pid, signal.SIGKILL)
-        self._await_workers()
+        self.workers.stop(self.config.shutdown_timeout)
         if self._server is not None:
             self._server.close()
         if self._metrics is not None:
@@ -887,30 +768,6 @@ class Coordinator:
         with contextlib.suppress(FileNotFoundError):
             self.info_path.unlink()
         self.updater.close()
-
-    def _await_workers(self) -> None:
-        deadline = time.monotonic() + self.config.shutdown_timeout
-        pids = [w.pid for w in self._workers.values() if w.pid]
-        while time.monotonic() < deadline:
-            alive = [p for p in pids if _alive(p)]
-            if not alive:
-                return
-            time.sleep(0.01)
-        for p in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, 9)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _job_error(report: dict, operator: str) -> BaseException:

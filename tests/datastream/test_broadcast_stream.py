@@ -248,7 +248,7 @@ def test_a_kill_9_of_an_instance_loses_and_duplicates_nothing():
         writer.write(batch)
         time.sleep(0.005)
         if i == len(batches) // 2:
-            victim = next(w for w in list(co._workers.values()) if w.task and w.task[0] == stage and w.pid)
+            victim = next(w for w in co.workers.all() if w.task and w.task[0] == stage and w.pid)
             os.kill(victim.pid, signal.SIGKILL)
     writer.end()
     assert client.wait(60).name == "FINISHED"

@@ -195,7 +195,7 @@ def test_keyed_co_process_is_exact_across_a_kill_9_recovery():
 
     def kill_one():
         time.sleep(0.3)
-        busy = [w for w in list(co._workers.values()) if w.task is not None and w.pid]
+        busy = [w for w in co.workers.all() if w.task is not None and w.pid]
         os.kill(random.choice(busy).pid, signal.SIGKILL)
         killed.set()
 

@@ -138,7 +138,7 @@ def test_dead_letters_are_exactly_once_across_a_worker_kill():
     client = _start("dead_letter", checkpoint_ms=50, n=n, source=source)
     co = client._coordinator
     time.sleep(0.2)
-    os.kill(random.choice([w for w in co._workers.values() if w.task is not None]).pid, signal.SIGKILL)
+    os.kill(random.choice([w for w in co.workers.all() if w.task is not None]).pid, signal.SIGKILL)
     assert client.wait(60).name == "FINISHED"
     assert len(co.recoveries) == 1
     out = sorted(tuple(r) for r in channels.open_reader(client, "out"))

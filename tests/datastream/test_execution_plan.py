@@ -194,7 +194,7 @@ def test_batch_reduce_is_exact_across_a_kill_9_recovery():
     co = results._coordinator
     with results:
         time.sleep(0.2)
-        busy = [w for w in list(co._workers.values()) if w.task is not None and w.pid]
+        busy = [w for w in co.workers.all() if w.task is not None and w.pid]
         os.kill(random.choice(busy).pid, signal.SIGKILL)
         got = sorted(tuple(r) for r in results)
     assert len(co.recoveries) == 1

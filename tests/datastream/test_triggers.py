@@ -66,7 +66,7 @@ def _run(build, records, parallelism=2, rescale=False, kill=False):
 
         def kill_one():
             time.sleep(0.3)
-            busy = [w for w in list(co._workers.values()) if w.task is not None and w.pid]
+            busy = [w for w in co.workers.all() if w.task is not None and w.pid]
             os.kill(random.choice(busy).pid, signal.SIGKILL)
 
         killer = threading.Thread(target=kill_one)

@@ -381,7 +381,7 @@ def test_a_new_run_recovers_from_its_own_start_not_from_an_earlier_runs_checkpoi
     co = client._coordinator
     try:
         time.sleep(0.2)
-        os.kill(next(w.pid for w in list(co._workers.values()) if w.task is not None), signal.SIGKILL)
+        os.kill(next(w.pid for w in co.workers.all() if w.task is not None), signal.SIGKILL)
         assert client.wait(60).name == "FINISHED"
     finally:
         if not co.done:
@@ -492,7 +492,7 @@ def test_execute_and_collect_of_a_checkpointed_job_yields_each_result_once_acros
             got.append(tuple(r))
             if not killed and time.monotonic() - t0 > 0.15:
                 os.kill(
-                    random.choice([w for w in co._workers.values() if w.task is not None]).pid, signal.SIGKILL
+                    random.choice([w for w in co.workers.all() if w.task is not None]).pid, signal.SIGKILL
                 )
                 killed = True
     assert killed and len(co.recoveries) == 1
@@ -516,9 +516,7 @@ def test_a_branch_that_already_ended_keeps_its_output_exact_when_another_branch_
         assert time.monotonic() < deadline
         time.sleep(0.01)
     time.sleep(0.1)
-    keyed = [
-        w for w in co._workers.values() if w.task is not None and co.plan.stages[w.task[0]].kind == "keyed"
-    ]
+    keyed = [w for w in co.workers.all() if w.task is not None and co.plan.stages[w.task[0]].kind == "keyed"]
     os.kill(keyed[-1].pid, signal.SIGKILL)
     assert client.wait(60).name == "FINISHED"
     assert len(co.recoveries) == 1

@@ -460,7 +460,7 @@ def test_a_kill_9_during_or_after_an_update_loses_and_duplicates_nothing(kill_af
 
     def kill() -> None:
         time.sleep(kill_after)
-        victims = [w for w in list(co._workers.values()) if w.task and w.task[0] == stage and w.pid]
+        victims = [w for w in co.workers.all() if w.task and w.task[0] == stage and w.pid]
         os.kill(victims[0].pid, signal.SIGKILL)
 
     killer = threading.Thread(target=kill)

@@ -110,7 +110,7 @@ def test_checkpoint_and_recovery_metrics():
             writer.write([(i % 7, i) for i in range(100)])
             reports = [client.trigger_checkpoint() for _ in range(3)]
             co = client._coordinator
-            os.kill(next(w.pid for w in co._workers.values() if w.task is not None), signal.SIGKILL)
+            os.kill(next(w.pid for w in co.workers.all() if w.task is not None), signal.SIGKILL)
             deadline = time.monotonic() + 30
             while not co.recoveries:
                 assert time.monotonic() < deadline

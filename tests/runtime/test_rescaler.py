@@ -291,9 +291,7 @@ def rescale_and_kill(client, parallelism: int, instance: int) -> tuple[threading
     while True:
         assert time.monotonic() < deadline and not co.done, "the epoch was not placed"
         if int(co.control.epoch(op)) > epoch:
-            victim = next(
-                (w for w in list(co._workers.values()) if w.task == (sid, instance) and w.pid), None
-            )
+            victim = next((w for w in co.workers.all() if w.task == (sid, instance) and w.pid), None)
             if victim is not None:
                 os.kill(victim.pid, signal.SIGKILL)
                 return rescale, reports

@@ -127,7 +127,7 @@ def test_ctrl_c_is_the_programs_alone_the_zygote_and_workers_ignore_it(capfd):
     client = env.execute_async("ctrl-c")
     try:
         co = client._coordinator
-        pids = [co._zygote.process.pid] + [w.pid for w in co._workers.values() if w.pid]
+        pids = [co.workers.zygote.process.pid] + [w.pid for w in co.workers.all() if w.pid]
         for pid in pids:
             os.kill(pid, signal.SIGINT)
         sent = [(i % 5, i) for i in range(1000)]

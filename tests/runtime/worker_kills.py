@@ -19,7 +19,7 @@ def busy_workers(co, stage: str | None = None) -> list:
     stage_id = co.plan.stage(stage).id if stage is not None else None
     return [
         w
-        for w in list(co._workers.values())
+        for w in co.workers.all()
         if w.task is not None and w.pid and (stage_id is None or w.task[0] == stage_id)
     ]
 

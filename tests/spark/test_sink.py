@@ -102,7 +102,7 @@ def test_a_checkpointed_job_that_loses_a_worker_mid_stream_keeps_spark_exactly_o
     def kill_once():
         while co.describe()["operators"][0]["records_in"] < 400 and not co.done:
             time.sleep(0.01)
-        busy = [w for w in list(co._workers.values()) if w.task is not None and w.pid]
+        busy = [w for w in co.workers.all() if w.task is not None and w.pid]
         os.kill(busy[-1].pid, signal.SIGKILL)
 
     killer = threading.Thread(target=kill_once, daemon=True)

@@ -145,7 +145,7 @@ def test_sink_is_exactly_once_across_a_kill_9_recovery(tmp_path):
     co = client._coordinator
     try:
         time.sleep(0.4)
-        busy = [w for w in list(co._workers.values()) if w.task is not None and w.pid]
+        busy = [w for w in co.workers.all() if w.task is not None and w.pid]
         os.kill(random.choice(busy).pid, signal.SIGKILL)
         assert client.wait(120).name == "FINISHED"
     finally:
