@@ -18,7 +18,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from stretch.common.records import from_batch, schema_for
+from stretch.common.batch_decoding import from_batch
+from stretch.common.records import schema_for
 from stretch.common.typeinfo import TypeInformation
 from stretch.jobs import JobGone, JobNotFound, find
 from stretch.runtime.channel_log import ChannelLog, LogTail

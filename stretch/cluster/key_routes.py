@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from stretch.common import user_code
-from stretch.common.records import from_batch
+from stretch.common.batch_decoding import from_batch
 from stretch.contracts.functions import KeySelector
 from stretch.runtime.outputs import NO_KEY, describe_failure, short
 from stretch.runtime.routing import not_null

@@ -39,7 +39,7 @@ import decimal
 import gc
 import pickle
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import chain, pairwise, repeat
+from itertools import chain, repeat
 from operator import attrgetter, itemgetter
 from typing import Any, NoReturn
 
@@ -74,7 +74,6 @@ __all__ = [
     "RECORD_KIND_KEY",
     "ROW_KIND_COLUMN",
     "field_names",
-    "from_batch",
     "records_schema_kind",
     "schema_for",
     "to_batch",
@@ -110,7 +109,7 @@ class _MismatchError(Exception):
 
 
 @contextlib.contextmanager
-def _gc_paused(n: int) -> Iterator[None]:
+def gc_paused(n: int) -> Iterator[None]:
     """Pause the cyclic GC while building many small acyclic objects.
 
     Building 1M Rows (or tuples) otherwise triggers dozens of full collections that scan every
@@ -170,7 +169,7 @@ _BASIC_CATEGORY = {
 }
 
 
-def _category(t: TypeInformation) -> str:
+def category_of(t: TypeInformation) -> str:
     if isinstance(t, BasicTypeInfo):
         return _BASIC_CATEGORY[t._basic_type]
     if isinstance(t, PickledBytesTypeInfo):
@@ -194,7 +193,7 @@ def _category(t: TypeInformation) -> str:
     raise TypeError(f"unsupported type information {t!r}")
 
 
-def _element_type(t: TypeInformation) -> TypeInformation:
+def element_type_of(t: TypeInformation) -> TypeInformation:
     return t.elem_type if isinstance(t, ListTypeInfo) else t._element_type  # type: ignore[attr-defined]
 
 
@@ -289,7 +288,7 @@ def _dumps_any(v: Any) -> bytes:
 
 def _encode(values: Sequence, t: TypeInformation, seen: set | None = None) -> pa.Array:
     """Encode one column of Python values (None = null) as an Arrow array of ``t.to_arrow()``."""
-    category = _category(t)
+    category = category_of(t)
     if category == "struct":
         children, mask = _struct_columns(values, t, allow_none=True)
         return _struct_array(children, t, mask)
@@ -403,7 +402,7 @@ def _offsets_and_flat(values: Sequence, category: str, seen: set | None) -> tupl
 def _encode_list(values: Sequence, t: TypeInformation, seen: set | None) -> pa.Array:
     values, offsets, mask = _offsets_and_flat(values, "list", seen)
     flat = list(chain.from_iterable(values))
-    elements = _encode(flat, _element_type(t))
+    elements = _encode(flat, element_type_of(t))
     try:
         return pa.LargeListArray.from_arrays(
             pa.array(offsets, type=pa.int64()), elements, type=t.to_arrow(), mask=mask
@@ -445,7 +444,7 @@ def _problem(v: Any, t: TypeInformation) -> tuple[list[str], str] | None:
     """Why value ``v`` does not fit ``t``: (path inside the value, reason), or None if it fits."""
     if v is None:
         return None
-    category = _category(t)
+    category = category_of(t)
     if category == "struct":
         if not _struct_accepts(t, v):
             return [], f"expected {_struct_expectation(t)}, got {_describe(v)}"
@@ -460,9 +459,9 @@ def _problem(v: Any, t: TypeInformation) -> tuple[list[str], str] | None:
     if not _accepts(category, type(v)):
         return [], f"expected {expected}, got {_describe(v)}"
     if category == "list":
-        element_type = _element_type(t)
+        elem = element_type_of(t)
         for j, element in enumerate(v):
-            found = _problem(element, element_type)
+            found = _problem(element, elem)
             if found is not None:
                 return [f"[{j}]", *found[0]], found[1]
         return None
@@ -554,7 +553,7 @@ def _raise_mismatch(records: list, t: TypeInformation, kind: str, exc: BaseExcep
 # ==================================================================================================
 # inference
 # ==================================================================================================
-_PICKLED = Types.PICKLED_BYTE_ARRAY()
+PICKLED = Types.PICKLED_BYTE_ARRAY()
 _INFER_SIMPLE: dict[type, tuple[TypeInformation, pa.DataType]] = {
     int: (Types.LONG(), pa.int64()),
     float: (Types.DOUBLE(), pa.float64()),
@@ -582,7 +581,7 @@ def _infer_column(values: list) -> tuple[TypeInformation, pa.Array]:
                 return simple[0], pa.array(values, type=simple[1], from_pandas=False)
             except (pa.ArrowException, TypeError, ValueError, OverflowError):
                 pass  # e.g. ints beyond int64
-    return _PICKLED, pa.array(_pickle_values(values), type=pa.large_binary())
+    return PICKLED, pa.array(_pickle_values(values), type=pa.large_binary())
 
 
 def _raise_unpicklable(records: list, exc: _MismatchError) -> NoReturn:
@@ -619,9 +618,9 @@ def _infer_records(records: list) -> tuple[str, TypeInformation, list[pa.Array] 
         types.discard(_NONE)
         if len(types) == 1 and next(iter(types)) in _INFER_SIMPLE:
             t, arr = _infer_column(records)
-            if t is not _PICKLED:
+            if t is not PICKLED:
                 return "scalar", t, [arr]
-    return "pickled", _PICKLED, None
+    return "pickled", PICKLED, None
 
 
 def _names_ok(names: list | None) -> bool:
@@ -683,7 +682,7 @@ def schema_for(type_info: TypeInformation | None) -> pa.Schema | None:
     return schema
 
 
-def _data_fields(schema: pa.Schema) -> list[int]:
+def data_fields(schema: pa.Schema) -> list[int]:
     return [i for i, name in enumerate(schema.names) if not name.startswith("__")]
 
 
@@ -696,7 +695,7 @@ def records_schema_kind(schema: pa.Schema) -> str:
     kind = (schema.metadata or {}).get(RECORD_KIND_KEY)
     if kind is not None:
         return kind.decode()
-    names = [schema.names[i] for i in _data_fields(schema)]
+    names = [schema.names[i] for i in data_fields(schema)]
     if names == ["f0"]:
         return "scalar"
     if names == [f"f{i}" for i in range(len(names))]:
@@ -707,9 +706,9 @@ def records_schema_kind(schema: pa.Schema) -> str:
 def type_info_of(schema: pa.Schema) -> TypeInformation:
     """The record type of batches with this schema (inverse of :func:`schema_for`)."""
     kind = records_schema_kind(schema)
-    fields = [schema.field(i) for i in _data_fields(schema)]
+    fields = [schema.field(i) for i in data_fields(schema)]
     if kind == "pickled":
-        return _PICKLED
+        return PICKLED
     if kind == "scalar":
         return from_arrow_field(fields[0])
     types = [from_arrow_field(f) for f in fields]
@@ -731,7 +730,7 @@ def to_batch(records: Sequence, type_info: TypeInformation | None = None) -> pa.
     inferred so that :func:`from_batch` gives back equal objects of the same types.
     """
     records = _as_list(records)
-    with _gc_paused(len(records)):
+    with gc_paused(len(records)):
         if type_info is None:
             try:
                 kind, type_info, arrays = _infer_records(records)
@@ -774,161 +773,3 @@ def _encode_records(records: list, type_info: TypeInformation, kind: str) -> lis
     if kind == "pickled":
         return [_pa_array(_pickle_values(records), pa.large_binary())]
     return [_encode(records, type_info)]
-
-
-# ==================================================================================================
-# from_batch
-# ==================================================================================================
-_TIMESTAMP_US = pa.timestamp("us")
-_DATE32 = pa.date32()
-
-
-def _field_type(field: pa.Field) -> TypeInformation:
-    """The type from_batch decodes a column as (an all-null column decodes as Nones)."""
-    if pa.types.is_null(field.type):
-        return _PICKLED
-    return from_arrow_field(field)
-
-
-def _plain_list(arr: pa.Array) -> list:
-    """Values of a fixed-width column via NumPy (fast), with None at the nulls."""
-    if arr.null_count == 0:
-        return arr.to_numpy(zero_copy_only=False).tolist()
-    fill = pa.scalar(False) if pa.types.is_boolean(arr.type) else pa.scalar(0, type=arr.type)
-    out = arr.fill_null(fill).to_numpy(zero_copy_only=False).tolist()
-    for i in np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False)).tolist():
-        out[i] = None
-    return out
-
-
-def _with_nulls(arr: pa.Array, out: list) -> list:
-    if arr.null_count:
-        for i in np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False)).tolist():
-            out[i] = None
-    return out
-
-
-def _slice_offsets(arr: pa.Array) -> tuple[list[int], int, int]:
-    offsets = arr.offsets.to_numpy(zero_copy_only=False)
-    start, stop = int(offsets[0]), int(offsets[-1])
-    return (offsets - start).tolist(), start, stop
-
-
-def _decode(arr: pa.Array, t: TypeInformation) -> list:
-    """Python values of one column (None for nulls)."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    category = _category(t)
-    if category in ("int", "float", "bool", "timestamp", "date"):
-        if category == "timestamp" and arr.type != _TIMESTAMP_US:
-            arr = arr.cast(_TIMESTAMP_US, safe=False)
-        elif category == "date" and arr.type != _DATE32:
-            arr = arr.cast(_DATE32)
-        return _plain_list(arr)
-    if category == "pickled":
-        loads = pickle.loads
-        return [None if b is None else loads(b) for b in arr.to_pylist()]
-    if category == "struct":
-        return _decode_struct(arr, t)
-    if category == "list":
-        element_type = _element_type(t)
-        offsets, start, stop = _slice_offsets(arr)
-        elements = _decode(arr.values.slice(start, stop - start), element_type)
-        out = [elements[a:b] for a, b in pairwise(offsets)]
-        return _with_nulls(arr, out)
-    if category == "map":
-        offsets, start, stop = _slice_offsets(arr)
-        keys = _decode(arr.keys.slice(start, stop - start), t._key_type_info)  # type: ignore[attr-defined]
-        items = _decode(arr.items.slice(start, stop - start), t._value_type_info)  # type: ignore[attr-defined]
-        out = [dict(zip(keys[a:b], items[a:b], strict=False)) for a, b in pairwise(offsets)]
-        return _with_nulls(arr, out)
-    if category == "bigint":
-        return [None if d is None else int(d) for d in arr.to_pylist()]
-    if category == "instant":
-        if pa.types.is_timestamp(arr.type) and arr.type.unit != "us":  # counts of another unit
-            arr = arr.cast(pa.timestamp("us", tz=arr.type.tz), safe=False)
-        micros = _plain_list(arr.cast(pa.int64()))
-        of_micro = Instant.of_epoch_micro
-        return [None if m is None else of_micro(m) for m in micros]
-    if category == "decimal":
-        return [None if d is None else _unpadded(d) for d in arr.to_pylist()]
-    # str, char, bytes, time
-    return arr.to_pylist()
-
-
-def _unpadded(d: decimal.Decimal) -> decimal.Decimal:
-    """A BIG_DEC value without the zeros Arrow's fixed scale (18) padded it with: Decimal(3) comes
-    back as Decimal('3'), as in Flink, not Decimal('3.000000000000000000')."""
-    if d == d.to_integral_value():
-        return d.quantize(_ONE)
-    return d.normalize()
-
-
-_ONE = decimal.Decimal(1)
-
-
-def _decode_struct(arr: pa.StructArray, t: TypeInformation) -> list:
-    columns = [_decode(arr.field(i), ft) for i, ft in enumerate(t.get_field_types())]  # type: ignore[attr-defined]
-    if isinstance(t, TupleTypeInfo):
-        out: list = list(zip(*columns, strict=False))
-    else:
-        out = _make_rows(columns, t.get_field_names())  # type: ignore[attr-defined]
-    return _with_nulls(arr, out)
-
-
-def _make_rows(columns: list[list], names: list[str] | None, kinds: list | None = None) -> list:
-    """Rows from columns without going through ``Row.__init__`` (3x faster)."""
-    new = object.__new__
-    out = []
-    append = out.append
-    if names is not None:
-        names = list(names)
-        for values in zip(*columns, strict=False):
-            row = new(Row)
-            row._values = list(values)
-            row._fields = names
-            row._row_kind = _INSERT
-            append(row)
-    else:
-        for values in zip(*columns, strict=False):
-            row = new(Row)
-            row._values = list(values)
-            row._row_kind = _INSERT
-            append(row)
-    if kinds is not None:
-        for row, k in zip(out, kinds, strict=False):
-            if k:
-                row._row_kind = _ROW_KINDS[k]
-    return out
-
-
-def from_batch(batch: pa.RecordBatch | pa.Table) -> list:
-    """The Python records of a batch: tuples, Rows, scalars or unpickled objects, as they went in.
-
-    Columns whose names start with ``"__"`` are ignored (``"__row_kind"`` sets the Rows' kinds).
-    """
-    n = batch.num_rows
-    if n == 0:
-        return []
-    schema = batch.schema
-    kind = records_schema_kind(schema)
-    data = _data_fields(schema)
-    with _gc_paused(n):
-        if kind in ("scalar", "pickled"):
-            if not data:
-                raise ValueError(f"a {kind} records batch needs a data column: {schema}")
-            field = schema.field(data[0])
-            t = _PICKLED if kind == "pickled" else _field_type(field)
-            return _decode(batch.column(data[0]), t)
-        columns = [_decode(batch.column(i), _field_type(schema.field(i))) for i in data]
-        if not columns:
-            return [() for _ in range(n)] if kind == "tuple" else [Row() for _ in range(n)]
-        if kind == "tuple":
-            return list(zip(*columns, strict=False))
-        kinds = None
-        if ROW_KIND_COLUMN in schema.names:
-            kind_col = batch.column(schema.get_field_index(ROW_KIND_COLUMN))
-            kinds = _plain_list(kind_col.cast(pa.int8()).fill_null(0))
-        named = (schema.metadata or {}).get(NAMED_KEY) != b"0"
-        names = [schema.names[i] for i in data] if named else None
-        return _make_rows(columns, names, kinds)

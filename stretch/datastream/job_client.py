@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from stretch.common.batch_decoding import from_batch
 from stretch.common.job_status import JobStatus
-from stretch.common.records import from_batch
 from stretch.errors import JobCancellationError, JobEnded
 from stretch.runtime import termination
 from stretch.runtime.coordinator import Coordinator

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from stretch.common.records import RecordTypeError, from_batch, to_batch
+from stretch.common.batch_decoding import from_batch
+from stretch.common.records import RecordTypeError, to_batch
 from stretch.contracts.output_tag import OutputTag
 from stretch.runtime.outputs import short
 

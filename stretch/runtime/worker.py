@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.compute
 import pyarrow.parquet
 
-from stretch.common.records import from_batch, to_batch
+from stretch.common.batch_decoding import from_batch
+from stretch.common.records import to_batch
 from stretch.errors import UpdateRefused
 from stretch.runtime import control_socket as cs
 from stretch.runtime.code_update import check

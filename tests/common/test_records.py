@@ -16,10 +16,10 @@ import pyarrow as pa
 import pytest
 
 from stretch.common import Instant, Row, RowKind, Types
+from stretch.common.batch_decoding import from_batch
 from stretch.common.records import (
     RECORD_KIND_KEY,
     field_names,
-    from_batch,
     records_schema_kind,
     schema_for,
     to_batch,
@@ -441,7 +441,7 @@ def test_infer_scalars(records, arrow_type):
 _READ_IN_A_WORKER = """
 import pickle, sys
 import pyarrow as pa
-from stretch.common.records import from_batch
+from stretch.common.batch_decoding import from_batch
 batch = pa.ipc.open_stream(sys.stdin.buffer.read()).read_next_batch()
 print(repr([(type(r).__name__, vars(r)) for r in from_batch(batch)]))
 """

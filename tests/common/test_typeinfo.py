@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 from stretch.common import Duration, Instant, Time, TimestampAssigner, Types, WatermarkStrategy
-from stretch.common.records import from_batch, to_batch
+from stretch.common.batch_decoding import from_batch
+from stretch.common.records import to_batch
 from stretch.common.typeinfo import (
     RowTypeInfo,
     TupleTypeInfo,

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from stretch.common import Types
-from stretch.common.records import from_batch
+from stretch.common.batch_decoding import from_batch
 from stretch.datastream.connectors import (
     ArrowSource,
     DataGeneratorSource,

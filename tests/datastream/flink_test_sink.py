@@ -15,7 +15,8 @@ import decimal
 import numpy as np
 import pyarrow as pa
 
-from stretch.common.records import RECORD_KIND_KEY, from_batch
+from stretch.common.batch_decoding import from_batch
+from stretch.common.records import RECORD_KIND_KEY
 from stretch.common.row import Row
 from stretch.contracts.connectors import Sink, SinkWriter
 

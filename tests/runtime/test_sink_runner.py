@@ -9,7 +9,7 @@ import random
 import pytest
 
 from stretch.common import Types
-from stretch.common.records import from_batch
+from stretch.common.batch_decoding import from_batch
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors import Sink
 from stretch.datastream.connectors.base import SinkWriter

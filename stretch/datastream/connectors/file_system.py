@@ -15,7 +15,8 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from stretch.common.records import from_batch, to_batch
+from stretch.common.batch_decoding import from_batch
+from stretch.common.records import to_batch
 from stretch.common.serialization import Encoder
 from stretch.common.typeinfo import Types
 from stretch.contracts.connectors import RecordPositionedSource, Sink, SinkWriter

@@ -9,7 +9,8 @@ import sys
 
 import pyarrow as pa
 
-from stretch.common.records import RECORD_KIND_KEY, from_batch
+from stretch.common.batch_decoding import from_batch
+from stretch.common.records import RECORD_KIND_KEY
 from stretch.common.row import Row, RowKind
 from stretch.contracts.connectors import Sink, SinkWriter
 
