@@ -11,6 +11,7 @@ from itertools import pairwise
 import numpy as np
 import pyarrow as pa
 
+from stretch.common.arrow_types import from_arrow_field
 from stretch.common.records import (
     PICKLED,
     ROW_KIND_COLUMN,
@@ -22,7 +23,7 @@ from stretch.common.records import (
 )
 from stretch.common.row import Row, RowKind
 from stretch.common.time import Instant
-from stretch.common.typeinfo import NAMED_KEY, TupleTypeInfo, TypeInformation, from_arrow_field
+from stretch.common.typeinfo import NAMED_KEY, TupleTypeInfo, TypeInformation
 
 _INSERT = RowKind.INSERT
 _ROW_KINDS = list(RowKind)

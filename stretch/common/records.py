@@ -46,6 +46,7 @@ from typing import Any, NoReturn
 import numpy as np
 import pyarrow as pa
 
+from stretch.common.arrow_types import from_arrow_field
 from stretch.common.row import Row, RowKind
 from stretch.common.time import Instant
 from stretch.common.typeinfo import (
@@ -64,7 +65,6 @@ from stretch.common.typeinfo import (
     TypeInformation,
     Types,
     _ArrayTypeInfo,
-    from_arrow_field,
     misplaced_type_repr,
     type_expr,
 )

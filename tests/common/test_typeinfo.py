@@ -12,14 +12,13 @@ import pyarrow as pa
 import pytest
 
 from stretch.common import Duration, Instant, Time, TimestampAssigner, Types, WatermarkStrategy
+from stretch.common.arrow_types import from_arrow, from_arrow_field
 from stretch.common.batch_decoding import from_batch
 from stretch.common.records import to_batch
 from stretch.common.typeinfo import (
     RowTypeInfo,
     TupleTypeInfo,
     TypeInformation,
-    from_arrow,
-    from_arrow_field,
     from_json,
     type_expr,
 )
