@@ -132,11 +132,7 @@ class Segment:
 
     def release_pages(self, offset: int, length: int) -> None:
         """Return whole pages in [offset, offset+length) to the OS; they read as zeros afterwards."""
-        page = mmap.PAGESIZE
-        start = -(-offset // page) * page
-        end = ((offset + length) // page) * page
-        if end > start:
-            self.mmap.madvise(mmap.MADV_REMOVE, start, end - start)
+        release_pages(self.mmap, offset, length)
 
     def resident_bytes(self) -> int:
         """Bytes of memory the segment really occupies (sparse segments occupy only touched pages)."""
@@ -155,6 +151,15 @@ class Segment:
             pass  # a zero-copy view still refers to it; the mapping dies with the last view
         if self.owner:
             unlink(self.name)
+
+
+def release_pages(mapping: mmap.mmap, offset: int, length: int) -> None:
+    """Give the whole pages inside [offset, offset+length) of a shared mapping back to the OS."""
+    page = mmap.PAGESIZE
+    start = -(-offset // page) * page
+    end = ((offset + length) // page) * page
+    if end > start:
+        mapping.madvise(mmap.MADV_REMOVE, start, end - start)
 
 
 _created: set[str] = set()

@@ -13,6 +13,7 @@ import mmap
 import numpy as np
 
 from stretch._native import Region
+from stretch._shm import release_pages
 
 
 class MemorySegment:
@@ -32,11 +33,7 @@ class MemorySegment:
         """Nothing to do: anonymous pages are allocated as they are touched."""
 
     def release_pages(self, offset: int, length: int) -> None:
-        page = mmap.PAGESIZE
-        start = -(-offset // page) * page
-        end = ((offset + length) // page) * page
-        if end > start:
-            self.mmap.madvise(mmap.MADV_REMOVE, start, end - start)
+        release_pages(self.mmap, offset, length)
 
     def resident_bytes(self) -> int:
         return 0  # not measured: only the size in error messages uses it

@@ -11,21 +11,8 @@ import pyarrow as pa
 from stretch.cluster import StretchCluster
 from stretch.cluster.client import ClusterConnection
 from stretch.cluster.ui_source import ClusterJobs
-from stretch.common import Types
 from stretch.datastream import StreamExecutionEnvironment
-from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
-from tests.ui.jobs import get, post, wait_for
-
-
-def counts_job(env) -> None:
-    row = Types.ROW_NAMED(["user", "amount"], [Types.STRING(), Types.LONG()])
-    (
-        env.from_source(ChannelSource("in", row), None, "in")
-        .key_by("user")
-        .sum("amount")
-        .name("counts")
-        .sink_to(ChannelSink("out"))
-    )
+from tests.ui.jobs import counts_job, get, post, wait_for
 
 
 def test_the_view_follows_the_cluster_through_a_node_change_and_rescales_inside_a_node():

@@ -15,6 +15,18 @@ from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 
 CLICK = Types.TUPLE([Types.STRING(), Types.LONG()])
+AMOUNT = Types.ROW_NAMED(["user", "amount"], [Types.STRING(), Types.LONG()])
+
+
+def counts_job(env) -> None:
+    """A sum of amounts per user, keyed by a field: a job that runs on a cluster."""
+    (
+        env.from_source(ChannelSource("in", AMOUNT), None, "in")
+        .key_by("user")
+        .sum("amount")
+        .name("counts")
+        .sink_to(ChannelSink("out"))
+    )
 
 
 @contextlib.contextmanager

@@ -10,11 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from stretch.cluster import StretchCluster
-from stretch.common import Types
 from stretch.datastream import StreamExecutionEnvironment
-from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from tests.ui.browser import browser_page
-from tests.ui.jobs import clicks, expected_totals, final_totals, totals_job
+from tests.ui.jobs import clicks, counts_job, expected_totals, final_totals, totals_job
 
 SCREENSHOTS = os.environ.get("STRETCH_UI_SCREENSHOTS")  # a directory: keep the pages' pictures
 
@@ -64,14 +62,7 @@ def test_without_the_secret_the_page_only_looks(tmp_path):
 def test_a_clusters_nodes_and_key_group_map(tmp_path):
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(1)
-    row = Types.ROW_NAMED(["user", "amount"], [Types.STRING(), Types.LONG()])
-    (
-        env.from_source(ChannelSource("in", row), None, "in")
-        .key_by("user")
-        .sum("amount")
-        .name("counts")
-        .sink_to(ChannelSink("out"))
-    )
+    counts_job(env)
     batch = pa.table({"user": [f"u{i}" for i in range(500)], "amount": [1] * 500})
     with StretchCluster.local(nodes=2, ui=True) as cluster, browser_page() as page:
         client = env.execute_async("counts", cluster=cluster)
