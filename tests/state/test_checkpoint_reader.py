@@ -17,32 +17,14 @@ import pytest
 
 from stretch import _shm, channels
 from stretch.common import Duration, Time, Types, WatermarkStrategy
-from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment, aggregates
+from stretch.datastream import StreamExecutionEnvironment, aggregates
 from stretch.datastream.connectors import DiscardingSink
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
-from stretch.datastream.state import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from stretch.datastream.window import TumblingEventTimeWindows
 from stretch.state import CheckpointNotFound, IncompleteCheckpoint, checkpoint_dir, read_checkpoint
+from tests.state.test_queryable import Remember  # two ValueStates, a ListState and a MapState a key
 
 RECORD = Types.TUPLE([Types.STRING(), Types.LONG(), Types.STRING()])
-
-
-class Remember(KeyedProcessFunction):
-    """Two ValueStates, a ListState and a MapState per key."""
-
-    def open(self, ctx):
-        self.count = ctx.get_state(ValueStateDescriptor("count", Types.LONG()))
-        self.last = ctx.get_state(ValueStateDescriptor("last", Types.STRING()))
-        self.values = ctx.get_list_state(ListStateDescriptor("values", Types.LONG()))
-        self.by_tag = ctx.get_map_state(MapStateDescriptor("by_tag", Types.STRING(), Types.LONG()))
-
-    def process_element(self, value, ctx):
-        _key, n, tag = value
-        self.count.update((self.count.value() or 0) + 1)
-        self.last.update(tag)
-        self.values.add(n)
-        self.by_tag.put(tag, n)
-        return []
 
 
 def records(start: int, n: int) -> list[tuple]:
