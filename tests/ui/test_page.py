@@ -3,7 +3,9 @@ page and seen in the job, and a cluster's nodes and key-group map."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -40,6 +42,13 @@ def test_see_a_running_job_press_rescale_and_see_the_new_parallelism(tmp_path):
         assert client.describe()["operators"][0]["parallelism"] == 3  # the job itself says so
         page.wait_for_selector("[data-event='rescale']")
         assert "1 -> 3" in page.text_content("[data-event='rescale']")
+        page.click("[data-event='rescale'] summary")  # the whole report, as the job gave it
+        (report,) = client.describe()["rescales"]
+        page.wait_for_selector("[data-event='rescale'] details[open] pre")
+        shown = json.loads(page.text_content("[data-event='rescale'] pre"))
+        assert shown == json.loads(json.dumps(report))
+        time.sleep(1.5)  # a refresh of the page keeps it open
+        assert page.is_visible("[data-event='rescale'] pre")
         writer.write(rows[20_000:])
         page.wait_for_function(
             "() => document.querySelectorAll(\"[data-operator='running-total'] .bar\").length === 3"

@@ -187,8 +187,19 @@ function updateJob(data) {
   const evs = [...data.events].reverse().slice(0, MAX_EVENTS_SHOWN);
   view.events.replaceChildren(el("tr", {}, el("th", { text: "when" }), el("th", { text: "what" }), el("th", { text: "" })),
     ...(evs.length ? evs.map((e) => el("tr", { "data-event": e.kind },
-      el("td", { text: when(e.t) }), el("td", { text: e.kind }), el("td", { text: e.text })))
+      el("td", { text: when(e.t) }), el("td", { text: e.kind }), el("td", {}, report(e))))
       : [el("tr", {}, el("td", { class: "muted", text: "none yet", colspan: "3" }))]));
+}
+
+// an event's text, opening onto its whole report; what is open stays open across refreshes
+const opened = new Set();
+function report(e) {
+  const id = `${e.kind}|${e.t}|${e.text}`;
+  const details = el("details", { class: "report" }, el("summary", { text: e.text }),
+    el("pre", { text: JSON.stringify(e.report, null, 1) }));
+  details.open = opened.has(id);
+  details.addEventListener("toggle", () => (details.open ? opened.add(id) : opened.delete(id)));
+  return details;
 }
 
 async function rescale(key, operator, op) {
