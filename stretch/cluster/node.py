@@ -381,6 +381,16 @@ class NodeServer(flight.FlightServerBase):
         report = self.job(msg["job"]).client.rescale(msg["operator"], msg["parallelism"], msg.get("timeout"))
         return {**report.__dict__}
 
+    def _act_watermark(self, body: bytes) -> dict:
+        """A writer's watermark progress on an event-time channel (cluster.node_watermarks): every
+        node hears it, rows or none."""
+        msg = json.loads(body)
+        with self.lock:
+            job = self.jobs.get(msg["job"])
+            if job is not None and job.coordinator.status.name == "RUNNING":
+                job.event_time.observe(msg["channel"], msg)
+        return {"ok": True}
+
     def _act_end(self, body: bytes) -> dict:
         msg = json.loads(body)
         with self.lock:

@@ -18,8 +18,9 @@ import pyarrow as pa
 
 from stretch.cluster.client import ClusterConnection
 from stretch.cluster.key_routes import KeyRoute, decode_routes
-from stretch.cluster.row_router import RowRouter
+from stretch.cluster.row_router import REFUSED, RowRouter
 from stretch.cluster.tls import ClusterTLS
+from stretch.cluster.writer_clock import WriterClock
 from stretch.common.records import schema_for, to_batch
 from stretch.common.typeinfo import TypeInformation
 
@@ -59,6 +60,9 @@ class ClusterWriter:
         self.type_info = TypeInformation.from_json(declared) if declared else None
         self.schema = schema_for(self.type_info) if self.type_info is not None else None
         self.router = RowRouter(self.connection, job, channel, route, retry_for)
+        strategy = route.watermarks if route is not None else None
+        self.clock = WriterClock(strategy, route.operator) if strategy is not None else None
+        self._nodes: tuple[int, list[str]] = (-1, [])  # (routing version, nodes) progress goes to
 
     @property
     def refusals(self) -> int:
@@ -85,8 +89,24 @@ class ClusterWriter:
         command = {"op": "write", "job": self.job, "channel": self.channel, "query": query, "batch": batch}
         if self.broadcast:
             self.router.deliver_to_every_node(rows, command)
-        else:
+        elif self.clock is None:
             self.router.deliver(rows, command)
+        else:  # event time: the watermark before the rows with them, the one after to every node
+            ts = self.clock.timestamps(rows)
+            self.router.deliver(rows, {**command, "wm": self.clock.before()})
+            self._progress(self.clock.after(ts))
+
+    def _progress(self, progress: dict) -> None:
+        """This writer's watermark to every node of the cluster, whether it sent it rows or not."""
+        version = self.router.table.version
+        if self._nodes[0] != version:
+            self._nodes = (version, sorted(self.connection.locations()))
+        body = {"job": self.job, "channel": self.channel, **progress}
+        for node in self._nodes[1]:
+            try:
+                self.connection.action(node, "watermark", body)
+            except REFUSED:  # a node gone (removed, or dead and being restored): nothing to tell it
+                pass
 
     def transact(self, data, output: str, query: str, batch: int, partition: int) -> list[pa.Table]:
         """One transaction of the one-query Spark stage (stretch.spark.stage): the rows, named
@@ -141,7 +161,11 @@ class ClusterWriter:
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
     def close(self) -> None:
-        """Close the connections to the nodes (a ``with`` block does it at its end)."""
+        """Close the connections to the nodes (a ``with`` block does it at its end); a writer of an
+        event-time channel tells every node it is gone, so it no longer holds their watermark back."""
+        if self.clock is not None:
+            clock, self.clock = self.clock, None
+            self._progress(clock.closing())
         self.router.close()
         self.connection.close()
 

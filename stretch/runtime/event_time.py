@@ -16,6 +16,27 @@ import pyarrow as pa
 
 MIN_WATERMARK = -(2**63)
 MAX_WATERMARK = 2**63 - 1
+MARK_KEY = b"stretch.watermark"
+"""Schema metadata of a zero-row batch in an input channel: the channel's watermark (its decimal
+value) or ``idle``, given from outside the job (a cluster node's writers: cluster.node_watermarks).
+The channel's source task passes it on to its gates instead of generating watermarks itself."""
+
+
+def mark_batch(schema: pa.Schema, watermark: int | None) -> pa.RecordBatch:
+    """The zero-row batch that sets the channel's watermark (None: the channel is idle)."""
+    value = b"idle" if watermark is None else str(int(watermark)).encode()
+    return pa.RecordBatch.from_pylist(
+        [], schema=schema.with_metadata({**(schema.metadata or {}), MARK_KEY: value})
+    )
+
+
+def mark_of(batch: pa.RecordBatch) -> int | bool | None:
+    """The watermark a mark batch sets, None for idle, False for a batch that is no mark."""
+    meta = batch.schema.metadata
+    value = meta.get(MARK_KEY) if meta else None
+    if value is None:
+        return False
+    return None if value == b"idle" else int(value)
 
 
 def producer_id(stage_id: int, index: int) -> int:

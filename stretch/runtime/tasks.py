@@ -19,7 +19,7 @@ from stretch.runtime.channel_source import read_channel
 from stretch.runtime.checkpointing import Barrier, broadcast_file, snapshot_file, write_snapshot_or_report
 from stretch.runtime.code_update import load_version, updated_step
 from stretch.runtime.control_block import ControlBlock
-from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker, producer_id
+from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker, mark_of, producer_id
 from stretch.runtime.frontier import Frontier
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.key_group_runs import laid_out, owned_ranges, owns_all, spans
@@ -169,6 +169,11 @@ class SourceTask(Task):
                 else:
                     if isinstance(item, list):
                         chain.push(Records(items=item, type_info=source_type))
+                    elif (mark := mark_of(item)) is not False:  # the channel's watermark, from outside
+                        if mark is None:
+                            chain.emit(Kind.IDLE)
+                        else:
+                            chain.emit(Kind.WATERMARK, mark)
                     else:
                         txn, end = txn_of(item)
                         chain.outputs.txn, chain.outputs.round = txn, round_of(item)

@@ -1,0 +1,142 @@
+"""Event time on a node: every writer of an event-time input channel is an input split with its
+own watermark (Flink's model), and the channel's watermark here is the minimum over the live ones.
+
+Writers (cluster.writer_clock) send their watermark with every part of rows they send (the
+watermark before those rows, so a node judges a row late exactly as one engine would), and after
+every write to every node, rows or none, so a node that got none of a writer's rows still moves
+on. A writer that says it closed is dropped from the minimum; with ``with_idleness(d)`` a writer
+that wrote no rows for ``d`` stops holding the others back until it writes again; when every live
+writer is idle, the channel is idle (its gates' other producers go on without it). The channel's
+watermark reaches the job as a mark batch in the channel (runtime.event_time.mark_batch), in order
+with the rows: the job's source task passes it on to its keyed gates, whose operators (windows,
+timers, joins) run as on one machine.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from stretch.runtime.event_time import MIN_WATERMARK
+
+TICK_S = 0.05  # how often idleness is judged, for channels with an idle timeout
+
+
+class WriterWatermarks:
+    """One input channel's writers as this node has heard them: their latest watermark, when
+    they last wrote rows, and whether they closed."""
+
+    def __init__(self, idle_timeout_s: float | None = None):
+        self.idle_timeout = idle_timeout_s
+        self.marks: dict[str, int] = {}
+        self.active: dict[str, float] = {}  # writer -> when it last wrote rows (monotonic)
+        self.closed: set[str] = set()
+        self.emitted = MIN_WATERMARK  # the channel's watermark given to the job
+        self.idle = False
+
+    def observe(self, writer: str, watermark: int, active: bool = True, closed: bool = False) -> list:
+        """A writer's progress; the marks to give the job (a watermark, or None: idle)."""
+        if writer in self.closed:
+            return []
+        self.marks[writer] = max(self.marks.get(writer, MIN_WATERMARK), int(watermark))
+        if active or writer not in self.active:
+            self.active[writer] = time.monotonic()
+        if closed:
+            self.closed.add(writer)
+        return self.marks_now()
+
+    def marks_now(self) -> list:
+        """The marks the writers' state calls for now (idleness depends on the time)."""
+        live = [w for w in self.marks if w not in self.closed]
+        if not live:  # every writer closed: the watermark stays, a new writer goes on from it
+            return []
+        now = time.monotonic()
+        timeout = self.idle_timeout
+        awake = [self.marks[w] for w in live if timeout is None or now - self.active[w] < timeout]
+        if not awake:
+            if self.idle:
+                return []
+            self.idle = True
+            return [None]
+        low = min(awake)
+        if low > self.emitted or self.idle:
+            self.emitted, self.idle = max(self.emitted, low), False
+            return [self.emitted]
+        return []
+
+    def state(self) -> dict:
+        return {"marks": dict(self.marks), "closed": sorted(self.closed), "emitted": self.emitted}
+
+    def load(self, state: dict) -> list:
+        """Start from another node's (or a checkpoint's) view of the writers; the marks to give."""
+        now = time.monotonic()
+        for writer, mark in state["marks"].items():
+            self.marks[writer] = max(self.marks.get(writer, MIN_WATERMARK), int(mark))
+            self.active.setdefault(writer, now)
+        self.closed.update(state["closed"])
+        return self.marks_now()
+
+
+class NodeEventTime:
+    """The writers' watermarks of each event-time input channel of one job on this node, handed
+    to the job's channels (``append``: channel, mark) as they advance."""
+
+    def __init__(self, strategies: dict, append):
+        self.channels = {
+            channel: WriterWatermarks(_seconds(strategy.idle_timeout))
+            for channel, strategy in strategies.items()
+        }
+        self.append = append
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker = None
+        if any(w.idle_timeout is not None for w in self.channels.values()):
+            self._ticker = threading.Thread(target=self._tick, name="stretch-idleness", daemon=True)
+            self._ticker.start()
+
+    def observe(self, channel: str, progress: dict) -> None:
+        """A writer's progress (``writer``, ``watermark``, ``active``, ``closed``) on ``channel``."""
+        writers = self.channels.get(channel)
+        if writers is None:
+            return
+        with self.lock:
+            marks = writers.observe(
+                progress["writer"],
+                progress["watermark"],
+                progress.get("active", True),
+                progress.get("closed", False),
+            )
+            self._give(channel, marks)
+
+    def state(self) -> dict:
+        with self.lock:
+            return {channel: w.state() for channel, w in self.channels.items()}
+
+    def load(self, state: dict) -> None:
+        with self.lock:
+            for channel, s in state.items():
+                if channel in self.channels:
+                    self._give(channel, self.channels[channel].load(s))
+
+    def _give(self, channel: str, marks: list) -> None:
+        for mark in marks:
+            try:
+                self.append(channel, mark)
+            except RuntimeError:  # the job has ended: nothing to move on
+                return
+
+    def _tick(self) -> None:
+        while not self._stop.wait(TICK_S):
+            with self.lock:
+                for channel, writers in self.channels.items():
+                    if writers.idle_timeout is not None:
+                        self._give(channel, writers.marks_now())
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+
+
+def _seconds(duration) -> float | None:
+    return duration.to_milliseconds() / 1000 if duration is not None else None
