@@ -391,6 +391,23 @@ class NodeServer(flight.FlightServerBase):
                 job.event_time.observe(msg["channel"], msg)
         return {"ok": True}
 
+    def _act_watermarks(self, body: bytes) -> dict:
+        """Every event-time job's writers as this node has heard them (job -> channel -> state)."""
+        with self.lock:
+            return {
+                name: job.event_time.state() for name, job in self.jobs.items() if job.event_time.channels
+            }
+
+    def _act_watermarks_load(self, body: bytes) -> dict:
+        """A joining node starts from a member's view of the writers (``watermarks``): a writer that
+        has not sent it rows or progress yet still holds its watermark back."""
+        with self.lock:
+            for name, state in json.loads(body).items():
+                job = self.jobs.get(name)
+                if job is not None and job.coordinator.status.name == "RUNNING":
+                    job.event_time.load(state)
+        return {"ok": True}
+
     def _act_end(self, body: bytes) -> dict:
         msg = json.loads(body)
         with self.lock:

@@ -9,8 +9,9 @@ import copy
 import dataclasses
 
 from stretch.cluster.key_routes import ROW, KeyRoute
+from stretch.contracts.functions import KeySelector
 from stretch.datastream.broadcast_stream import input_side, keyed_input_selector
-from stretch.datastream.two_inputs import LEFT, RIGHT
+from stretch.datastream.two_inputs import LEFT, RIGHT, UnionKey, key_of
 
 
 def cluster_inputs(plan) -> dict[str, KeyRoute]:
@@ -40,6 +41,12 @@ def cluster_inputs(plan) -> dict[str, KeyRoute]:
             if len(chain) == 1 and chain[0].kind == "assign":  # from_source(channel, strategy, ...)
                 strategy, chain = chain[0].fn, chain[0].children
             head = chain[0] if len(chain) == 1 else None
+            side = _two_input_side(head)
+            if side is not None:  # one input of a join, co-group or connected stream
+                head, key = head.children[0], SideKey(head.children[0].key.selector.selectors[side])
+                inputs[name] = KeyRoute(selector=key, operator=head.name, watermarks=event_time(strategy))
+                fed.add(head.gate)
+                continue
             if head is None or head.kind != "to_gate":
                 raise ValueError(
                     f"input channel {name!r} is not keyed right away: on a cluster, key the channel's "
@@ -80,6 +87,29 @@ def node_plan(plan):
             strategy.kind = "none"  # timestamps only: the node's WatermarkGenerator makes none
             stage.chain = [dataclasses.replace(chain[0], fn=strategy)]
     return plan
+
+
+def _two_input_side(step) -> int | None:
+    """The side of a two-input keyed operator (a join, a co-group, a connected stream) a
+    channel's records enter right away (tagged, then keyed by the side's key: datastream
+    .two_inputs), else None."""
+    if step is None or step.kind != "map" or input_side(step.fn) is None or len(step.children) != 1:
+        return None
+    child = step.children[0]
+    if child.kind != "to_gate" or not isinstance(child.key.selector, UnionKey):
+        return None
+    return input_side(step.fn)
+
+
+class SideKey(KeySelector):
+    """The key of one input of a two-input operator, on the input's own records: what the
+    operator's UnionKey gives for them once tagged, so a writer routes them where it keys them."""
+
+    def __init__(self, selector):
+        self.selector = selector
+
+    def get_key(self, value):
+        return key_of(self.selector, value)
 
 
 BROADCAST = object()  # broadcast_feeds' mark of a channel whose rows every node takes

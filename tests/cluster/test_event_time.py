@@ -5,6 +5,9 @@ and 3 nodes."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from stretch.cluster import StretchCluster
@@ -12,7 +15,9 @@ from stretch.common import Duration, Time, Types, WatermarkStrategy
 from stretch.datastream import OutputTag, StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.window import TumblingEventTimeWindows
-from tests.datastream.flink_windows import run, tumbling
+from tests.datastream import flink_joins
+from tests.datastream import test_joins as joins
+from tests.datastream.flink_windows import by_key, run, tumbling
 from tests.datastream.test_window_aggregates import batches_of
 
 RECORD = Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()])  # key, event time (ms), value
@@ -25,10 +30,11 @@ def strategy(delay=DELAY):
     )
 
 
-def tumbling_counts(parallelism=2):
+def tumbling_counts(parallelism=2, max_parallelism=128):
     """W2's shape: per key, a count per 25 ms tumbling window; late rows to channel ``late``."""
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(parallelism)
+    env.set_max_parallelism(max_parallelism)
     tag = OutputTag("late", RECORD)
     clicks = env.from_source(ChannelSource("in", RECORD), strategy(), "in")
     windows = clicks.key_by("f0").window(TumblingEventTimeWindows.of(Time.milliseconds(25)))
@@ -63,3 +69,106 @@ def test_tumbling_windows_with_late_data_match_one_machine(nodes, tmp_path):
         client.wait()
         assert results(client, "out") == want
         assert results(client, "late") == late
+
+
+def stream(writer, batches, hold_at, pause=0.01):
+    """Write ``batches`` from a thread (a micro-batch each) while node changes go on: from batch
+    ``hold_at`` on it waits for the returned ``done`` event, so the changes happen mid-stream. The
+    thread, ``done``, and the errors met."""
+    started, done, errors = threading.Event(), threading.Event(), []
+
+    def run_():
+        try:
+            for i, batch in enumerate(batches):
+                if i == hold_at:
+                    done.wait(120)
+                writer.write(batch, query="q", batch=i)
+                started.set()
+                time.sleep(pause)
+        except BaseException as e:
+            errors.append(e)
+            started.set()
+
+    feeder = threading.Thread(target=run_)
+    feeder.start()
+    started.wait(60)
+    return feeder, done, errors
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3])
+def test_tumbling_windows_fire_once_on_their_owner_through_nodes_added_and_removed(nodes, tmp_path):
+    """Open windows and their timers move with their key groups while rows stream in: each fires
+    once, on the node owning its key group then; late rows are judged as one machine judges them."""
+    batches = batches_of(2, n_batches=60)
+    want, late = model_counts(batches)
+    with StretchCluster.local(
+        nodes=nodes, directory=tmp_path / "cluster", max_parallelism=32, step=8
+    ) as cluster:
+        client = tumbling_counts(max_parallelism=32).execute_async("w2-moves", cluster=cluster)
+        with client.writer("in") as writer:
+            feeder, done, errors = stream(writer, batches, hold_at=45)
+            assert cluster.add_node().key_groups_moved > 0
+            cluster.remove_node("node-0")
+            done.set()
+            feeder.join(120)
+            assert not errors, errors
+        client.end("in")
+        client.wait()
+        assert results(client, "out") == want
+        assert results(client, "late") == late
+
+
+def two_writers(client, batches):
+    """Side 0 of each batch through a writer of channel ``a``, side 1 through one of ``b``."""
+    with client.writer("a") as a, client.writer("b") as b:
+        for i, batch in enumerate(batches):
+            for side, writer in ((0, a), (1, b)):
+                rows = [r for r in batch if r[0] == side]
+                if rows:
+                    writer.write(rows, query="q", batch=i)
+    client.end("a")
+    client.end("b")
+    client.wait()
+
+
+def two_channels(build, max_parallelism=128):
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.set_max_parallelism(max_parallelism)
+    a = env.from_source(ChannelSource("a", joins.RECORD), joins.strategy(), "a")
+    b = env.from_source(ChannelSource("b", joins.RECORD), joins.strategy(), "b")
+    build(a, b).sink_to(ChannelSink("out"))
+    return env
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3])
+def test_a_window_join_of_two_writers_matches_one_machine(nodes, tmp_path):
+    """Each input comes from a writer of its own: the join's watermark is the smaller of the two
+    channels' (nothing is late, so the windows are those of the model, all complete)."""
+    batches = joins.batches_of(seed=12, late_share=0)
+    assigner = TumblingEventTimeWindows.of(Time.milliseconds(25))
+    env = two_channels(
+        lambda a, b: (
+            a.join(b).where(lambda r: r[1]).equal_to(lambda r: r[1]).window(assigner).apply(joins.pair)
+        )
+    )
+    with StretchCluster.local(nodes=nodes, directory=tmp_path / "cluster") as cluster:
+        client = env.execute_async("window-join", cluster=cluster)
+        two_writers(client, batches)
+        got = by_key(results(client, "out"))
+    want = flink_joins.window_join(batches, joins.pair, 10**9, assign=tumbling(25))
+    assert sum(len(outs) for *_, outs in want) > 100
+    assert got == {k: sorted(v) for k, v in joins.join_outputs(want, True).items()}
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3])
+def test_an_interval_join_of_two_writers_matches_one_machine(nodes, tmp_path):
+    batches = joins.batches_of(seed=4, late_share=0)
+    env = two_channels(joins.interval(-5, 10))
+    with StretchCluster.local(nodes=nodes, directory=tmp_path / "cluster") as cluster:
+        client = env.execute_async("interval-join", cluster=cluster)
+        two_writers(client, batches)
+        got = results(client, "out")
+    pairs, late_left, late_right = flink_joins.interval_join(batches, -5, 10, joins.DELAY)
+    assert not late_left and not late_right and len(pairs) > 100
+    assert got == sorted((a, b, a[2], b[2], ts) for a, b, ts in pairs)
