@@ -23,6 +23,7 @@ from stretch.runtime.batch import KG_COLUMN
 from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.channel_log import ChannelLog
 from stretch.runtime.coordinator import Coordinator
+from stretch.runtime.event_time import judge_of, judged
 from stretch.runtime.transactions import txn_of
 from stretch.state.arena import Arena
 
@@ -112,6 +113,9 @@ class NodeJob:
         name) of the stage transaction part they are (cluster.stage_parts): the rows go in as
         that transaction of the engine, ended by its marker."""
         journal = self.journals.get(channel, self.broadcast_journals.get(channel))
+        watermark = self.event_time.now(channel)
+        if watermark is not None and judge_of(rows) is None:  # taken here first: judged by ours
+            rows = judged(rows, watermark)
         if journal is not None:
             journal.append(recovery.tagged(rows, query, batch_id, stage[1] if stage else None))
         writer = self.writer(channel)

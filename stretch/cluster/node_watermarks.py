@@ -108,6 +108,11 @@ class NodeEventTime:
             )
             self._give(channel, marks)
 
+    def now(self, channel: str) -> int | None:
+        """The watermark the job has for ``channel`` now (None: no event time there)."""
+        writers = self.channels.get(channel)
+        return writers.emitted if writers is not None else None
+
     def state(self) -> dict:
         with self.lock:
             return {channel: w.state() for channel, w in self.channels.items()}

@@ -30,6 +30,25 @@ def mark_batch(schema: pa.Schema, watermark: int | None) -> pa.RecordBatch:
     )
 
 
+JUDGE_KEY = b"stretch.judged_by"
+"""Schema metadata of rows taken again elsewhere (a cluster node's journal replayed on another
+node): the watermark they met when they were first taken. The keyed operator judges them late or
+not by it (or by its own, if lower), as the node that first took them did, though its own
+watermark has moved on since."""
+
+
+def judged(batch: pa.RecordBatch, watermark: int) -> pa.RecordBatch:
+    return batch.replace_schema_metadata(
+        {**(batch.schema.metadata or {}), JUDGE_KEY: str(int(watermark)).encode()}
+    )
+
+
+def judge_of(batch: pa.RecordBatch) -> int | None:
+    meta = batch.schema.metadata
+    value = meta.get(JUDGE_KEY) if meta else None
+    return int(value) if value is not None else None
+
+
 def mark_of(batch: pa.RecordBatch) -> int | bool | None:
     """The watermark a mark batch sets, None for idle, False for a batch that is no mark."""
     meta = batch.schema.metadata

@@ -15,6 +15,7 @@ from stretch.common import Duration, Time, Types, WatermarkStrategy
 from stretch.datastream import OutputTag, StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.window import TumblingEventTimeWindows
+from tests.cluster.test_recovery import kill, wait_for
 from tests.datastream import flink_joins
 from tests.datastream import test_joins as joins
 from tests.datastream.flink_windows import by_key, run, tumbling
@@ -172,3 +173,30 @@ def test_an_interval_join_of_two_writers_matches_one_machine(nodes, tmp_path):
     pairs, late_left, late_right = flink_joins.interval_join(batches, -5, 10, joins.DELAY)
     assert not late_left and not late_right and len(pairs) > 100
     assert got == sorted((a, b, a[2], b[2], ts) for a, b, ts in pairs)
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_tumbling_windows_through_a_node_killed_mid_stream(nodes, tmp_path):
+    """A node killed after a checkpoint: its key groups' open windows and timers restore on the
+    others from the checkpoint, the rows it took since replay from its journal, judged late or not
+    by the watermark they met there; each window fires once, late rows show once."""
+    batches = batches_of(3, n_batches=50)
+    want, late = model_counts(batches)
+    with StretchCluster.local(
+        nodes=nodes, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "checkpoints"
+    ) as cluster:
+        env = tumbling_counts()
+        env.enable_checkpointing()  # on demand: the test says when
+        client = env.execute_async("w2-kill", cluster=cluster)
+        with client.writer("in") as writer:
+            for i, batch in enumerate(batches):
+                writer.write(batch, query="q", batch=i)
+                if i == 15:
+                    client.trigger_checkpoint()
+                if i == 35:  # node-1 took batches 16..35 only into its journal
+                    kill(cluster, "node-1")
+                    wait_for(lambda: cluster.recoveries)
+        client.end("in")
+        client.wait(120)
+        assert results(client, "out") == want
+        assert results(client, "late") == late
