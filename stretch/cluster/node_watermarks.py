@@ -5,8 +5,10 @@ Writers (cluster.writer_clock) send their watermark with every part of rows they
 watermark before those rows, so a node judges a row late exactly as one engine would), and after
 every write to every node, rows or none, so a node that got none of a writer's rows still moves
 on. A writer that says it closed is dropped from the minimum; with ``with_idleness(d)`` a writer
-that wrote no rows for ``d`` stops holding the others back until it writes again; when every live
-writer is idle, the channel is idle (its gates' other producers go on without it). The channel's
+that wrote no rows for ``d`` stops holding the others back until it writes again. When nothing
+holds it back (every writer idle or closed) the channel's watermark goes on to the furthest any
+writer got, as one engine's would, and the channel is idle meanwhile (its gates' other producers
+go on without it); a writer that writes again takes part in the minimum again. The channel's
 watermark reaches the job as a mark batch in the channel (runtime.event_time.mark_batch), in order
 with the rows: the job's source task passes it on to its keyed gates, whose operators (windows,
 timers, joins) run as on one machine.
@@ -48,21 +50,25 @@ class WriterWatermarks:
     def marks_now(self) -> list:
         """The marks the writers' state calls for now (idleness depends on the time)."""
         live = [w for w in self.marks if w not in self.closed]
-        if not live:  # every writer closed: the watermark stays, a new writer goes on from it
-            return []
-        now = time.monotonic()
-        timeout = self.idle_timeout
+        now, timeout = time.monotonic(), self.idle_timeout
         awake = [self.marks[w] for w in live if timeout is None or now - self.active[w] < timeout]
-        if not awake:
-            if self.idle:
-                return []
+        if awake:
+            low = min(awake)
+            if low > self.emitted or self.idle:
+                self.emitted, self.idle = max(self.emitted, low), False
+                return [self.emitted]
+            return []
+        # Nothing holds time back (every writer idle or closed): on to the furthest any writer
+        # got, as one engine's watermark would be, and the channel goes idle meanwhile.
+        marks = []
+        top = max(self.marks.values(), default=MIN_WATERMARK)
+        if top > self.emitted:
+            self.emitted = top
+            marks.append(top)
+        if self.marks and not self.idle:
             self.idle = True
-            return [None]
-        low = min(awake)
-        if low > self.emitted or self.idle:
-            self.emitted, self.idle = max(self.emitted, low), False
-            return [self.emitted]
-        return []
+            marks.append(None)
+        return marks
 
     def state(self) -> dict:
         return {"marks": dict(self.marks), "closed": sorted(self.closed), "emitted": self.emitted}

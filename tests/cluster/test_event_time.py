@@ -10,8 +10,10 @@ import time
 
 import pytest
 
+from stretch import channels
 from stretch.cluster import StretchCluster
 from stretch.common import Duration, Time, Types, WatermarkStrategy
+from stretch.common.records import from_batch
 from stretch.datastream import OutputTag, StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.window import TumblingEventTimeWindows
@@ -31,13 +33,13 @@ def strategy(delay=DELAY):
     )
 
 
-def tumbling_counts(parallelism=2, max_parallelism=128):
+def tumbling_counts(parallelism=2, max_parallelism=128, watermarks=None):
     """W2's shape: per key, a count per 25 ms tumbling window; late rows to channel ``late``."""
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(parallelism)
     env.set_max_parallelism(max_parallelism)
     tag = OutputTag("late", RECORD)
-    clicks = env.from_source(ChannelSource("in", RECORD), strategy(), "in")
+    clicks = env.from_source(ChannelSource("in", RECORD), watermarks or strategy(), "in")
     windows = clicks.key_by("f0").window(TumblingEventTimeWindows.of(Time.milliseconds(25)))
     counts = windows.side_output_late_data(tag).count()
     counts.sink_to(ChannelSink("out"))
@@ -200,3 +202,53 @@ def test_tumbling_windows_through_a_node_killed_mid_stream(nodes, tmp_path):
         client.wait(120)
         assert results(client, "out") == want
         assert results(client, "late") == late
+
+
+def fired_so_far(job, nodes, wait=1.0):
+    """The windows every node has fired by now (a running job's output logs, read to their tail
+    once nothing more came for ``wait`` seconds)."""
+    got = []
+    for node in nodes:
+        reader = channels.open_reader(f"{job}@{node}", "out")
+        try:
+            while True:
+                got.extend(tuple(r) for r in from_batch(reader.read_batch(timeout=wait)))
+        except TimeoutError:
+            pass
+        finally:
+            reader.close()
+    return sorted(got)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3])
+@pytest.mark.parametrize("idleness", [None, 0.3])
+def test_an_idle_writer_holds_time_back_unless_idleness_lets_it_go(idleness, nodes, tmp_path):
+    """Two writers of one channel: one writes on, the other wrote a little early on and then
+    nothing. Without idleness the silent one holds every node's watermark back until it closes;
+    with ``with_idleness`` it stops holding it back after the timeout, while still open."""
+    batches = batches_of(5, n_batches=20, late_share=0)  # nothing late, however the writers interleave
+    early = [[("k0", 1, 7)]]  # the silent writer's: its watermark stays at 1 - 20 - 1
+    watermarks = strategy()
+    if idleness is not None:
+        watermarks = watermarks.with_idleness(Duration.of_millis(int(idleness * 1000)))
+    name = f"idle-{nodes}-{idleness}"
+    with StretchCluster.local(nodes=nodes, directory=tmp_path / "cluster") as cluster:
+        client = tumbling_counts(watermarks=watermarks).execute_async(name, cluster=cluster)
+        silent = client.writer("in")
+        silent.write(early[0], query="silent", batch=0)
+        with client.writer("in") as busy:
+            for i, batch in enumerate(batches):
+                busy.write(batch, query="busy", batch=i)
+        wm = max(r[1] for b in batches for r in b) - DELAY - 1  # the busy writer's watermark
+        due = [w for w in model_counts(early + batches)[0] if w[2] - 1 <= wm]
+        time.sleep(idleness or 0)
+        if idleness is None:
+            assert fired_so_far(name, cluster.nodes) == []
+            silent.close()  # gone for good: dropped from every node's minimum
+        else:
+            assert fired_so_far(name, cluster.nodes) == due  # idle, though still open
+            silent.close()
+        assert fired_so_far(name, cluster.nodes) == due
+        client.end("in")
+        client.wait()
+        assert results(client, "out") == model_counts(early + batches)[0]
