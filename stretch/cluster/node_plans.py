@@ -22,6 +22,7 @@ def cluster_inputs(plan) -> dict[str, KeyRoute]:
     (re-keying across nodes goes through Spark).
     """
     inputs, fed = {}, set()
+    _refuse_band_joins(plan)
     feeds = broadcast_feeds(plan)
     for stage in plan.stages:
         name = getattr(stage.source, "channel_name", None)
@@ -87,6 +88,16 @@ def node_plan(plan):
             strategy.kind = "none"  # timestamps only: the node's WatermarkGenerator makes none
             stage.chain = [dataclasses.replace(chain[0], fn=strategy)]
     return plan
+
+
+def _refuse_band_joins(plan) -> None:
+    for stage in plan.stages:
+        if stage.kind == "keyed" and stage.operator is not None and stage.operator.kind == "band_join":
+            raise ValueError(
+                f"operator {stage.name!r} is a band join: it pairs elements across keys, each probed "
+                "by every instance in one gate order, and nodes that take rows by key group share no "
+                "such order; run it on one node engine (env.execute_async without cluster=)"
+            )
 
 
 def _two_input_side(step) -> int | None:

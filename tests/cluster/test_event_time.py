@@ -16,12 +16,18 @@ from stretch.common import Duration, Time, Types, WatermarkStrategy
 from stretch.common.records import from_batch
 from stretch.datastream import OutputTag, StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
-from stretch.datastream.window import TumblingEventTimeWindows
+from stretch.datastream.window import (
+    EventTimeSessionWindows,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+)
 from tests.cluster.test_recovery import kill, wait_for
 from tests.datastream import flink_joins
 from tests.datastream import test_joins as joins
-from tests.datastream.flink_windows import by_key, run, tumbling
+from tests.datastream import test_timers as timers
+from tests.datastream.flink_windows import by_key, run, sliding, tumbling
 from tests.datastream.test_window_aggregates import batches_of
+from tests.datastream.test_windows import Describe
 
 RECORD = Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()])  # key, event time (ms), value
 DELAY = 20
@@ -165,6 +171,22 @@ def test_a_window_join_of_two_writers_matches_one_machine(nodes, tmp_path):
 
 
 @pytest.mark.parametrize("nodes", [1, 2, 3])
+def test_a_co_group_of_two_writers_in_session_windows_matches_one_machine(nodes, tmp_path):
+    batches = joins.batches_of(seed=11, late_share=0)
+    assigner = EventTimeSessionWindows.with_gap(Time.milliseconds(4))
+    env = two_channels(
+        lambda a, b: a.co_group(b).where(1).equal_to("f1").window(assigner).apply(joins.Sides())  # fields
+    )
+    with StretchCluster.local(nodes=nodes, directory=tmp_path / "cluster") as cluster:
+        client = env.execute_async("co-group", cluster=cluster)
+        two_writers(client, batches)
+        got = results(client, "out")
+    fired = flink_joins.co_group(batches, joins.Sides().co_group, 10**9, gap_of=lambda r: 4)
+    assert any(not outs[0][1] for *_, outs in fired) and any(not outs[0][2] for *_, outs in fired)
+    assert got == sorted(o for *_, outs in fired for o in outs)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3])
 def test_an_interval_join_of_two_writers_matches_one_machine(nodes, tmp_path):
     batches = joins.batches_of(seed=4, late_share=0)
     env = two_channels(joins.interval(-5, 10))
@@ -252,3 +274,83 @@ def test_an_idle_writer_holds_time_back_unless_idleness_lets_it_go(idleness, nod
         client.end("in")
         client.wait()
         assert results(client, "out") == model_counts(early + batches)[0]
+
+
+LATE = OutputTag("late", RECORD)
+WINDOW_KINDS = {  # channel -> (what its keyed operator does, the model's windows and late rows)
+    "sliding": (
+        lambda ks: ks.window(
+            SlidingEventTimeWindows.of(Time.milliseconds(30), Time.milliseconds(10))
+        ).process(Describe()),
+        dict(assign=sliding(30, 10)),
+    ),
+    "session": (
+        lambda ks: ks.window(EventTimeSessionWindows.with_gap(Time.milliseconds(6))).process(Describe()),
+        dict(gap_of=lambda r: 6),
+    ),
+    "lateness": (  # kept 10 ms more, re-fired per late row; later rows to the side output
+        lambda ks: (
+            ks.window(TumblingEventTimeWindows.of(Time.milliseconds(25)))
+            .allowed_lateness(10)
+            .side_output_late_data(LATE)
+            .process(Describe())
+        ),
+        dict(assign=tumbling(25), lateness=10),
+    ),
+}
+
+
+def windows_and_timers():
+    """One job, a channel per kind of keyed event-time operator, each keyed by a function."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    for channel, (build, _model) in WINDOW_KINDS.items():
+        keyed = env.from_source(ChannelSource(channel, RECORD), strategy(), channel).key_by(lambda r: r[0])
+        out = build(keyed)
+        out.sink_to(ChannelSink(f"{channel}-out"))
+        if channel == "lateness":
+            out.get_side_output(LATE).sink_to(ChannelSink("lateness-late"))
+    keyed = env.from_source(ChannelSource("timers", RECORD), timers.strategy(), "timers").key_by(
+        lambda r: r[0]
+    )
+    keyed.process(timers.Timers()).sink_to(ChannelSink("timers-out"))
+    keyed = env.from_source(ChannelSource("count", RECORD), None, "count").key_by(lambda r: r[0])
+    keyed.count_window(4).reduce(lambda a, b: (a[0], a[1], a[2] + b[2])).sink_to(ChannelSink("count-out"))
+    return env
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3])
+def test_sliding_session_late_count_windows_and_timers_match_one_machine(nodes, tmp_path):
+    batches = batches_of(6, n_batches=25, per_batch=40, keys=7)
+    timed = timers.batches_of(3, n_batches=25)
+    with StretchCluster.local(nodes=nodes, directory=tmp_path / "cluster") as cluster:
+        client = windows_and_timers().execute_async("kinds", cluster=cluster)
+        for channel in [*WINDOW_KINDS, "count", "timers"]:
+            with client.writer(channel) as writer:
+                for i, batch in enumerate(timed if channel == "timers" else batches):
+                    writer.write(batch, query="q", batch=i)
+            client.end(channel)
+        client.wait()
+        got = {
+            channel: list(client.open_reader(f"{channel}-out"))
+            for channel in [*WINDOW_KINDS, "count", "timers"]
+        }
+        late = results(client, "lateness-late")
+    for channel, (_build, model) in WINDOW_KINDS.items():
+        want, want_late = run(
+            batches,
+            lambda r: r[0],
+            lambda r: r[1],
+            result=lambda rs: sorted(r[2] for r in rs),
+            delay=DELAY,
+            **model,
+        )
+        assert by_key(tuple(r) for r in got[channel]) == by_key(want), channel
+        if channel == "lateness":
+            assert late == sorted(want_late)
+    assert by_key(tuple(r) for r in got["timers"]) == by_key(timers.model(timed))
+    counts = []
+    for key in {r[0] for b in batches for r in b}:
+        rows = [r for b in batches for r in b if r[0] == key]
+        counts += [(key, rows[i][1], sum(r[2] for r in rows[i : i + 4])) for i in range(0, len(rows) - 3, 4)]
+    assert sorted(tuple(r) for r in got["count"]) == sorted(counts)

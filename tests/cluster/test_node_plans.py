@@ -98,3 +98,14 @@ def test_an_event_time_channel_not_keyed_right_after_its_strategy_is_refused():
     )
     with pytest.raises(ValueError, match=r"not keyed right away.*right after its watermark strategy"):
         cluster_inputs(plan_of(env))
+
+
+def test_a_band_join_is_refused_saying_why():
+    from tests.datastream.test_joins import RECORD, band, strategy
+
+    env = StreamExecutionEnvironment.get_execution_environment()
+    a = env.from_source(ChannelSource("a", RECORD), strategy(), "a")
+    b = env.from_source(ChannelSource("b", RECORD), strategy(), "b")
+    band(15)(a, b).sink_to(ChannelSink("out"))
+    with pytest.raises(ValueError, match="is a band join: it pairs elements across keys"):
+        cluster_inputs(plan_of(env))
