@@ -388,7 +388,10 @@ class NodeServer(flight.FlightServerBase):
         with self.lock:
             job = self.jobs.get(msg["job"])
             if job is not None and job.coordinator.status.name == "RUNNING":
-                job.event_time.observe(msg["channel"], msg)
+                if "round" in msg:  # a stage task's (cluster.node_watermarks.RoundClock)
+                    job.event_time.round_progress(msg["channel"], msg["query"], msg["round"], msg.get("max"))
+                else:
+                    job.event_time.observe(msg["channel"], msg)
         return {"ok": True}
 
     def _act_watermarks(self, body: bytes) -> dict:

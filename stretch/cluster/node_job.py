@@ -124,6 +124,8 @@ class NodeJob:
             return
         txn, name = stage
         writer.write(rows, txn)
+        for mark in self.event_time.in_part(channel, name[1], name[2]):  # the micro-batch rule
+            writer.append_mark(mark)
         writer.end_txn(txn, name)
 
     def output_channel(self, name: str):

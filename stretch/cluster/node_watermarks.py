@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 
-from stretch.runtime.event_time import MIN_WATERMARK
+from stretch.runtime.event_time import MIN_WATERMARK, WatermarkGenerator
 
 TICK_S = 0.05  # how often idleness is judged, for channels with an idle timeout
 
@@ -46,6 +46,11 @@ class WriterWatermarks:
         if closed:
             self.closed.add(writer)
         return self.marks_now()
+
+    def note(self, writer: str, watermark: int) -> None:
+        """A writer's progress, given to the job later (``marks_now``): a stage's query."""
+        self.marks[writer] = max(self.marks.get(writer, MIN_WATERMARK), int(watermark))
+        self.active[writer] = time.monotonic()
 
     def marks_now(self) -> list:
         """The marks the writers' state calls for now (idleness depends on the time)."""
@@ -83,6 +88,34 @@ class WriterWatermarks:
         return self.marks_now()
 
 
+class RoundClock:
+    """A Spark query writing through the one-query stage, as one writer with one engine's
+    micro-batch rule: a micro-batch's largest timestamp counts once the next one begins. Its
+    tasks tell every node the largest timestamp of their rows once they are taken, and Spark
+    starts micro-batch n + 1 only when every task of n is done, so a node that hears of n + 1 has
+    heard every task of n."""
+
+    def __init__(self, delay: int):
+        self.delay = delay
+        self.round = -1  # the latest micro-batch begun
+        self.done = MIN_WATERMARK  # the largest timestamp of the micro-batches before it
+        self.maxes: dict[int, int] = {}  # micro-batch (not before ``round``) -> its largest so far
+
+    def note(self, round: int, max_ts: int | None = None) -> int:
+        """Micro-batch ``round`` has begun (with its largest timestamp, if a task says); the
+        query's watermark."""
+        if round > self.round:
+            self.round = round
+            for r in [r for r in self.maxes if r < round]:
+                self.done = max(self.done, self.maxes.pop(r))
+        if max_ts is not None:
+            if round < self.round:
+                self.done = max(self.done, max_ts)
+            else:
+                self.maxes[round] = max(self.maxes.get(round, MIN_WATERMARK), max_ts)
+        return self.done - self.delay if self.done > MIN_WATERMARK + self.delay else MIN_WATERMARK
+
+
 class NodeEventTime:
     """The writers' watermarks of each event-time input channel of one job on this node, handed
     to the job's channels (``append``: channel, mark) as they advance."""
@@ -92,6 +125,11 @@ class NodeEventTime:
             channel: WriterWatermarks(_seconds(strategy.idle_timeout))
             for channel, strategy in strategies.items()
         }
+        self.delays = {
+            channel: WatermarkGenerator(strategy).delay for channel, strategy in strategies.items()
+        }
+        self.rounds: dict[tuple[str, str], RoundClock] = {}  # (channel, query) of a stage
+        self.stage_channels: set[str] = set()  # written by a stage: marks only inside its parts
         self.append = append
         self.lock = threading.Lock()
         self._stop = threading.Event()
@@ -113,6 +151,29 @@ class NodeEventTime:
                 progress.get("closed", False),
             )
             self._give(channel, marks)
+
+    def round_progress(self, channel: str, query: str, round: int, max_ts: int | None = None) -> list:
+        """A stage task's word on micro-batch ``round`` of ``query`` (its rows' largest timestamp,
+        once they were taken); the marks to give the job now. They go only into a transaction
+        part of the stage (``in_part``), whose results then carry the windows they fire: a node
+        that takes no rows of a micro-batch gives them with the next part it takes."""
+        writers = self.channels.get(channel)
+        if writers is None:
+            return []
+        with self.lock:
+            clock = self.rounds.setdefault((channel, query), RoundClock(self.delays[channel]))
+            self.stage_channels.add(channel)
+            writers.note(f"stage:{query}", clock.note(round, max_ts))
+            return []
+
+    def in_part(self, channel: str, query: str, round: int) -> list:
+        """A part of micro-batch ``round`` of ``query``, taken: the marks to give inside it."""
+        self.round_progress(channel, query, round)
+        writers = self.channels.get(channel)
+        if writers is None:
+            return []
+        with self.lock:
+            return writers.marks_now()
 
     def now(self, channel: str) -> int | None:
         """The watermark the job has for ``channel`` now (None: no event time there)."""
@@ -140,7 +201,7 @@ class NodeEventTime:
         while not self._stop.wait(TICK_S):
             with self.lock:
                 for channel, writers in self.channels.items():
-                    if writers.idle_timeout is not None:
+                    if writers.idle_timeout is not None and channel not in self.stage_channels:
                         self._give(channel, writers.marks_now())
 
     def close(self) -> None:

@@ -63,6 +63,7 @@ class ClusterWriter:
         strategy = route.watermarks if route is not None else None
         self.clock = WriterClock(strategy, route.operator) if strategy is not None else None
         self._nodes: tuple[int, list[str]] = (-1, [])  # (routing version, nodes) progress goes to
+        self._wrote = False  # a writer that wrote nothing is no split: it tells no node it closed
 
     @property
     def refusals(self) -> int:
@@ -93,6 +94,7 @@ class ClusterWriter:
             self.router.deliver(rows, command)
         else:  # event time: the watermark before the rows with them, the one after to every node
             ts = self.clock.timestamps(rows)
+            self._wrote = True
             self.router.deliver(rows, {**command, "wm": self.clock.before()})
             self._progress(self.clock.after(ts))
 
@@ -129,9 +131,12 @@ class ClusterWriter:
             "partition": int(partition),
         }
         results: dict[str, pa.Buffer] = {}
+        ts = self.clock.timestamps(rows) if self.clock is not None else None
         for answer in self.router.deliver(rows, command):
             for part, data_ in zip(answer.reply["parts"], answer.results):
                 results.setdefault(part["id"], data_)
+        if ts is not None and len(ts):  # the micro-batch rule: every node hears of its largest timestamp
+            self._progress({"query": query, "round": int(batch), "max": int(ts.max())})
         return [pa.ipc.open_stream(r).read_all() for r in results.values() if r.size]
 
     def _batch(self, data) -> pa.RecordBatch | None:
@@ -163,9 +168,9 @@ class ClusterWriter:
     def close(self) -> None:
         """Close the connections to the nodes (a ``with`` block does it at its end); a writer of an
         event-time channel tells every node it is gone, so it no longer holds their watermark back."""
-        if self.clock is not None:
-            clock, self.clock = self.clock, None
-            self._progress(clock.closing())
+        if self.clock is not None and self._wrote:
+            self._progress(self.clock.closing())
+        self.clock = None
         self.router.close()
         self.connection.close()
 
