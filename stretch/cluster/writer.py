@@ -32,6 +32,10 @@ class ClusterWriter:
     ``key``: the field to route by, if not the job's own key (the cluster knows the key, field or
     function, of the jobs it was given).
 
+    An event-time channel's writer is an input split with a watermark of its own (cluster
+    .writer_clock), fresh per writer unless ``split`` names it: a split of a source read again by
+    another reader goes on as the same split.
+
     A broadcast channel (the rows of a job's ``broadcast(descriptor)`` stream) is not split: every
     node of the broadcast membership (``members.json``) takes the whole batch, each (query, batch)
     at most once per node. A node that joins copies the broadcast state of a member first; from
@@ -48,6 +52,7 @@ class ClusterWriter:
         retry_for: float = 60.0,
         secret: str | None = None,
         tls: ClusterTLS | None = None,
+        split: str | None = None,
     ):
         self.connection = ClusterConnection(address, secret, tls)
         self.job, self.channel = job, channel
@@ -61,7 +66,7 @@ class ClusterWriter:
         self.schema = schema_for(self.type_info) if self.type_info is not None else None
         self.router = RowRouter(self.connection, job, channel, route, retry_for)
         strategy = route.watermarks if route is not None else None
-        self.clock = WriterClock(strategy, route.operator) if strategy is not None else None
+        self.clock = WriterClock(strategy, route.operator, split) if strategy is not None else None
         self._nodes: tuple[int, list[str]] = (-1, [])  # (routing version, nodes) progress goes to
         self._wrote = False  # a writer that wrote nothing is no split: it tells no node it closed
 
@@ -165,10 +170,11 @@ class ClusterWriter:
         columns = [c.cast(f.type) for c, f in zip(batch.columns, self.schema)]
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
-    def close(self) -> None:
+    def close(self, done: bool = True) -> None:
         """Close the connections to the nodes (a ``with`` block does it at its end); a writer of an
-        event-time channel tells every node it is gone, so it no longer holds their watermark back."""
-        if self.clock is not None and self._wrote:
+        event-time channel tells every node it is gone (unless not ``done``: its split goes on in
+        another writer), so it no longer holds their watermark back."""
+        if self.clock is not None and self._wrote and done:
             self._progress(self.clock.closing())
         self.clock = None
         self.router.close()

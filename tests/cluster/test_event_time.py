@@ -354,3 +354,29 @@ def test_sliding_session_late_count_windows_and_timers_match_one_machine(nodes, 
         rows = [r for b in batches for r in b if r[0] == key]
         counts += [(key, rows[i][1], sum(r[2] for r in rows[i : i + 4])) for i in range(0, len(rows) - 3, 4)]
     assert sorted(tuple(r) for r in got["count"]) == sorted(counts)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3])
+def test_a_collection_with_a_watermark_strategy_is_one_split_with_one_machines_watermarks(nodes, tmp_path):
+    """The driver reads the collection as one split, in the chunks one engine reads it in (its
+    watermark moves after each), and sends them through a writer of its own."""
+    rows = [r for batch in batches_of(7, n_batches=15, per_batch=10_000) for r in batch]
+    chunks = [rows[i : i + 65536] for i in range(0, len(rows), 65536)]
+    assert len(chunks) == 3
+    want, late = model_counts(chunks)
+    assert late
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    stamped = env.from_collection(rows, RECORD).assign_timestamps_and_watermarks(strategy())
+    counts = (
+        stamped.key_by("f0")
+        .window(TumblingEventTimeWindows.of(Time.milliseconds(25)))
+        .side_output_late_data(LATE)
+    ).count()
+    counts.sink_to(ChannelSink("out"))
+    counts.get_side_output(LATE).sink_to(ChannelSink("late"))
+    with StretchCluster.local(nodes=nodes, directory=tmp_path / "cluster") as cluster:
+        client = env.execute_async("collection-windows", cluster=cluster)
+        client.wait(120)
+        assert results(client, "out") == want
+        assert results(client, "late") == late
