@@ -292,6 +292,7 @@ class NodeServer(flight.FlightServerBase):
                 )
             durable = self.checkpoint_dir if spec.get("checkpointed") else None
             job = NodeJob(spec["name"], self.node_id, spec["plan"], spec["config"], durable, broadcast_start)
+            job.event_time.guard = self.lock  # its idleness ticks append to channels as writes do
             self.jobs[spec["name"]] = job
             if durable is not None:  # where its output starts, should the node die before a checkpoint
                 manifest = recovery.load_manifest(durable, self.node_id)
@@ -474,7 +475,8 @@ class NodeServer(flight.FlightServerBase):
                 job.client.wait()
             except Exception:
                 pass
-            job.close()
+            with self.lock:  # no idleness tick is appending to its channels (node_watermarks)
+                job.close()
         self.shutdown()
 
 

@@ -16,6 +16,7 @@ timers, joins) run as on one machine.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -132,6 +133,9 @@ class NodeEventTime:
         self.stage_channels: set[str] = set()  # written by a stage: marks only inside its parts
         self.append = append
         self.lock = threading.Lock()
+        self.guard = (
+            contextlib.nullcontext()
+        )  # held (the node's lock) by whatever else appends to the channels
         self._stop = threading.Event()
         self._ticker = None
         if any(w.idle_timeout is not None for w in self.channels.values()):
@@ -199,15 +203,17 @@ class NodeEventTime:
 
     def _tick(self) -> None:
         while not self._stop.wait(TICK_S):
-            with self.lock:
+            with self.guard, self.lock:
+                if self._stop.is_set():
+                    return
                 for channel, writers in self.channels.items():
                     if writers.idle_timeout is not None and channel not in self.stage_channels:
                         self._give(channel, writers.marks_now())
 
     def close(self) -> None:
+        """Stop ticking (not waited for: the caller may hold the node's lock, which a tick takes;
+        a tick after the job ended appends nothing)."""
         self._stop.set()
-        if self._ticker is not None:
-            self._ticker.join()
 
 
 def _seconds(duration) -> float | None:
