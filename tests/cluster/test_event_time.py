@@ -154,7 +154,7 @@ def two_channels(build, max_parallelism=128):
 def test_a_window_join_of_two_writers_matches_one_machine(nodes, tmp_path):
     """Each input comes from a writer of its own: the join's watermark is the smaller of the two
     channels' (nothing is late, so the windows are those of the model, all complete)."""
-    batches = joins.batches_of(seed=12, late_share=0)
+    batches = joins.batches_of(n_batches=20, seed=12, late_share=0)
     assigner = TumblingEventTimeWindows.of(Time.milliseconds(25))
     env = two_channels(
         lambda a, b: (
@@ -321,8 +321,8 @@ def windows_and_timers():
 
 @pytest.mark.parametrize("nodes", [1, 2, 3])
 def test_sliding_session_late_count_windows_and_timers_match_one_machine(nodes, tmp_path):
-    batches = batches_of(6, n_batches=25, per_batch=40, keys=7)
-    timed = timers.batches_of(3, n_batches=25)
+    batches = batches_of(6, n_batches=15, per_batch=60, keys=7)
+    timed = timers.batches_of(3, n_batches=15)
     with StretchCluster.local(nodes=nodes, directory=tmp_path / "cluster") as cluster:
         client = windows_and_timers().execute_async("kinds", cluster=cluster)
         for channel in [*WINDOW_KINDS, "count", "timers"]:
