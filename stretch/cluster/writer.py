@@ -12,6 +12,7 @@ key groups are now (the marks move with the key groups).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,6 +24,8 @@ from stretch.cluster.tls import ClusterTLS
 from stretch.cluster.writer_clock import WriterClock
 from stretch.common.records import schema_for, to_batch
 from stretch.common.typeinfo import TypeInformation
+
+NODES_FOR_S = 1.0  # how long a writer's list of the nodes it sends its watermark to holds
 
 
 class ClusterWriter:
@@ -67,7 +70,7 @@ class ClusterWriter:
         self.router = RowRouter(self.connection, job, channel, route, retry_for)
         strategy = route.watermarks if route is not None else None
         self.clock = WriterClock(strategy, route.operator, split) if strategy is not None else None
-        self._nodes: tuple[int, list[str]] = (-1, [])  # (routing version, nodes) progress goes to
+        self._nodes: tuple[float, list[str]] = (-NODES_FOR_S, [])  # (when listed, nodes) progress goes to
         self._wrote = False  # a writer that wrote nothing is no split: it tells no node it closed
 
     @property
@@ -103,11 +106,13 @@ class ClusterWriter:
             self.router.deliver(rows, {**command, "wm": self.clock.before()})
             self._progress(self.clock.after(ts))
 
-    def _progress(self, progress: dict) -> None:
-        """This writer's watermark to every node of the cluster, whether it sent it rows or not."""
-        version = self.router.table.version
-        if self._nodes[0] != version:
-            self._nodes = (version, sorted(self.connection.locations()))
+    def _progress(self, progress: dict, fresh: bool = False) -> None:
+        """This writer's watermark to every node of the cluster, whether it sent it rows or not
+        (the nodes as of a second ago at most, or now if ``fresh``: a node that joined hears of
+        a writer that sends it no rows)."""
+        now = time.monotonic()
+        if fresh or now - self._nodes[0] > NODES_FOR_S:
+            self._nodes = (now, sorted(self.connection.locations()))
         body = {"job": self.job, "channel": self.channel, **progress}
         for node in self._nodes[1]:
             try:
@@ -175,7 +180,7 @@ class ClusterWriter:
         event-time channel tells every node it is gone (unless not ``done``: its split goes on in
         another writer), so it no longer holds their watermark back."""
         if self.clock is not None and self._wrote and done:
-            self._progress(self.clock.closing())
+            self._progress(self.clock.closing(), fresh=True)
         self.clock = None
         self.router.close()
         self.connection.close()

@@ -380,3 +380,27 @@ def test_a_collection_with_a_watermark_strategy_is_one_split_with_one_machines_w
         client.wait(120)
         assert results(client, "out") == want
         assert results(client, "late") == late
+
+
+def test_a_node_that_joins_hears_of_a_silent_writer_before_any_rows_come(tmp_path):
+    """A writer wrote once, early, and stays open: a node added afterwards starts from a member's
+    view of the writers, so it holds its windows back too, though that writer never sent it
+    anything; when the writer closes, every node fires them."""
+    batches = batches_of(8, n_batches=12, late_share=0)
+    early = [[("k0", 1, 7)]]
+    with StretchCluster.local(nodes=1, directory=tmp_path / "cluster", max_parallelism=32) as cluster:
+        client = tumbling_counts(max_parallelism=32).execute_async("joined", cluster=cluster)
+        silent = client.writer("in")
+        silent.write(early[0], query="silent", batch=0)
+        assert cluster.add_node().key_groups_moved > 0
+        with client.writer("in") as busy:
+            for i, batch in enumerate(batches):
+                busy.write(batch, query="busy", batch=i)
+        assert fired_so_far("joined", cluster.nodes) == []
+        silent.close()
+        wm = max(r[1] for b in batches for r in b) - DELAY - 1
+        due = [w for w in model_counts(early + batches)[0] if w[2] - 1 <= wm]
+        assert fired_so_far("joined", cluster.nodes) == due
+        client.end("in")
+        client.wait()
+        assert results(client, "out") == model_counts(early + batches)[0]
