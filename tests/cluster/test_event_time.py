@@ -321,8 +321,8 @@ def windows_and_timers():
 
 @pytest.mark.parametrize("nodes", [1, 2, 3])
 def test_sliding_session_late_count_windows_and_timers_match_one_machine(nodes, tmp_path):
-    batches = batches_of(6, n_batches=15, per_batch=60, keys=7)
-    timed = timers.batches_of(3, n_batches=15)
+    batches = batches_of(6, n_batches=10, per_batch=80, keys=7)
+    timed = timers.batches_of(3, n_batches=10)
     with StretchCluster.local(nodes=nodes, directory=tmp_path / "cluster") as cluster:
         client = windows_and_timers().execute_async("kinds", cluster=cluster)
         for channel in [*WINDOW_KINDS, "count", "timers"]:
