@@ -58,6 +58,7 @@ class KeyRoute:
     field: str | int | None = None
     selector: Any = None
     operator: str = ""
+    watermarks: Any = None  # the channel's WatermarkStrategy (event time: cluster.writer_clock)
 
     def key_groups(self, batch: pa.RecordBatch, max_parallelism: int) -> np.ndarray:
         """The key group of every row of ``batch`` (a batch of the channel's record type)."""

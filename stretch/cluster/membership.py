@@ -104,6 +104,9 @@ class Membership:
                     body = {"spec": jobs.specs[name], "states": states, "marks": fenced["marks"][name]}
                     joined = c.connection.action(node_id, "join", pickle.dumps({**body, "members": version}))
                     jobs.ran_on(name, {node_id: joined.get("outputs", {})})
+            # event time: the new node hears of the writers a member knows (cluster.node_watermarks)
+            if nodes:
+                c.connection.action(node_id, "watermarks_load", c.connection.action(nodes[0], "watermarks"))
             nodes.append(node_id)
         finally:  # the fenced member takes rows of this version on, the new node in it or not
             self.publish(nodes, version)

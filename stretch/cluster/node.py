@@ -292,6 +292,7 @@ class NodeServer(flight.FlightServerBase):
                 )
             durable = self.checkpoint_dir if spec.get("checkpointed") else None
             job = NodeJob(spec["name"], self.node_id, spec["plan"], spec["config"], durable, broadcast_start)
+            job.event_time.guard = self.lock  # its idleness ticks append to channels as writes do
             self.jobs[spec["name"]] = job
             if durable is not None:  # where its output starts, should the node die before a checkpoint
                 manifest = recovery.load_manifest(durable, self.node_id)
@@ -381,6 +382,36 @@ class NodeServer(flight.FlightServerBase):
         report = self.job(msg["job"]).client.rescale(msg["operator"], msg["parallelism"], msg.get("timeout"))
         return {**report.__dict__}
 
+    def _act_watermark(self, body: bytes) -> dict:
+        """A writer's watermark progress on an event-time channel (cluster.node_watermarks): every
+        node hears it, rows or none."""
+        msg = json.loads(body)
+        with self.lock:
+            job = self.jobs.get(msg["job"])
+            if job is not None and job.coordinator.status.name == "RUNNING":
+                if "round" in msg:  # a stage task's (cluster.node_watermarks.RoundClock)
+                    job.event_time.round_progress(msg["channel"], msg["query"], msg["round"], msg.get("max"))
+                else:
+                    job.event_time.observe(msg["channel"], msg)
+        return {"ok": True}
+
+    def _act_watermarks(self, body: bytes) -> dict:
+        """Every event-time job's writers as this node has heard them (job -> channel -> state)."""
+        with self.lock:
+            return {
+                name: job.event_time.state() for name, job in self.jobs.items() if job.event_time.channels
+            }
+
+    def _act_watermarks_load(self, body: bytes) -> dict:
+        """A joining node starts from a member's view of the writers (``watermarks``): a writer that
+        has not sent it rows or progress yet still holds its watermark back."""
+        with self.lock:
+            for name, state in json.loads(body).items():
+                job = self.jobs.get(name)
+                if job is not None and job.coordinator.status.name == "RUNNING":
+                    job.event_time.load(state)
+        return {"ok": True}
+
     def _act_end(self, body: bytes) -> dict:
         msg = json.loads(body)
         with self.lock:
@@ -444,7 +475,8 @@ class NodeServer(flight.FlightServerBase):
                 job.client.wait()
             except Exception:
                 pass
-            job.close()
+            with self.lock:  # no idleness tick is appending to its channels (node_watermarks)
+                job.close()
         self.shutdown()
 
 

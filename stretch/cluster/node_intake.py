@@ -44,6 +44,8 @@ class NodeIntake:
                 self._broadcast(job, cmd, batch)
                 return OK, []
             kgs = self._owned_key_groups(job, cmd["channel"], batch)
+            if "wm" in cmd:  # the writer's watermark before these rows: they are judged by it here too
+                job.event_time.observe(cmd["channel"], cmd["wm"])
             if cmd["op"] == "stage":
                 parts = self._stage(job, cmd, batch, kgs)
             else:

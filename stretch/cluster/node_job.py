@@ -13,7 +13,8 @@ import pyarrow as pa
 
 from stretch.channels import open_writer
 from stretch.cluster import recovery
-from stretch.cluster.node_plans import broadcast_channels, cluster_inputs
+from stretch.cluster.node_plans import broadcast_channels, cluster_inputs, node_plan
+from stretch.cluster.node_watermarks import NodeEventTime
 from stretch.cluster.stage_parts import StageParts
 from stretch.datastream.job_client import JobClient
 from stretch.errors import InputEnded
@@ -22,6 +23,7 @@ from stretch.runtime.batch import KG_COLUMN
 from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.channel_log import ChannelLog
 from stretch.runtime.coordinator import Coordinator
+from stretch.runtime.event_time import judge_of, judged
 from stretch.runtime.transactions import txn_of
 from stretch.state.arena import Arena
 
@@ -65,7 +67,8 @@ class NodeJob:
         self.max_parallelism = plan.max_parallelism
         self.keyed = [s.name for s in plan.stages if s.kind == "keyed"]
         self.checkpoint_dir = checkpoint_dir
-        self.coordinator = Coordinator(plan, f"{name}@{node_id}", config)
+        strategies = {c: r.watermarks for c, r in self.inputs.items() if r.watermarks is not None}
+        self.coordinator = Coordinator(node_plan(plan), f"{name}@{node_id}", config)
         self.feeds = direct_feeds(self.coordinator.plan)
         for operator, state in (broadcast_start or {}).items():  # before any instance starts
             self.coordinator.broadcast_start[self.broadcast_ops[operator]] = state
@@ -83,6 +86,10 @@ class NodeJob:
                 journal.register("checkpoint", 0)  # keeps what the latest checkpoint does not cover
             for _channel, _runner, log in self.outputs():
                 log.set_committed(log.end_offset)  # nothing shows before a checkpoint covers it
+        # each event-time channel's writers and their watermarks (cluster.node_watermarks)
+        self.event_time = NodeEventTime(
+            strategies, lambda channel, mark: self.writer(channel).append_mark(mark)
+        )
         self.broadcast_journals: dict[str, ChannelLog] = {}  # replayed whole by a restarted driver
         self.stage = StageParts(node_id, self)  # parts of Spark stage transactions taken here
         if checkpoint_dir is not None:
@@ -106,6 +113,9 @@ class NodeJob:
         name) of the stage transaction part they are (cluster.stage_parts): the rows go in as
         that transaction of the engine, ended by its marker."""
         journal = self.journals.get(channel, self.broadcast_journals.get(channel))
+        watermark = self.event_time.now(channel)
+        if watermark is not None and judge_of(rows) is None:  # taken here first: judged by ours
+            rows = judged(rows, watermark)
         if journal is not None:
             journal.append(recovery.tagged(rows, query, batch_id, stage[1] if stage else None))
         writer = self.writer(channel)
@@ -114,6 +124,8 @@ class NodeJob:
             return
         txn, name = stage
         writer.write(rows, txn)
+        for mark in self.event_time.in_part(channel, name[1], name[2]):  # the micro-batch rule
+            writer.append_mark(mark)
         writer.end_txn(txn, name)
 
     def output_channel(self, name: str):
@@ -315,6 +327,7 @@ class NodeJob:
         return rows.num_rows
 
     def close(self) -> None:
+        self.event_time.close()
         self.stage.close()
         for a in self._arenas.values():
             a.close()

@@ -5,9 +5,13 @@ non-keyed broadcast operator's other input, routed by the whole row)."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 from stretch.cluster.key_routes import ROW, KeyRoute
+from stretch.contracts.functions import KeySelector
 from stretch.datastream.broadcast_stream import input_side, keyed_input_selector
-from stretch.datastream.two_inputs import LEFT, RIGHT
+from stretch.datastream.two_inputs import LEFT, RIGHT, UnionKey, key_of
 
 
 def cluster_inputs(plan) -> dict[str, KeyRoute]:
@@ -18,6 +22,7 @@ def cluster_inputs(plan) -> dict[str, KeyRoute]:
     (re-keying across nodes goes through Spark).
     """
     inputs, fed = {}, set()
+    _refuse_band_joins(plan)
     feeds = broadcast_feeds(plan)
     for stage in plan.stages:
         name = getattr(stage.source, "channel_name", None)
@@ -33,19 +38,23 @@ def cluster_inputs(plan) -> dict[str, KeyRoute]:
                 fed.add(gate)
             continue
         if name is not None:
-            if stage.chain and stage.chain[0].kind == "assign":
-                raise ValueError(
-                    f"input channel {name!r} has a watermark strategy: event time does not run on a "
-                    "cluster yet; read the channel with from_source(source, None, name) there, or run "
-                    "the job on one node engine (env.execute_async without cluster=)"
-                )
-            head = stage.chain[0] if len(stage.chain) == 1 else None
+            chain, strategy = stage.chain, None
+            if len(chain) == 1 and chain[0].kind == "assign":  # from_source(channel, strategy, ...)
+                strategy, chain = chain[0].fn, chain[0].children
+            head = chain[0] if len(chain) == 1 else None
+            side = _two_input_side(head)
+            if side is not None:  # one input of a join, co-group or connected stream
+                head, key = head.children[0], SideKey(head.children[0].key.selector.selectors[side])
+                inputs[name] = KeyRoute(selector=key, operator=head.name, watermarks=event_time(strategy))
+                fed.add(head.gate)
+                continue
             if head is None or head.kind != "to_gate":
                 raise ValueError(
                     f"input channel {name!r} is not keyed right away: on a cluster, key the channel's "
                     "records first (key_by('field'), key_by(position) or key_by(a function))"
+                    + (", right after its watermark strategy" if strategy is not None else "")
                 )
-            inputs[name] = KeyRoute(head.key.field, head.key.selector, head.name)
+            inputs[name] = KeyRoute(head.key.field, head.key.selector, head.name, event_time(strategy))
             fed.add(head.gate)
     for stage in plan.stages:
         if stage.kind == "keyed" and stage.input_gate not in fed:
@@ -54,6 +63,64 @@ def cluster_inputs(plan) -> dict[str, KeyRoute]:
                 "on a cluster, a job that re-keys continues as a second job, through Spark"
             )
     return inputs
+
+
+def event_time(strategy):
+    """The strategy writers of a channel keep its watermarks by (cluster.writer_clock), or None:
+    one that assigns no timestamps, or makes no watermarks, leaves the channel without event time."""
+    if strategy is None or strategy.kind == "none" or strategy.timestamp_assigner is None:
+        return None
+    return strategy
+
+
+def node_plan(plan):
+    """The plan a node runs: the watermark strategy of each channel it reads still assigns the
+    rows' timestamps, but their watermarks come from the channel's writers (cluster.node_watermarks)
+    as mark batches, not from what this node alone sees."""
+    for stage in plan.stages:
+        chain = stage.chain
+        if (
+            getattr(stage.source, "channel_name", None) is not None
+            and len(chain) == 1
+            and chain[0].kind == "assign"
+        ):
+            strategy = copy.copy(chain[0].fn)
+            strategy.kind = "none"  # timestamps only: the node's WatermarkGenerator makes none
+            stage.chain = [dataclasses.replace(chain[0], fn=strategy)]
+    return plan
+
+
+def _refuse_band_joins(plan) -> None:
+    for stage in plan.stages:
+        if stage.kind == "keyed" and stage.operator is not None and stage.operator.kind == "band_join":
+            raise ValueError(
+                f"operator {stage.name!r} is a band join: it pairs elements across keys, each probed "
+                "by every instance in one gate order, and nodes that take rows by key group share no "
+                "such order; run it on one node engine (env.execute_async without cluster=)"
+            )
+
+
+def _two_input_side(step) -> int | None:
+    """The side of a two-input keyed operator (a join, a co-group, a connected stream) a
+    channel's records enter right away (tagged, then keyed by the side's key: datastream
+    .two_inputs), else None."""
+    if step is None or step.kind != "map" or input_side(step.fn) is None or len(step.children) != 1:
+        return None
+    child = step.children[0]
+    if child.kind != "to_gate" or not isinstance(child.key.selector, UnionKey):
+        return None
+    return input_side(step.fn)
+
+
+class SideKey(KeySelector):
+    """The key of one input of a two-input operator, on the input's own records: what the
+    operator's UnionKey gives for them once tagged, so a writer routes them where it keys them."""
+
+    def __init__(self, selector):
+        self.selector = selector
+
+    def get_key(self, value):
+        return key_of(self.selector, value)
 
 
 BROADCAST = object()  # broadcast_feeds' mark of a channel whose rows every node takes

@@ -55,6 +55,7 @@ class FeedWriters:
     def __init__(self, address: str, job: str, secret: str | None = None, tls=None):
         self.address, self.job, self.secret, self.tls = address, job, secret, tls
         self.writers: dict[str, ClusterWriter] = {}
+        self.splits: dict[tuple[str, str], ClusterWriter] = {}  # (channel, split's query) -> its writer
 
     def __getitem__(self, channel: str) -> ClusterWriter:
         w = self.writers.get(channel)
@@ -64,10 +65,31 @@ class FeedWriters:
             )
         return w
 
+    def write(self, channel: str, table: pa.Table, query: str, batch: int) -> None:
+        """One item's records at a cut, as micro-batch (``query``, ``batch``). An event-time
+        channel's split has a writer of its own, named by the split's query: an input split with
+        its own watermark, as in Flink, whoever reads it."""
+        w = self[channel]
+        if w.clock is not None:
+            w = self.splits.get((channel, query))
+            if w is None:
+                w = self.splits[(channel, query)] = ClusterWriter(
+                    self.address, self.job, channel, secret=self.secret, tls=self.tls, split=query
+                )
+        w.write(table, query=query, batch=batch)
+
+    def finish(self, query: str) -> None:
+        """A split read to its end: it no longer holds the watermarks of its channels back."""
+        for key in [k for k in self.splits if k[1] == query]:
+            self.splits.pop(key).close()
+
     def close(self) -> None:
         for w in self.writers.values():
             w.close()
         self.writers.clear()
+        for w in self.splits.values():  # splits not read to their end: another reader goes on
+            w.close(done=False)
+        self.splits.clear()
 
 
 def read_split(
@@ -114,7 +136,7 @@ def read_split(
                 for i, capture in captures.items():
                     table = capture.taken()
                     if table is not None and table.num_rows:
-                        writers[feed.channels[i]].write(table, query=query, batch=item_index)
+                        writers.write(feed.channels[i], table, query, item_index)
             position = source.advance(position, item)
             item_index += 1
             if item_index > start:
@@ -124,4 +146,5 @@ def read_split(
         if close is not None:
             close()
         chain.close()
+    writers.finish(query)
     return True

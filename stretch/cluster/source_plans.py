@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
+from stretch.cluster.node_plans import event_time
 from stretch.datastream.broadcast_stream import input_side
 from stretch.datastream.connectors.channel import ChannelSource
 from stretch.datastream.connectors.file_system import FileSource
@@ -39,6 +40,7 @@ class SourceFeed:
     max_parallelism: int
     job_parameters: dict = field(default_factory=dict)
     parts: list[tuple[str, object]] = field(default_factory=list)  # its splits, as the driver found them
+    event_time: bool = False  # its watermark moves after each item, as on one machine: items kept whole
 
     @property
     def where(self) -> str:
@@ -51,7 +53,7 @@ class SourceFeed:
         one by one; any other source whole."""
         if isinstance(self.source, FileSource):
             return [(str(i), self.source.of_file(path)) for i, path in enumerate(self.source.files())]
-        if hasattr(self.source, "chunk_rows"):  # from_collection's rows, in chunks of this size
+        if hasattr(self.source, "chunk_rows") and not self.event_time:  # from_collection's, in chunks
             source = copy.copy(self.source)
             source.chunk_rows = COLLECTION_CHUNK_ROWS
             return [("0", source)]
@@ -74,11 +76,19 @@ def split_sources(plan: JobPlan) -> tuple[JobPlan, list[SourceFeed]]:
         if stage.kind != "source" or getattr(stage.source, "channel_name", None) is not None:
             continue
         cuts: list[tuple[Step, object]] = []
-        steps = _cut(
-            _without_idle_strategy(stage), stage.name, cuts, getattr(stage.source, "type_info", None)
-        )
+        chain, strategy = _strategy(stage)
+        steps = _cut(chain, stage.name, cuts, getattr(stage.source, "type_info", None))
+        if strategy is not None and any(step.kind != "to_sink" for step in steps):
+            raise ValueError(
+                f"source {stage.name!r} has a watermark strategy and steps before its key_by: on a "
+                "cluster its writers assign the timestamps to the records they send the nodes, so key "
+                "the source's records right after from_source (or run the job on one node engine)"
+            )
         channels = []
-        for i, (head, type_info) in enumerate(cuts):
+        for i, (cut, type_info) in enumerate(cuts):
+            head = cut
+            if strategy is not None:  # the node assigns timestamps; its writers give the watermarks
+                head = Step("assign", strategy, type_info, [cut], name="Timestamps/Watermarks")
             channel = _unique(stage.name if i == 0 else f"{stage.name}-{i + 1}", taken)
             channels.append(channel)
             fed = StageSpec(
@@ -89,7 +99,7 @@ def split_sources(plan: JobPlan) -> tuple[JobPlan, list[SourceFeed]]:
                 stage.max_parallelism,
                 [head],
                 source=ChannelSource(channel, type_info, durable=False),
-                direct=head.kind == "to_gate" and head.key.field is not None,
+                direct=head.kind == "to_gate" and head.key is not None and head.key.field is not None,
                 batch=stage.batch,
             )
             if i == 0:
@@ -97,7 +107,13 @@ def split_sources(plan: JobPlan) -> tuple[JobPlan, list[SourceFeed]]:
             else:
                 stages.append(fed)
         feed = SourceFeed(
-            stage.name, stage.source, steps, channels, plan.max_parallelism, plan.job_parameters
+            stage.name,
+            stage.source,
+            steps,
+            channels,
+            plan.max_parallelism,
+            plan.job_parameters,
+            event_time=strategy is not None,
         )
         feed.parts = feed.splits()
         feeds.append(feed)
@@ -105,21 +121,16 @@ def split_sources(plan: JobPlan) -> tuple[JobPlan, list[SourceFeed]]:
     return plan, feeds
 
 
-def _without_idle_strategy(stage: StageSpec) -> list[Step]:
-    """The stage's chain without a watermark strategy that assigns nothing (PyFlink's
-    ``WatermarkStrategy.no_watermarks()``, which ``from_source`` asks for); any other is refused,
-    as on an input channel."""
+def _strategy(stage: StageSpec) -> tuple[list[Step], object]:
+    """The stage's chain without its watermark strategy, and the strategy if it assigns
+    timestamps: each split of the source is then an input split with a watermark of its own,
+    its writer's (cluster.writer_clock). One that assigns nothing (PyFlink's
+    ``WatermarkStrategy.no_watermarks()``, which ``from_source`` asks for) is dropped."""
     chain = stage.chain
     if len(chain) == 1 and chain[0].kind == "assign":
         strategy = chain[0].fn
-        if getattr(strategy, "kind", None) == "none" and strategy.timestamp_assigner is None:
-            return chain[0].children
-        raise ValueError(
-            f"source {stage.name!r} has a watermark strategy: event time does not run on a cluster "
-            "yet; read it with WatermarkStrategy.no_watermarks() (or None) there, or run the job on "
-            "one node engine (env.execute_async without cluster=)"
-        )
-    return chain
+        return chain[0].children, event_time(strategy)
+    return chain, None
 
 
 def _cut(steps: list[Step], source: str, cuts: list, type_info) -> list[Step]:
@@ -138,8 +149,9 @@ def _cut(steps: list[Step], source: str, cuts: list, type_info) -> list[Step]:
             )
         elif step.kind == "assign":
             raise ValueError(
-                f"source {source!r} assigns timestamps and watermarks: event time does not run on a "
-                "cluster yet"
+                f"source {source!r} assigns timestamps and watermarks after other steps "
+                "(assign_timestamps_and_watermarks): on a cluster give the strategy to from_source, "
+                "and key the source's records right after it"
             )
         else:
             kept = copy.copy(step)

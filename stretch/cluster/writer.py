@@ -12,16 +12,20 @@ key groups are now (the marks move with the key groups).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pyarrow as pa
 
 from stretch.cluster.client import ClusterConnection
 from stretch.cluster.key_routes import KeyRoute, decode_routes
-from stretch.cluster.row_router import RowRouter
+from stretch.cluster.row_router import REFUSED, RowRouter
 from stretch.cluster.tls import ClusterTLS
+from stretch.cluster.writer_clock import WriterClock
 from stretch.common.records import schema_for, to_batch
 from stretch.common.typeinfo import TypeInformation
+
+NODES_FOR_S = 1.0  # how long a writer's list of the nodes it sends its watermark to holds
 
 
 class ClusterWriter:
@@ -30,6 +34,10 @@ class ClusterWriter:
 
     ``key``: the field to route by, if not the job's own key (the cluster knows the key, field or
     function, of the jobs it was given).
+
+    An event-time channel's writer is an input split with a watermark of its own (cluster
+    .writer_clock), fresh per writer unless ``split`` names it: a split of a source read again by
+    another reader goes on as the same split.
 
     A broadcast channel (the rows of a job's ``broadcast(descriptor)`` stream) is not split: every
     node of the broadcast membership (``members.json``) takes the whole batch, each (query, batch)
@@ -47,6 +55,7 @@ class ClusterWriter:
         retry_for: float = 60.0,
         secret: str | None = None,
         tls: ClusterTLS | None = None,
+        split: str | None = None,
     ):
         self.connection = ClusterConnection(address, secret, tls)
         self.job, self.channel = job, channel
@@ -59,6 +68,10 @@ class ClusterWriter:
         self.type_info = TypeInformation.from_json(declared) if declared else None
         self.schema = schema_for(self.type_info) if self.type_info is not None else None
         self.router = RowRouter(self.connection, job, channel, route, retry_for)
+        strategy = route.watermarks if route is not None else None
+        self.clock = WriterClock(strategy, route.operator, split) if strategy is not None else None
+        self._nodes: tuple[float, list[str]] = (-NODES_FOR_S, [])  # (when listed, nodes) progress goes to
+        self._wrote = False  # a writer that wrote nothing is no split: it tells no node it closed
 
     @property
     def refusals(self) -> int:
@@ -85,8 +98,27 @@ class ClusterWriter:
         command = {"op": "write", "job": self.job, "channel": self.channel, "query": query, "batch": batch}
         if self.broadcast:
             self.router.deliver_to_every_node(rows, command)
-        else:
+        elif self.clock is None:
             self.router.deliver(rows, command)
+        else:  # event time: the watermark before the rows with them, the one after to every node
+            ts = self.clock.timestamps(rows)
+            self._wrote = True
+            self.router.deliver(rows, {**command, "wm": self.clock.before()})
+            self._progress(self.clock.after(ts))
+
+    def _progress(self, progress: dict, fresh: bool = False) -> None:
+        """This writer's watermark to every node of the cluster, whether it sent it rows or not
+        (the nodes as of a second ago at most, or now if ``fresh``: a node that joined hears of
+        a writer that sends it no rows)."""
+        now = time.monotonic()
+        if fresh or now - self._nodes[0] > NODES_FOR_S:
+            self._nodes = (now, sorted(self.connection.locations()))
+        body = {"job": self.job, "channel": self.channel, **progress}
+        for node in self._nodes[1]:
+            try:
+                self.connection.action(node, "watermark", body)
+            except REFUSED:  # a node gone (removed, or dead and being restored): nothing to tell it
+                pass
 
     def transact(self, data, output: str, query: str, batch: int, partition: int) -> list[pa.Table]:
         """One transaction of the one-query Spark stage (stretch.spark.stage): the rows, named
@@ -109,9 +141,12 @@ class ClusterWriter:
             "partition": int(partition),
         }
         results: dict[str, pa.Buffer] = {}
+        ts = self.clock.timestamps(rows) if self.clock is not None else None
         for answer in self.router.deliver(rows, command):
             for part, data_ in zip(answer.reply["parts"], answer.results):
                 results.setdefault(part["id"], data_)
+        if ts is not None and len(ts):  # the micro-batch rule: every node hears of its largest timestamp
+            self._progress({"query": query, "round": int(batch), "max": int(ts.max())})
         return [pa.ipc.open_stream(r).read_all() for r in results.values() if r.size]
 
     def _batch(self, data) -> pa.RecordBatch | None:
@@ -140,8 +175,13 @@ class ClusterWriter:
         columns = [c.cast(f.type) for c, f in zip(batch.columns, self.schema)]
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
-    def close(self) -> None:
-        """Close the connections to the nodes (a ``with`` block does it at its end)."""
+    def close(self, done: bool = True) -> None:
+        """Close the connections to the nodes (a ``with`` block does it at its end); a writer of an
+        event-time channel tells every node it is gone (unless not ``done``: its split goes on in
+        another writer), so it no longer holds their watermark back."""
+        if self.clock is not None and self._wrote and done:
+            self._progress(self.clock.closing(), fresh=True)
+        self.clock = None
         self.router.close()
         self.connection.close()
 

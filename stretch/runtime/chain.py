@@ -16,7 +16,7 @@ import pyarrow as pa
 from stretch.contracts.functions import Function, KeySelector, ProcessFunction, TimerService
 from stretch.plan.stages import KeySpec, Step
 from stretch.runtime.batch import Records, resolve_field, split_outputs, take
-from stretch.runtime.event_time import MAX_WATERMARK, WatermarkGenerator, timestamps_of
+from stretch.runtime.event_time import MAX_WATERMARK, WatermarkGenerator, judged, timestamps_of
 from stretch.runtime.gate import Kind
 from stretch.runtime.outputs import NO_KEY, Outputs, StepError, call_of, open_function, per_record
 from stretch.runtime.routing import keyed_by_field, keyed_by_selector, not_null
@@ -438,6 +438,8 @@ class _ToGate(_Node):
                 self._runs(),
             )
         self.outputs.count_out(batch.num_rows)
+        if self.outputs.judge is not None:
+            batch = judged(batch, self.outputs.judge)
         self.gate.append_batch(batch, producer=self.outputs.producer, txn=self.outputs.txn)
 
     def _without_null_keys(self, records: Records, field) -> Records:

@@ -14,6 +14,7 @@ from stretch.common.records import schema_for, to_batch, type_info_of
 from stretch.common.typeinfo import TypeInformation
 from stretch.contracts.connectors import SinkWriter
 from stretch.runtime.batch import resolve_field
+from stretch.runtime.event_time import mark_batch
 from stretch.runtime.gate import Gate, GateClosed, Kind
 from stretch.runtime.routing import keyed_by_field
 from stretch.runtime.transactions import end_marker, tagged
@@ -85,6 +86,21 @@ class ChannelAppender:
                 self._gate.append_batch(
                     end_marker(self.schema or pa.schema([]), txn, name), producer=self._producer
                 )
+        except GateClosed as e:
+            raise RuntimeError(f"channel {self.name!r} takes no more records: {e}") from None
+
+    def append_mark(self, watermark: int | None) -> None:
+        """The channel's watermark (None: idle) set from outside the job, in order with its rows:
+        a zero-row mark batch that the channel's source task passes on (runtime.event_time)."""
+        if self._key_field is not None:
+            raise ValueError(
+                f"channel {self.name!r} writes straight into a keyed gate: it has no source task"
+            )
+        self.check_open()
+        try:
+            self._gate.append_batch(
+                mark_batch(self.schema or pa.schema([]), watermark), producer=self._producer
+            )
         except GateClosed as e:
             raise RuntimeError(f"channel {self.name!r} takes no more records: {e}") from None
 

@@ -16,6 +16,46 @@ import pyarrow as pa
 
 MIN_WATERMARK = -(2**63)
 MAX_WATERMARK = 2**63 - 1
+MARK_KEY = b"stretch.watermark"
+"""Schema metadata of a zero-row batch in an input channel: the channel's watermark (its decimal
+value) or ``idle``, given from outside the job (a cluster node's writers: cluster.node_watermarks).
+The channel's source task passes it on to its gates instead of generating watermarks itself."""
+
+
+def mark_batch(schema: pa.Schema, watermark: int | None) -> pa.RecordBatch:
+    """The zero-row batch that sets the channel's watermark (None: the channel is idle)."""
+    value = b"idle" if watermark is None else str(int(watermark)).encode()
+    return pa.RecordBatch.from_pylist(
+        [], schema=schema.with_metadata({**(schema.metadata or {}), MARK_KEY: value})
+    )
+
+
+JUDGE_KEY = b"stretch.judged_by"
+"""Schema metadata of rows taken again elsewhere (a cluster node's journal replayed on another
+node): the watermark they met when they were first taken. The keyed operator judges them late or
+not by it (or by its own, if lower), as the node that first took them did, though its own
+watermark has moved on since."""
+
+
+def judged(batch: pa.RecordBatch, watermark: int) -> pa.RecordBatch:
+    return batch.replace_schema_metadata(
+        {**(batch.schema.metadata or {}), JUDGE_KEY: str(int(watermark)).encode()}
+    )
+
+
+def judge_of(batch: pa.RecordBatch) -> int | None:
+    meta = batch.schema.metadata
+    value = meta.get(JUDGE_KEY) if meta else None
+    return int(value) if value is not None else None
+
+
+def mark_of(batch: pa.RecordBatch) -> int | bool | None:
+    """The watermark a mark batch sets, None for idle, False for a batch that is no mark."""
+    meta = batch.schema.metadata
+    value = meta.get(MARK_KEY) if meta else None
+    if value is None:
+        return False
+    return None if value == b"idle" else int(value)
 
 
 def producer_id(stage_id: int, index: int) -> int:

@@ -98,6 +98,7 @@ class Outputs:
         self.dead_letter_gate = None  # the job's dead-letter policy: where rejected records go
         self.txn = 0  # the input transaction being processed: its results carry it (runtime.transactions)
         self.round: str | None = None  # the writer's micro-batch it arrived in (ditto)
+        self.judge: int | None = None  # the watermark replayed rows are judged by (event_time.JUDGE_KEY)
 
     def dead_letter(self, error: StepError) -> None:
         """Under the dead-letter policy: the record, the error and the time go to the job's

@@ -19,7 +19,14 @@ from stretch.runtime.channel_source import read_channel
 from stretch.runtime.checkpointing import Barrier, broadcast_file, snapshot_file, write_snapshot_or_report
 from stretch.runtime.code_update import load_version, updated_step
 from stretch.runtime.control_block import ControlBlock
-from stretch.runtime.event_time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker, producer_id
+from stretch.runtime.event_time import (
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    WatermarkTracker,
+    judge_of,
+    mark_of,
+    producer_id,
+)
 from stretch.runtime.frontier import Frontier
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.key_group_runs import laid_out, owned_ranges, owns_all, spans
@@ -169,9 +176,15 @@ class SourceTask(Task):
                 else:
                     if isinstance(item, list):
                         chain.push(Records(items=item, type_info=source_type))
+                    elif (mark := mark_of(item)) is not False:  # the channel's watermark, from outside
+                        if mark is None:
+                            chain.emit(Kind.IDLE)
+                        else:
+                            chain.emit(Kind.WATERMARK, mark)
                     else:
                         txn, end = txn_of(item)
                         chain.outputs.txn, chain.outputs.round = txn, round_of(item)
+                        chain.outputs.judge = judge_of(item)
                         if end:
                             chain.end_txn(txn, 1)
                             open_txn = 0
@@ -364,7 +377,20 @@ class KeyedInstanceTask(Task):
 
     def _data(self, entry, here: int) -> int:
         """Process the rows of a data entry from ``here`` on, in pieces, switching epochs where
-        they were placed; returns the position reached (the entry's end unless retired)."""
+        they were placed; returns the position reached (the entry's end unless retired). Rows
+        taken again elsewhere are judged late by the watermark they first met, if lower
+        (event_time.JUDGE_KEY)."""
+        judge = judge_of(entry.batch)
+        now = self.operator.watermark
+        if judge is None or judge >= now:
+            return self._rows(entry, here)
+        self.operator.watermark = judge
+        try:
+            return self._rows(entry, here)
+        finally:
+            self.operator.watermark = now
+
+    def _rows(self, entry, here: int) -> int:
         batch, start = entry.batch, entry.start
         n = batch.num_rows
         kgs = batch.column(KG_COLUMN).to_numpy()

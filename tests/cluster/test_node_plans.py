@@ -63,11 +63,49 @@ def test_a_job_that_rekeys_or_reads_no_channel_is_refused():
     assert {channel: route.field for channel, route in routes.items()} == {"Collection Source": 0}
 
 
-def test_a_job_with_event_time_on_its_channel_is_refused_naming_the_watermark_strategy():
+def test_an_event_time_channel_is_routed_with_its_watermark_strategy_for_the_writers():
+    from stretch.common import Duration, WatermarkStrategy
+
+    env = StreamExecutionEnvironment.get_execution_environment()
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(5)).with_timestamp_assigner(
+        "f1"
+    )
+    env.from_source(ChannelSource("in", PAIR), strategy, "in").key_by(0).sum(1).sink_to(ChannelSink("out"))
+    (route,) = cluster_inputs(plan_of(env)).values()
+    assert route.field == 0 and route.watermarks == strategy
+
+
+def test_a_strategy_without_timestamps_leaves_the_channel_without_event_time():
     from stretch.common import WatermarkStrategy
 
     env = StreamExecutionEnvironment.get_execution_environment()
-    strategy = WatermarkStrategy.for_monotonous_timestamps()
+    strategy = WatermarkStrategy.for_monotonous_timestamps()  # no assigner: no timestamps, no watermarks
     env.from_source(ChannelSource("in", PAIR), strategy, "in").key_by(0).sum(1).sink_to(ChannelSink("out"))
-    with pytest.raises(ValueError, match="has a watermark strategy: event time does not run on a cluster"):
+    assert [r.watermarks for r in cluster_inputs(plan_of(env)).values()] == [None]
+
+
+def test_an_event_time_channel_not_keyed_right_after_its_strategy_is_refused():
+    from stretch.common import WatermarkStrategy
+
+    env = StreamExecutionEnvironment.get_execution_environment()
+    strategy = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner("f1")
+    (
+        env.from_source(ChannelSource("in", PAIR), strategy, "in")
+        .map(lambda r: r, PAIR)
+        .key_by(0)
+        .sum(1)
+        .sink_to(ChannelSink("out"))
+    )
+    with pytest.raises(ValueError, match=r"not keyed right away.*right after its watermark strategy"):
+        cluster_inputs(plan_of(env))
+
+
+def test_a_band_join_is_refused_saying_why():
+    from tests.datastream.test_joins import RECORD, band, strategy
+
+    env = StreamExecutionEnvironment.get_execution_environment()
+    a = env.from_source(ChannelSource("a", RECORD), strategy(), "a")
+    b = env.from_source(ChannelSource("b", RECORD), strategy(), "b")
+    band(15)(a, b).sink_to(ChannelSink("out"))
+    with pytest.raises(ValueError, match="is a band join: it pairs elements across keys"):
         cluster_inputs(plan_of(env))

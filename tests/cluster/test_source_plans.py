@@ -106,9 +106,29 @@ def test_what_a_cluster_cannot_route_from_a_source_is_refused_saying_why():
         split_sources(plan_of(env))
     env = StreamExecutionEnvironment.get_execution_environment()
     strategy = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner("f1")
-    env.from_source(NumberSequenceSource(1, 3), strategy, "n").key_by(0).sum(0).sink_to(ChannelSink("out"))
-    with pytest.raises(ValueError, match="source 'n' has a watermark strategy: event time does not run"):
+    env.from_source(NumberSequenceSource(1, 3), strategy, "n").map(lambda n: ("a", n), PAIR).key_by(0).sum(
+        1
+    ).sink_to(ChannelSink("out"))
+    with pytest.raises(ValueError, match="source 'n' has a watermark strategy and steps before its key_by"):
         split_sources(plan_of(env))
+    env = StreamExecutionEnvironment.get_execution_environment()
+    stamped = (
+        env.from_collection([("a", 1)], PAIR)
+        .map(lambda r: r, PAIR)
+        .assign_timestamps_and_watermarks(strategy)
+    )
+    stamped.key_by(0).sum(1).sink_to(ChannelSink("out"))
+    with pytest.raises(ValueError, match="assigns timestamps and watermarks after other steps"):
+        split_sources(plan_of(env))
+
+
+def test_a_source_with_a_watermark_strategy_keyed_right_away_reads_into_an_event_time_channel():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    strategy = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner("f1")
+    env.from_source(NumberSequenceSource(1, 3), strategy, "n").key_by(0).sum(0).sink_to(ChannelSink("out"))
+    plan, (feed,) = split_sources(plan_of(env))
+    assert feed.channels == ["n"] and [s.kind for s in feed.steps] == ["to_sink"]
+    assert cluster_inputs(plan)["n"].watermarks == strategy
 
 
 def test_a_row_without_a_key_is_routed_by_the_hash_of_all_its_fields():

@@ -95,3 +95,56 @@ def test_a_checkpointed_cluster_job_fed_by_spark_survives_a_killed_node(spark, t
         final[key] = max(final.get(key, (0, 0)), (count, total))
     assert final == reference(rows)
     assert len(got) == len(rows)  # one result per row: nothing twice, nothing lost
+
+
+def test_spark_streams_an_event_time_job_on_a_cluster_judging_late_rows_as_one_machine(spark, tmp_path):
+    """Each micro-batch (a file) is one write, its rows judged by the watermark the micro-batches
+    before it left (as the plain-Python model judges a batch); late rows go to the side output."""
+    import os
+
+    from stretch.common import Duration, Time, Types, WatermarkStrategy
+    from stretch.datastream import OutputTag, StreamExecutionEnvironment
+    from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+    from stretch.datastream.window import TumblingEventTimeWindows
+    from tests.datastream.flink_windows import run, tumbling
+
+    clicks = Types.ROW_NAMED(["user", "ts"], [Types.STRING(), Types.LONG()])
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(20)).with_timestamp_assigner(
+        "ts"
+    )
+    late = OutputTag("late", clicks)
+    counts = (
+        env.from_source(ChannelSource("in", clicks), strategy, "in")
+        .key_by("user")
+        .window(TumblingEventTimeWindows.of(Time.milliseconds(50)))
+        .side_output_late_data(late)
+        .count()
+    )
+    counts.sink_to(ChannelSink("out"))
+    counts.get_side_output(late).sink_to(ChannelSink("late"))
+    source = tmp_path / "in"
+    source.mkdir()
+    batches = []
+    for f in range(4):  # file f: event times [200 f, 200 (f + 1)), and a few of 150 ms before
+        rows = [(f"u{t * 7 % 5}", t) for t in range(200 * f, 200 * (f + 1), 3)]
+        rows += [(f"u{t % 5}", t - 150) for t in range(200 * f, 200 * f + 30, 10) if t >= 150]
+        path = source / f"part-{f:03d}.parquet"
+        pq.write_table(pa.table({"user": [u for u, _ in rows], "ts": [t for _, t in rows]}), path)
+        os.utime(path, (1_700_000_000 + f, 1_700_000_000 + f))  # Spark reads files oldest first
+        batches.append(rows)
+    fired, want_late = run(batches, lambda r: r[0], lambda r: r[1], assign=tumbling(50), result=len, delay=20)
+    assert want_late
+    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
+        client = env.execute_async("spark-event-time", cluster=cluster)
+        stream = spark.readStream.schema("user STRING, ts BIGINT").option("maxFilesPerTrigger", 1)
+        writer = stream.parquet(str(source)).writeStream.format("stretch").option("cluster", cluster.address)
+        query = writer.option("job", "spark-event-time").option("channel", "in")
+        query = query.option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start()
+        query.awaitTermination()
+        assert query.exception() is None
+        client.end("in")
+        client.wait(120)
+        assert sorted(tuple(r) for r in client.open_reader("out")) == sorted(fired)
+        assert sorted(tuple(r) for r in client.open_reader("late")) == sorted(want_late)

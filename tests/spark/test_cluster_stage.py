@@ -15,12 +15,15 @@ import textwrap
 import threading
 import time
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from stretch.cluster import StretchCluster
-from stretch.common import Types
-from stretch.datastream import StreamExecutionEnvironment
+from stretch.common import Duration, Time, Types, WatermarkStrategy
+from stretch.datastream import OutputTag, StreamExecutionEnvironment, aggregates
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from stretch.datastream.window import TumblingEventTimeWindows
 from stretch.spark import stage
 from tests.spark.steps import fail_first_attempt
 from tests.spark.test_stage import _files
@@ -285,3 +288,61 @@ def test_the_stage_runs_on_nodes_inside_spark_executors(tmp_path):
     while _leftovers(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3])
+def test_event_time_windows_on_a_cluster_keep_the_micro_batch_rule(spark, tmp_path, nodes):
+    """Three files a micro-batch, each a later stretch of event time, their tasks' rows spread
+    over the nodes: every node's watermark moves only between micro-batches (each task tells every
+    node its rows' largest timestamp), so no record is late; the stage returns windows its
+    micro-batches closed, and the rest fire when the input ends, each window once."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(0)).with_timestamp_assigner(
+        "ts"
+    )
+    clicks = Types.ROW_NAMED(["user", "ts"], [Types.LONG(), Types.LONG()])
+    late = OutputTag("late", clicks)
+    windows = (
+        env.from_source(ChannelSource("in", clicks), strategy, "in")
+        .key_by("user")
+        .window(TumblingEventTimeWindows.of(Time.milliseconds(100)))
+        .side_output_late_data(late)
+        .aggregate([aggregates.count()])
+        .name("windows")
+    )
+    windows.sink_to(ChannelSink("out"))
+    windows.get_side_output(late).sink_to(ChannelSink("late"))
+    (tmp_path / "in").mkdir()
+    want: dict = {}
+    for f in range(9):  # file f: event times [250 f, 250 (f + 1)), in order within the file
+        ts = list(range(250 * f, 250 * (f + 1)))
+        users = [t * 7 % 5 for t in ts]
+        for u, t in zip(users, ts):
+            want[(u, t - t % 100)] = want.get((u, t - t % 100), 0) + 1
+        path = tmp_path / "in" / f"part-{f:03d}.parquet"
+        pq.write_table(pa.table({"user": users, "ts": ts}), path)
+        os.utime(path, (1_700_000_000 + f, 1_700_000_000 + f))
+    with StretchCluster.local(nodes=nodes, directory=tmp_path / "cluster") as cluster:
+        client = env.execute_async("stage windows", cluster=cluster)
+        source = spark.readStream.schema("user long, ts long").option("maxFilesPerTrigger", 3)
+        results = stage(source.parquet(str(tmp_path / "in")), client, into="in", out="out")
+        query = (
+            results.writeStream.format("parquet")
+            .option("path", str(tmp_path / "results"))
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(300)
+        assert query.exception() is None
+        client.end("in")  # the windows still open fire at the end of input
+        client.wait()
+        every = [(r["key"], r["window_start"], r["count"]) for r in client.open_reader("out")]
+        assert list(client.open_reader("late")) == []
+    staged = [
+        (r["key"], r["window_start"], r["count"]) for r in pq.read_table(tmp_path / "results").to_pylist()
+    ]
+    assert sorted(every) == sorted((u, s, c) for (u, s), c in want.items())  # each window once
+    assert staged and set(staged) <= set(every) and len(staged) == len(set(staged))
+    assert len(staged) < len(want)  # the last micro-batch's windows close only at the end of input
