@@ -16,7 +16,7 @@ import uuid
 import numpy as np
 import pyarrow as pa
 
-from stretch.common.records import from_batch
+from stretch.common.batch_decoding import from_batch
 from stretch.runtime.batch import resolve_field
 from stretch.runtime.event_time import WatermarkGenerator, timestamps_of
 from stretch.runtime.outputs import NO_KEY, describe_failure

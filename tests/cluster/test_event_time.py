@@ -13,7 +13,7 @@ import pytest
 from stretch import channels
 from stretch.cluster import StretchCluster
 from stretch.common import Duration, Time, Types, WatermarkStrategy
-from stretch.common.records import from_batch
+from stretch.common.batch_decoding import from_batch
 from stretch.datastream import OutputTag, StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.window import (
