@@ -215,6 +215,19 @@ def cmd_run(args) -> int:
 def cmd_demo(args) -> int:
     from stretch import demo  # Spark and matplotlib: only for the demo
 
+    if args.nodes:
+        from stretch import demo_nodes
+
+        summary = demo_nodes.run(
+            nodes=args.nodes,
+            events=args.events,
+            files=args.files,
+            files_per_trigger=args.files_per_trigger,
+            work_dir=args.work_dir,
+            plot=not args.no_plot,
+            verbose=args.verbose,
+        )
+        return 0 if summary["results_match_reference"] and summary["status"] == "FINISHED" else 1
     schedule = tuple(int(p) for p in args.schedule.split(",") if p.strip()) if args.schedule else ()
     summary = demo.run(
         events=args.events,
@@ -380,6 +393,13 @@ def main(argv: list[str] | None = None) -> int:
         "--parallelism", type=int, default=1, help="the window operator's parallelism at the start"
     )
     p.add_argument("--schedule", default="2,1", help="parallelism to rescale to, live, during the run")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="run the job on a local stretch cluster of this many nodes instead, adding one node and "
+        "removing one live (--parallelism and --schedule then do not apply)",
+    )
     p.add_argument("--work-dir", help="keep the clicks, checkpoints and results here (default: a temp dir)")
     p.add_argument("--no-plot", action="store_true", help="do not write stretch-demo.png")
     p.add_argument("--verbose", action="store_true", help="show Spark's log (else it goes to spark.log)")

@@ -11,6 +11,7 @@ windows, and saves a plot of throughput, parallelism, backlog and latency over t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -96,7 +97,8 @@ def spark_session(log: Path | None = None):
     return spark
 
 
-def start_job(parallelism: int):
+def define_job(parallelism: int) -> StreamExecutionEnvironment:
+    """Per-user event-time windows (count and sum of the amount) over the clicks channel."""
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(parallelism)
     watermarks = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(LATE_MS))
@@ -110,7 +112,7 @@ def start_job(parallelism: int):
         .name("per-user windows")
         .sink_to(ChannelSink("per_user"))
     )
-    return env.execute_async(JOB)
+    return env
 
 
 def run(
@@ -126,6 +128,16 @@ def run(
 ) -> dict:
     """Run the pipeline; returns a summary (also printed). Spark's log goes to ``spark.log`` in
     the work directory unless ``verbose``."""
+    start = lambda: define_job(parallelism).execute_async(JOB)  # noqa: E731
+    with prepared(events, files, work_dir, verbose, out, start) as (spark, work, client):
+        return _pipeline(spark, client, work, events, schedule, files_per_trigger, plot, out)
+
+
+@contextlib.contextmanager
+def prepared(events: int, files: int, work_dir: str | None, verbose: bool, out, start_job=None):
+    """The clicks in a work directory and local Spark with its Python workers warm; yields
+    (spark, work directory, the job ``start_job`` started meanwhile, if given). Everything ends
+    with the block: the job is cancelled if it has not finished, Spark stops."""
     with tempfile.TemporaryDirectory(prefix="stretch-demo-") as tmp:
         work = Path(work_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -139,19 +151,23 @@ def run(
         )
         t0 = time.monotonic()
         job: list = []
-        starting = threading.Thread(target=lambda: job.append(start_job(parallelism)), daemon=True)
-        starting.start()  # the job starts while Spark does
+        starting = (
+            threading.Thread(target=lambda: job.append(start_job()), daemon=True) if start_job else None
+        )
+        if starting is not None:
+            starting.start()  # the job starts while Spark does
         spark = spark_session(log)
         t1 = time.monotonic()
         try:
             _warm_python_workers(spark)
-            starting.join()
-            if not job:
-                raise RuntimeError("the stretch job did not start (see the error above)")
+            if starting is not None:
+                starting.join()
+                if not job:
+                    raise RuntimeError("the stretch job did not start (see the error above)")
             out(
                 f"  Spark started in {t1 - t0:.1f}s, its Python workers and the job {time.monotonic() - t1:.1f}s later"
             )
-            return _pipeline(spark, job[0], work, events, schedule, files_per_trigger, plot, out)
+            yield spark, work, (job[0] if job else None)
         finally:
             if job:
                 job[0].cancel()  # ends it if the pipeline failed; a finished job stays finished

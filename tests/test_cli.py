@@ -101,6 +101,36 @@ def test_demo_pipeline_spark_to_stretch_to_spark(tmp_path):
     assert all(got[k][0] == want[k][0] and abs(got[k][1] - want[k][1]) < 1e-6 for k in want)
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
+def test_demo_pipeline_across_nodes_with_a_node_added_and_one_removed(tmp_path):
+    """`stretch demo --nodes 2`: the same query with the job on a local cluster, a node added and
+    one removed live; every window once, equal to the windows computed here from the input, and
+    those the query streamed a part of them."""
+    run = stretch(
+        "demo",
+        "--nodes",
+        "2",
+        "--events",
+        "120000",
+        "--files",
+        "4",
+        "--files-per-trigger",
+        "2",
+        "--work-dir",
+        str(tmp_path),
+        "--no-plot",
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "added a node" in run.stdout and "removed a node" in run.stdout
+    assert "results match" in run.stdout
+    clicks = pq.read_table(tmp_path / "clicks").to_pylist()
+    windows = {(c["user"], c["ts"] // 60_000 * 60_000) for c in clicks}
+    streamed = pq.read_table(tmp_path / "results" / "streamed").to_pylist()
+    assert {(r["key"], r["window_start"]) for r in streamed} <= windows
+    assert f"-> {len(windows):,} per-user windows" in run.stdout
+
+
 def test_scale_from_a_second_process_and_its_errors():
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(2)

@@ -70,8 +70,12 @@ class ClusterJobClient:
             self.cluster.connection.action(node, "cancel", {"job": self.name})
 
     def describe(self) -> dict[str, dict]:
-        """Each node's ``describe()`` of the job."""
-        return {node: status["jobs"][self.name] for node, status in self.cluster.status().items()}
+        """Each node's ``describe()`` of the job (a node being added shows once it runs the job)."""
+        return {
+            node: status["jobs"][self.name]
+            for node, status in self.cluster.status().items()
+            if self.name in status["jobs"]
+        }
 
     def trigger_checkpoint(self) -> dict[str, dict]:
         """Checkpoint every node now (``StretchCluster.checkpoint``)."""
