@@ -31,6 +31,9 @@ from tests.datastream.test_windows import Describe
 
 RECORD = Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()])  # key, event time (ms), value
 DELAY = 20
+# Each test runs at 1, 2 and 3 nodes. The default run keeps 2 nodes (rows and watermarks cross
+# nodes there); 1 and 3 nodes are long runs (`pytest -m long`), to keep the suite within its time.
+NODE_COUNTS = [pytest.param(1, marks=pytest.mark.long), 2, pytest.param(3, marks=pytest.mark.long)]
 
 
 def strategy(delay=DELAY):
@@ -64,7 +67,7 @@ def results(client, channel):
     return sorted(tuple(r) for r in client.open_reader(channel))
 
 
-@pytest.mark.parametrize("nodes", [1, 2, 3])
+@pytest.mark.parametrize("nodes", NODE_COUNTS)
 def test_tumbling_windows_with_late_data_match_one_machine(nodes, tmp_path):
     batches = batches_of(1)
     want, late = model_counts(batches)
@@ -104,7 +107,7 @@ def stream(writer, batches, hold_at, pause=0.01):
     return feeder, done, errors
 
 
-@pytest.mark.parametrize("nodes", [1, 2, 3])
+@pytest.mark.parametrize("nodes", NODE_COUNTS)
 def test_tumbling_windows_fire_once_on_their_owner_through_nodes_added_and_removed(nodes, tmp_path):
     """Open windows and their timers move with their key groups while rows stream in: each fires
     once, on the node owning its key group then; late rows are judged as one machine judges them."""
@@ -150,7 +153,7 @@ def two_channels(build, max_parallelism=128):
     return env
 
 
-@pytest.mark.parametrize("nodes", [1, 2, 3])
+@pytest.mark.parametrize("nodes", NODE_COUNTS)
 def test_a_window_join_of_two_writers_matches_one_machine(nodes, tmp_path):
     """Each input comes from a writer of its own: the join's watermark is the smaller of the two
     channels' (nothing is late, so the windows are those of the model, all complete)."""
@@ -170,7 +173,7 @@ def test_a_window_join_of_two_writers_matches_one_machine(nodes, tmp_path):
     assert got == {k: sorted(v) for k, v in joins.join_outputs(want, True).items()}
 
 
-@pytest.mark.parametrize("nodes", [1, 2, 3])
+@pytest.mark.parametrize("nodes", NODE_COUNTS)
 def test_a_co_group_of_two_writers_in_session_windows_matches_one_machine(nodes, tmp_path):
     batches = joins.batches_of(seed=11, late_share=0)
     assigner = EventTimeSessionWindows.with_gap(Time.milliseconds(4))
@@ -186,7 +189,7 @@ def test_a_co_group_of_two_writers_in_session_windows_matches_one_machine(nodes,
     assert got == sorted(o for *_, outs in fired for o in outs)
 
 
-@pytest.mark.parametrize("nodes", [1, 2, 3])
+@pytest.mark.parametrize("nodes", NODE_COUNTS)
 def test_an_interval_join_of_two_writers_matches_one_machine(nodes, tmp_path):
     batches = joins.batches_of(seed=4, late_share=0)
     env = two_channels(joins.interval(-5, 10))
@@ -199,7 +202,7 @@ def test_an_interval_join_of_two_writers_matches_one_machine(nodes, tmp_path):
     assert got == sorted((a, b, a[2], b[2], ts) for a, b, ts in pairs)
 
 
-@pytest.mark.parametrize("nodes", [2, 3])
+@pytest.mark.parametrize("nodes", NODE_COUNTS[1:])
 def test_tumbling_windows_through_a_node_killed_mid_stream(nodes, tmp_path):
     """A node killed after a checkpoint: its key groups' open windows and timers restore on the
     others from the checkpoint, the rows it took since replay from its journal, judged late or not
@@ -242,7 +245,7 @@ def fired_so_far(job, nodes, wait=1.0):
     return sorted(got)
 
 
-@pytest.mark.parametrize("nodes", [1, 2, 3])
+@pytest.mark.parametrize("nodes", NODE_COUNTS)
 @pytest.mark.parametrize("idleness", [None, 0.3])
 def test_an_idle_writer_holds_time_back_unless_idleness_lets_it_go(idleness, nodes, tmp_path):
     """Two writers of one channel: one writes on, the other wrote a little early on and then
@@ -319,7 +322,7 @@ def windows_and_timers():
     return env
 
 
-@pytest.mark.parametrize("nodes", [1, 2, 3])
+@pytest.mark.parametrize("nodes", NODE_COUNTS)
 def test_sliding_session_late_count_windows_and_timers_match_one_machine(nodes, tmp_path):
     batches = batches_of(6, n_batches=10, per_batch=80, keys=7)
     timed = timers.batches_of(3, n_batches=10)
@@ -356,7 +359,7 @@ def test_sliding_session_late_count_windows_and_timers_match_one_machine(nodes, 
     assert sorted(tuple(r) for r in got["count"]) == sorted(counts)
 
 
-@pytest.mark.parametrize("nodes", [1, 2, 3])
+@pytest.mark.parametrize("nodes", NODE_COUNTS)
 def test_a_collection_with_a_watermark_strategy_is_one_split_with_one_machines_watermarks(nodes, tmp_path):
     """The driver reads the collection as one split, in the chunks one engine reads it in (its
     watermark moves after each), and sends them through a writer of its own."""

@@ -290,7 +290,9 @@ def test_the_stage_runs_on_nodes_inside_spark_executors(tmp_path):
     assert not _leftovers(tmp_path)
 
 
-@pytest.mark.parametrize("nodes", [1, 2, 3])
+@pytest.mark.parametrize(
+    "nodes", [pytest.param(1, marks=pytest.mark.long), 2, pytest.param(3, marks=pytest.mark.long)]
+)
 def test_event_time_windows_on_a_cluster_keep_the_micro_batch_rule(spark, tmp_path, nodes):
     """Three files a micro-batch, each a later stretch of event time, their tasks' rows spread
     over the nodes: every node's watermark moves only between micro-batches (each task tells every
