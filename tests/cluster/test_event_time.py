@@ -385,6 +385,7 @@ def test_a_collection_with_a_watermark_strategy_is_one_split_with_one_machines_w
         assert results(client, "late") == late
 
 
+@pytest.mark.long  # 15 s: the suite keeps within its time
 def test_a_node_that_joins_hears_of_a_silent_writer_before_any_rows_come(tmp_path):
     """A writer wrote once, early, and stays open: a node added afterwards starts from a member's
     view of the writers, so it holds its windows back too, though that writer never sent it

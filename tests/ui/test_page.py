@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from stretch.cluster import StretchCluster
 from stretch.datastream import StreamExecutionEnvironment
@@ -68,6 +69,7 @@ def test_without_the_secret_the_page_only_looks(tmp_path):
         assert page.errors == []
 
 
+@pytest.mark.long  # 18 s (the API's cluster view is tested by tests/cluster/test_ui_source.py)
 def test_a_clusters_nodes_and_key_group_map(tmp_path):
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(1)
