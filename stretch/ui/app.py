@@ -41,7 +41,8 @@ def make_app(history: History, secret: str) -> Starlette:
         if not hmac.compare_digest(given.encode(), secret.encode()):
             return JSONResponse({"error": "wrong secret"}, status_code=403)
         response = RedirectResponse("/", status_code=303)  # the secret leaves the address bar
-        response.set_cookie(cookie_name(request), secret, httponly=True, samesite="strict")
+        secure = request.url.scheme == "https"  # served over TLS: never sent in the clear
+        response.set_cookie(cookie_name(request), secret, httponly=True, samesite="strict", secure=secure)
         return response
 
     async def overview(request: Request) -> Response:
