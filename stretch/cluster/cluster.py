@@ -38,11 +38,13 @@ from stretch.cluster.directory import DRIVER, JOBS, NODES, TLS, ClusterDirectory
 from stretch.cluster.driver import DriverServer
 from stretch.cluster.elasticity import NodeElasticity
 from stretch.cluster.failover import Failover
+from stretch.cluster.forward_ends import ForwardEnds
 from stretch.cluster.handoff import Handoff, HandoffReport
 from stretch.cluster.job_client import ClusterJobClient
 from stretch.cluster.job_registry import JobRegistry
 from stretch.cluster.launchers import LocalNodes, SparkNodes
 from stretch.cluster.membership import Membership
+from stretch.cluster.rekey_plans import refuse_forwards, split_rekeys
 from stretch.cluster.routing import RoutingTable, plan_add_node, plan_remove_node
 from stretch.cluster.source_plans import split_sources
 from stretch.cluster.sources import ClusterSources
@@ -97,6 +99,7 @@ class StretchCluster:
         self._ui = None  # the cluster's web page (ui=), served from this process
         self._step_hook = None  # tests: called at each point of a move (see handoff.Handoff)
         self.sources = ClusterSources(self)  # the jobs' sources that are not channels (cluster.sources)
+        self.forwards = ForwardEnds(self)  # the ends of jobs' re-keying edges (cluster.forward_ends)
 
     # ---- creation -------------------------------------------------------------------------------
     @classmethod
@@ -328,10 +331,23 @@ class StretchCluster:
         """Run a job on every node (what ``env.execute_async(name, cluster=cluster)`` does)."""
         self._check_open()
         plan, feeds = split_sources(plan)  # its other sources: read into channels of their own
+        plan, forwards = split_rekeys(plan, self.reach(name))  # re-keying: node to node
+        refuse_forwards(name, plan, forwards, config)
         if self.jobs.submit(plan, name, config):
             self.failover.supervise()
         self.sources.start(name, feeds, bool(config.checkpointing))
+        self.forwards.add(name, forwards)
         return ClusterJobClient(self, name)
+
+    def reach(self, job: str) -> dict:
+        """How a node's writers reach the cluster for ``job``: its directory where every node is
+        on this host (they send through shared memory where they can), else its URL."""
+        return {
+            "job": job,
+            "address": str(self.address) if isinstance(self.launcher, LocalNodes) else self.url,
+            "secret": self.secret,
+            "tls": self.tls.to_json() if self.tls is not None else None,
+        }
 
     def job(self, name: str) -> ClusterJobClient:
         """The client of a job the cluster runs (one a restarted driver resumed, too)."""
@@ -420,6 +436,7 @@ class StretchCluster:
         self.sources.close()
         self.failover.join(30)
         self.jobs.join(30)
+        self.forwards.join(30)
         if self._elasticity is not None:
             self._elasticity.stop()
         if self._driver is not None:

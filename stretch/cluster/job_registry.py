@@ -123,6 +123,7 @@ class JobRegistry:
         entry.setdefault("starts", {}).update(starts)
         files.write(JOBS, jobs)
         self.cluster.sources.ran_on(job, list(starts))  # its source readers there (cluster.sources)
+        self.cluster.forwards.ran_on(job, list(starts))  # the ends of its forwards given already
 
     def unrecord(self, nodes: list[str]) -> None:
         """Nothing ran on ``nodes`` after all (a resume that failed): readers must not look for them."""

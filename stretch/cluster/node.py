@@ -29,7 +29,7 @@ Calls (Flight):
   ``broadcast:<ticket>``: a job's broadcast states a ``broadcast_fence`` parked (one row per
   broadcast operator).
 - actions (JSON): ``submit`` (a cloudpickled plan), ``own``, ``release``, ``adopt``, ``status``,
-  ``rescale``, ``end``, ``wait``, ``failed``, ``cancel``, ``retire``, ``shutdown``,
+  ``rescale``, ``end``, ``ended_operators``, ``wait``, ``failed``, ``cancel``, ``retire``, ``shutdown``,
   ``take_shared`` (rows a writer on this host staged in shared memory, answered as
   ``do_exchange`` answers); for readers on other hosts
   ``output`` (an output log's offsets and schema) and ``state_schema`` (an operator's); for jobs
@@ -110,6 +110,9 @@ class NodeServer(flight.FlightServerBase):
         self.version = -1
         self.owned: np.ndarray | None = None  # bool per key group: owned and ready
         self.jobs: dict[str, NodeJob] = {}
+        self.lingering: dict[
+            tuple[str, str], np.ndarray
+        ] = {}  # (job, forward channel) -> moving kgs it still takes
         self.parked: dict[str, list[pa.RecordBatch]] = {}  # released state awaiting its do_get
         self._tickets = itertools.count()
         self.max_parallelism: int | None = None
@@ -418,6 +421,14 @@ class NodeServer(flight.FlightServerBase):
             job = self.job(msg["job"])
             job.writer(msg["channel"]).end()
         return {"ok": True}
+
+    def _act_ended_operators(self, body: bytes) -> dict:
+        """Which keyed operators of a job ended here (cluster.forward_ends), and the job's status
+        here (None: not here yet)."""
+        job = self.jobs.get(json.loads(body)["job"])
+        if job is None:
+            return {"status": None, "ended": []}
+        return {"status": job.coordinator.status.name, "ended": job.ended_operators()}
 
     def _act_wait(self, body: bytes) -> dict:
         msg = json.loads(body)

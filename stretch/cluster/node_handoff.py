@@ -71,6 +71,9 @@ class NodeHandoff:
             durable = node.checkpoints.durable()
             for job in jobs:  # a stage transaction's rows are not cut: its results come whole
                 job.stage.settle(None if job in durable else kgs)
+            for job in jobs:
+                if job not in durable:
+                    linger(node, job, kgs)
             base, forwarded = None, {}
             if durable:  # writes wait meanwhile: the checkpoint, its journal offsets and marks agree
                 for job in durable:  # timers leave them alone from here
@@ -81,7 +84,10 @@ class NodeHandoff:
         parts, marks, stage, forward = [], {}, [], []
         moving = np.asarray(kgs, dtype=np.int64)
         for job in jobs:
-            queued = forwarded.get(job.name, {}) if job in durable else self._stop(job, kgs)
+            try:
+                queued = forwarded.get(job.name, {}) if job in durable else self._stop(job, kgs)
+            finally:
+                unlinger(node, job)
             for operator in job.keyed:
                 table = KeyedTable(job.arena(operator))
                 batches = copy_key_groups(table, moving)
@@ -106,19 +112,26 @@ class NodeHandoff:
             job.stage.forget(node.owned)
         return {"parts": parts, "marks": marks, "base": base, "stage": stage, "forward": forward}
 
-    @staticmethod
-    def _stop(job: NodeJob, kgs: list[int]) -> dict[str, list[pa.RecordBatch]]:
+    def _stop(self, job: NodeJob, kgs: list[int]) -> dict[str, list[pa.RecordBatch]]:
         """Stop ``kgs`` in each keyed operator of a job without checkpoints: at its frontier, the
-        rows queued behind it returned; else (``NodeJob.release`` says when) after a barrier."""
+        rows queued behind it returned; else (``NodeJob.release`` says when) after a barrier.
+
+        A job that re-keys stops them operator after operator, inputs first: once the operator
+        forwarding into a channel stopped them here, the channel's moving key groups stop
+        lingering (``linger``), and only then does the operator it feeds stop them, so every row
+        it took of them is queued before its frontier."""
         queued, behind = {}, []
         for operator in job.keyed:
             batches = None if at_tail() else job.release(operator, kgs)
             if batches is None:
                 behind.append(operator)
+                if job.forwards:
+                    barrier(job, [operator])
             else:
                 queued[operator] = batches
+            unlinger(self.node, job, operator)
         _set_away(job, kgs, True)  # timers and windows leave them alone once stopped
-        if behind:
+        if behind and not job.forwards:
             barrier(job, behind)
         return queued
 
@@ -166,6 +179,28 @@ class NodeHandoff:
             for job in node.running():  # spares it adopted are replaced, for its next release
                 job.align(node.owned)
         return {"ok": True, "rows_forwarded": taken}
+
+
+def linger(node, job: NodeJob, kgs) -> None:
+    """Let each forward channel of ``job`` (cluster.rekey_plans) still take rows of ``kgs``, which
+    leave the node, until the operator forwarding into it stopped them here (``unlinger``).
+
+    Its instances may be sending into them, here or to another node giving key groups away at
+    once; refused, they would wait for the new owner, which adopts only once this release (which
+    waits for them to pass its frontier) is done."""
+    for channel in job.forwards:
+        moving = np.zeros(job.max_parallelism, dtype=bool)
+        moving[list(kgs)] = True
+        node.lingering[(job.name, channel)] = moving
+
+
+def unlinger(node, job: NodeJob, operator: str | None = None) -> None:
+    """The forward channels of ``job`` fed by ``operator`` (every one: None) take only rows of
+    key groups the node owns again."""
+    with node.lock:
+        for channel, source in job.forwards.items():
+            if operator is None or source == operator:
+                node.lingering.pop((job.name, channel), None)
 
 
 def _set_away(job: NodeJob, kgs, away: bool) -> None:

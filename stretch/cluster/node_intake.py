@@ -63,6 +63,9 @@ class NodeIntake:
             )
         kgs = route.key_groups(batch, job.max_parallelism)
         owned = node.owned if node.owned is not None else np.zeros(job.max_parallelism, bool)
+        lingering = node.lingering.get((job.name, channel))
+        if lingering is not None:  # a forward into key groups on their way out (NodeHandoff.release)
+            owned = owned | lingering
         foreign = np.unique(kgs[~owned[kgs]])
         if foreign.size:
             raise flight.FlightServerError(

@@ -5,6 +5,7 @@ back."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -13,6 +14,7 @@ import pyarrow as pa
 
 from stretch.channels import open_writer
 from stretch.cluster import recovery
+from stretch.cluster.forward_sink import ForwardSink
 from stretch.cluster.node_plans import broadcast_channels, cluster_inputs, node_plan
 from stretch.cluster.node_watermarks import NodeEventTime
 from stretch.cluster.stage_parts import StageParts
@@ -65,7 +67,12 @@ class NodeJob:
             if s.operator is not None and s.operator.kind == "broadcast_process"
         }
         self.max_parallelism = plan.max_parallelism
-        self.keyed = [s.name for s in plan.stages if s.kind == "keyed"]
+        self.keyed = [s.name for s in plan.stages if s.kind == "keyed"]  # inputs before consumers
+        self.forwards = {  # channel -> the keyed operator forwarding into it (cluster.rekey_plans)
+            s.sink.channel: plan.stages[s.producers[0]].name
+            for s in plan.sinks
+            if isinstance(s.sink, ForwardSink)
+        }
         self.checkpoint_dir = checkpoint_dir
         strategies = {c: r.watermarks for c, r in self.inputs.items() if r.watermarks is not None}
         self.coordinator = Coordinator(node_plan(plan), f"{name}@{node_id}", config)
@@ -149,6 +156,11 @@ class NodeJob:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"output {runner.spec.name!r} of job {self.name!r} did not catch up")
                 time.sleep(0.001)
+
+    def ended_operators(self) -> list[str]:
+        """The keyed operators whose every instance here ended: what they forwarded is sent."""
+        co = self.coordinator
+        return [s.name for s in co.plan.stages if s.kind == "keyed" and co.stage_finished(s.id)]
 
     def drain(self, timeout: float = 60.0) -> None:
         """Return once the job's sources read every row appended to the channels they read (those
@@ -277,7 +289,8 @@ class NodeJob:
             away = co.rescaler.away.get(co.plan.stage(operator).id, {})
             back = sorted({int(kg) for kg in kgs} & set(away))
             if back:
-                co.own(operator, back)
+                with contextlib.suppress(InputEnded):  # it read all its input: nothing is left to process
+                    co.own(operator, back)
 
     def align(self, owned: np.ndarray) -> None:
         """Let the instances of each keyed operator fed straight by channels own the key groups
@@ -301,7 +314,8 @@ class NodeJob:
             short = spares - len(others)  # spares adopted since: others (no rows of theirs) instead
             back = sorted(mine & away) + sorted(away - mine)[: max(short, 0)]
             if back:
-                co.own(operator, back)
+                with contextlib.suppress(InputEnded):
+                    co.own(operator, back)
             extra = others[spares:]
             if extra:
                 queued = self.release(operator, extra)

@@ -59,8 +59,9 @@ def cluster_inputs(plan) -> dict[str, KeyRoute]:
     for stage in plan.stages:
         if stage.kind == "keyed" and stage.input_gate not in fed:
             raise ValueError(
-                f"operator {stage.name!r} is keyed by something its input channel is not routed by: "
-                "on a cluster, a job that re-keys continues as a second job, through Spark"
+                f"operator {stage.name!r} is keyed by something its input is not routed by across "
+                "nodes: key its input right where it enters from a channel, a source or another "
+                "keyed operator"
             )
     return inputs
 

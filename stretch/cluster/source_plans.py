@@ -89,7 +89,7 @@ def split_sources(plan: JobPlan) -> tuple[JobPlan, list[SourceFeed]]:
             head = cut
             if strategy is not None:  # the node assigns timestamps; its writers give the watermarks
                 head = Step("assign", strategy, type_info, [cut], name="Timestamps/Watermarks")
-            channel = _unique(stage.name if i == 0 else f"{stage.name}-{i + 1}", taken)
+            channel = unique_name(stage.name if i == 0 else f"{stage.name}-{i + 1}", taken)
             channels.append(channel)
             fed = StageSpec(
                 stage.id if i == 0 else len(stages),
@@ -117,7 +117,7 @@ def split_sources(plan: JobPlan) -> tuple[JobPlan, list[SourceFeed]]:
         )
         feed.parts = feed.splits()
         feeds.append(feed)
-    _recount_producers(plan)
+    recount_producers(plan)
     return plan, feeds
 
 
@@ -161,7 +161,8 @@ def _cut(steps: list[Step], source: str, cuts: list, type_info) -> list[Step]:
     return out
 
 
-def _unique(name: str, taken: set) -> str:
+def unique_name(name: str, taken: set) -> str:
+    """``name``, or ``name-2``, ``name-3``...: the first not in ``taken`` (which it joins)."""
     candidate, n = name, 1
     while candidate in taken:
         n += 1
@@ -170,7 +171,7 @@ def _unique(name: str, taken: set) -> str:
     return candidate
 
 
-def _recount_producers(plan: JobPlan) -> None:
+def recount_producers(plan: JobPlan) -> None:
     """Which stages feed each gate and sink, as compile_plan counts them, for the new stages."""
     plan.gate_producers = {g: [] for g in plan.gate_producers}
     for sink in plan.sinks:

@@ -28,7 +28,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stretch.cluster.launchers import LocalNodes
 from stretch.cluster.source_feeder import PROGRESS_EVERY, FeedWriters, read_split
 from stretch.cluster.source_plans import DRIVER, NODES, SourceFeed
 from stretch.common import user_code
@@ -116,7 +115,7 @@ class JobSources:
     def _address(self) -> str:
         """How a node's reader reaches the cluster: its directory where every node is on this
         host (its writers then send through shared memory where they can), else its URL."""
-        return self.cluster.address if isinstance(self.cluster.launcher, LocalNodes) else self.cluster.url
+        return self.cluster.reach(self.job)["address"]
 
     def _read_here(self, split: _Split) -> None:
         """A split the driver holds, read in this thread."""

@@ -30,6 +30,7 @@ class Chain:
         self.roots = [_make(s, stage_name, outputs) for s in steps]
         self.functions = [f for r in self.roots for f in r.functions()]
         self.nodes = [n for r in self.roots for n in r.walk()]
+        self.chained_sinks = [n for n in self.nodes if isinstance(n, _ToChainedSink)]
 
     def open(self, runtime_context) -> None:
         for n in self.nodes:
@@ -67,6 +68,12 @@ class Chain:
                     r.forward(part)
             elif len(records):
                 r.push(records)
+
+    def flush(self) -> None:
+        """Chained sinks hand on what they hold back (SinkWriter.flush): called where the instance
+        may be seen past what it read, so nothing it produced before is still held there."""
+        for n in self.chained_sinks:
+            n.writer.flush()
 
     def emit(self, kind, value: int = 0, producer: int | None = None) -> None:
         """A watermark (or IDLE/LEAVE) of this producer (or of ``producer``, another instance of

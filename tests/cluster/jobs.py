@@ -363,3 +363,27 @@ def team_job() -> StreamExecutionEnvironment:
         .sink_to(ChannelSink("out"))
     )
     return env
+
+
+class UserTotal(KeyedProcessFunction):
+    """Per user: the running total, sent on keyed by the click's region."""
+
+    def open(self, runtime_context):
+        self.total = runtime_context.get_state(ValueStateDescriptor("total", Types.LONG()))
+
+    def process_element(self, value, ctx):
+        total = (self.total.value() or 0) + value[2]
+        self.total.update(total)
+        yield value[1], value[0], total
+
+
+class RegionSequence(KeyedProcessFunction):
+    """Per region: numbers each row it gets 1, 2, ... (a row taken twice or lost shows)."""
+
+    def open(self, runtime_context):
+        self.n = runtime_context.get_state(ValueStateDescriptor("n", Types.LONG()))
+
+    def process_element(self, value, ctx):
+        n = (self.n.value() or 0) + 1
+        self.n.update(n)
+        yield value[0], n, value[1], value[2]

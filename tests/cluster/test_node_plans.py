@@ -7,6 +7,7 @@ import pytest
 
 from stretch.cluster.key_routes import KeyRoute
 from stretch.cluster.node_plans import cluster_inputs
+from stretch.cluster.rekey_plans import split_rekeys
 from stretch.cluster.source_plans import split_sources
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
@@ -43,7 +44,7 @@ def test_a_channel_that_is_not_keyed_right_away_is_refused_with_the_reason():
         cluster_inputs(plan_of(env))
 
 
-def test_a_job_that_rekeys_or_reads_no_channel_is_refused():
+def test_a_job_that_rekeys_is_routed_once_split_and_one_reading_no_channel_is_refused():
     env = StreamExecutionEnvironment.get_execution_environment()
     (
         env.from_source(ChannelSource("in", PAIR), None, "in")
@@ -53,8 +54,13 @@ def test_a_job_that_rekeys_or_reads_no_channel_is_refused():
         .reduce(lambda a, b: a)
         .sink_to(ChannelSink("out"))
     )
-    with pytest.raises(ValueError, match="second job, through Spark"):
+    with pytest.raises(ValueError, match="not routed by across nodes"):  # until split_rekeys cuts it
         cluster_inputs(plan_of(env))
+    routes = cluster_inputs(split_rekeys(plan_of(env), {"job": "j", "address": "/x"})[0])
+    assert {channel: route.field for channel, route in routes.items()} == {
+        "in": 0,
+        "Keyed Reduce->Keyed Reduce-2": 1,
+    }
     env = StreamExecutionEnvironment.get_execution_environment()
     env.from_collection([("a", 1)], PAIR).key_by(0).reduce(lambda a, b: a).sink_to(ChannelSink("out"))
     with pytest.raises(ValueError, match="not an input channel"):  # until split_sources reads it into one

@@ -1,0 +1,90 @@
+"""The end of a forward's channel (cluster.rekey_plans): once the operator producing into it
+ended on every node the job runs on, every instance there has sent all it forwarded, so the
+channel is ended on every node, and the next operator ends there once it processed it.
+
+A forward has writers on every node (each instance of its producing operator), so no single
+writer can end it, as ``client.end(channel)`` ends a channel of outside writers. The driver asks
+the nodes instead, a few times a second, while a job with forwards has some not ended; a node
+that joins later gets the ends already given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from stretch.cluster.rekey_plans import Forward
+
+POLL_S = 0.1
+
+
+class ForwardEnds:
+    """The forwards of the jobs of ``cluster`` (a StretchCluster), and which were ended."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.forwards: dict[str, list[Forward]] = {}  # job -> its forwards
+        self.ended: dict[str, set[str]] = {}  # job -> the channels of its forwards ended everywhere
+        self.lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, job: str, forwards: list[Forward]) -> None:
+        """Watch the forwards of ``job``."""
+        if not forwards:
+            return
+        with self.lock:
+            self.forwards[job], self.ended[job] = list(forwards), set()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="stretch-forward-ends", daemon=True)
+                self._thread.start()
+
+    def ran_on(self, job: str, nodes: list[str]) -> None:
+        """``job`` runs on ``nodes`` now: the forwards ended already end there too."""
+        with self.lock:
+            ended = sorted(self.ended.get(job, ()))
+        for node in nodes:
+            for channel in ended:
+                self._end(node, job, channel)
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _watch(self) -> None:
+        while not self.cluster.stopping.wait(POLL_S):
+            with self.lock:
+                pending = {
+                    job: [f for f in fs if f.channel not in self.ended[job]]
+                    for job, fs in self.forwards.items()
+                }
+            for job, forwards in pending.items():
+                if forwards:
+                    self._check(job, forwards)
+
+    def _check(self, job: str, forwards: list[Forward]) -> None:
+        """End the forwards of ``job`` whose producing operator ended on every node; stop
+        watching a job cancelled or failed anywhere."""
+        nodes = list(self.cluster.nodes)
+        ended: set[str] | None = None
+        for node in nodes:
+            try:
+                reply = self.cluster.connection.action(node, "ended_operators", {"job": job})
+            except Exception:  # a node gone or not up yet: ask again
+                return
+            if reply["status"] in ("CANCELED", "FAILED"):
+                with self.lock:
+                    self.forwards.pop(job, None)
+                return
+            if reply["status"] is None:  # the job is not there yet
+                return
+            ended = set(reply["ended"]) if ended is None else ended & set(reply["ended"])
+        for forward in forwards:
+            if ended and forward.source in ended:
+                for node in nodes:
+                    self._end(node, job, forward.channel)
+                with self.lock:
+                    self.ended[job].add(forward.channel)
+
+    def _end(self, node: str, job: str, channel: str) -> None:
+        with contextlib.suppress(Exception):  # ended already, or the node is gone
+            self.cluster.connection.action(node, "end", {"job": job, "channel": channel})

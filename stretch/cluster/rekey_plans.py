@@ -1,0 +1,147 @@
+"""A job that re-keys, on a cluster: each edge from one keyed operator into another becomes a
+forward, so the rows go to the node owning their key group of the next operator.
+
+On one machine a keyed operator's output reaches the next keyed operator's gate through a
+``to_gate`` step that keys it again. Across nodes the next key group may be anywhere, so
+``split_rekeys`` cuts the plan there, as ``source_plans`` cuts a source: the producing operator's
+step becomes a chained sink (``ForwardSink``) that writes its records through the cluster's
+writers into an input channel of the job named after the edge (``"totals->regions"``), and the
+node plan reads that channel with the steps from the cut on, as it reads any input channel.
+Everything a node plan accepts for an input channel it then accepts for a forward: fields or key
+selector functions, the inputs of a join.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from stretch.cluster.forward_sink import ForwardSink
+from stretch.cluster.node_plans import event_time
+from stretch.cluster.source_plans import recount_producers, unique_name
+from stretch.datastream.broadcast_stream import input_side
+from stretch.datastream.connectors.channel import ChannelSource
+from stretch.plan.stages import JobPlan, SinkSpec, StageSpec, Step, walk_steps
+
+
+@dataclass
+class Forward:
+    """One re-keying edge: ``source`` operator's records into input channel ``channel``, whose
+    source stage feeds ``target`` (a keyed operator, or one input of a two-input one)."""
+
+    source: str
+    target: str
+    channel: str
+
+
+def split_rekeys(plan: JobPlan, reach: dict) -> tuple[JobPlan, list[Forward]]:
+    """The node plan (each keyed operator's output into another keyed operator now written to an
+    input channel of its own by a ForwardSink, given ``reach``: how a node's writers reach the
+    cluster, see ForwardSink) and its forwards. A plan that does not re-key comes back as it is."""
+    if not any(_cuts_in(s.chain) for s in plan.stages if s.kind == "keyed"):
+        return plan, []
+    plan = copy.copy(plan)
+    stages = plan.stages = list(plan.stages)
+    plan.sinks = list(plan.sinks)
+    plan.gate_producers = dict(plan.gate_producers)
+    taken = {getattr(s.source, "channel_name", None) for s in stages} | {
+        getattr(s.sink, "channel_name", None) for s in plan.sinks
+    }
+    forwards: list[Forward] = []
+    for index, original in enumerate(list(stages)):
+        if original.kind != "keyed" or not _cuts_in(original.chain):
+            continue
+        stage = stages[index] = copy.copy(original)
+        cuts: list[tuple[Step, object]] = []
+        stage.chain = _cut(stage.chain, cuts, stage.operator.output_type)
+        for head, type_info in cuts:
+            target = _target(head)
+            channel = unique_name(f"{stage.name}->{target}", taken)
+            sink_id = len(plan.sinks)
+            plan.sinks.append(
+                SinkSpec(
+                    sink_id, channel, ForwardSink(channel, reach), [stage.id], stage.parallelism, type_info
+                )
+            )
+            _point(stage.chain, head, sink_id)
+            stages.append(
+                StageSpec(
+                    len(stages),
+                    channel,
+                    "source",
+                    1,
+                    stage.max_parallelism,
+                    [head],
+                    source=ChannelSource(channel, type_info, durable=False),
+                    direct=head.kind == "to_gate" and head.key is not None and head.key.field is not None,
+                    batch=stage.batch,
+                )
+            )
+            forwards.append(Forward(stage.name, target, channel))
+    recount_producers(plan)
+    return plan, forwards
+
+
+def refuse_forwards(job: str, plan: JobPlan, forwards: list[Forward], config) -> None:
+    """A ValueError if ``job`` re-keys in a way a cluster does not run yet, saying why."""
+    if not forwards:
+        return
+    edge = f"{forwards[0].source!r} -> {forwards[0].target!r}"
+    if config.checkpointing:
+        raise ValueError(
+            f"job {job!r} re-keys ({edge}) and is checkpointed: on a cluster the rows a node forwards "
+            "to another are not yet named for a replay after a node dies, so a restored node would "
+            "forward them twice; run it without checkpointing on a cluster, or on one node engine"
+        )
+    for stage in plan.stages:
+        for step in walk_steps(stage.chain):
+            if step.kind == "assign" and event_time(step.fn) is not None:
+                raise ValueError(
+                    f"job {job!r} re-keys ({edge}) and has event time: on a cluster a forward does "
+                    "not carry watermarks from node to node yet; re-key through Spark (a second job), "
+                    "or run it on one node engine"
+                )
+
+
+def _is_cut(step: Step) -> bool:
+    """A step where records enter a keyed operator: a ``to_gate``, or the tagging of one input of
+    a two-input operator (a join, a co-group, a connected stream), whose child is the ``to_gate``."""
+    return step.kind == "to_gate" or input_side(step.fn) is not None
+
+
+def _cuts_in(steps: list[Step]) -> bool:
+    return any(_is_cut(s) or _cuts_in(s.children) for s in steps)
+
+
+def _cut(steps: list[Step], cuts: list, type_info) -> list[Step]:
+    """``steps`` with every subtree that starts at a cut replaced by a chained sink (its sink id
+    set by ``_point`` once the cut has a channel), the cut appended to ``cuts`` with the type of
+    the records reaching it."""
+    out = []
+    for step in steps:
+        if _is_cut(step):
+            out.append(Step("to_chained_sink", fn=step, name=f"-> {_target(step)}"))
+            cuts.append((step, type_info))
+        else:
+            kept = copy.copy(step)
+            kept.children = _cut(
+                step.children, cuts, type_info if step.kind == "filter" else step.output_type
+            )
+            out.append(kept)
+    return out
+
+
+def _point(steps: list[Step], head: Step, sink_id: int) -> None:
+    """Point the chained sink that replaced ``head`` at sink ``sink_id``."""
+    for step in steps:
+        if step.kind == "to_chained_sink" and step.fn is head:
+            step.fn, step.sink = None, sink_id
+            return
+        _point(step.children, head, sink_id)
+
+
+def _target(step: Step) -> str:
+    """The keyed operator a cut's records enter."""
+    while step.kind != "to_gate":
+        step = step.children[0]
+    return step.name or f"gate {step.gate}"

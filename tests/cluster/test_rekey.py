@@ -1,0 +1,173 @@
+"""Re-keying across nodes: a job keyed by user, then by region, runs on a cluster with the results
+of a plain-Python sequential model, per key in order, each row once, through node changes at 1,
+2 and 3 nodes (cluster.rekey_plans, cluster.forward_sink, cluster.forward_ends)."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from stretch.cluster import StretchCluster
+from stretch.cluster.rekey_plans import split_rekeys
+from stretch.common import Duration, Types, WatermarkStrategy
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from tests.cluster.jobs import RegionSequence, UserTotal
+from tests.cluster.test_source_plans import plan_of
+
+CLICK = Types.TUPLE([Types.STRING(), Types.STRING(), Types.LONG()])  # user, region, amount
+PER_USER = Types.TUPLE([Types.STRING(), Types.STRING(), Types.LONG()])  # region, user, user's total
+PER_REGION = Types.TUPLE(
+    [Types.STRING(), Types.LONG(), Types.STRING(), Types.LONG()]
+)  # region, n, user, total
+# The default run keeps 2 nodes (rows cross nodes there); 1 and 3 nodes are long runs.
+NODE_COUNTS = [pytest.param(1, marks=pytest.mark.long), 2, pytest.param(3, marks=pytest.mark.long)]
+
+
+def rekeyed_job(parallelism=2, by_function=False):
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(parallelism)
+    users = env.from_source(ChannelSource("in", CLICK), None, "in").key_by(
+        (lambda r: r[0]) if by_function else 0
+    )
+    per_user = users.process(UserTotal(), PER_USER).name("users")
+    regions = per_user.key_by((lambda r: r[0]) if by_function else 0)
+    regions.process(RegionSequence(), PER_REGION).name("regions").sink_to(ChannelSink("out"))
+    return env
+
+
+def clicks(n, users=60, regions=7, seed=1):
+    rng = random.Random(seed)
+    return [
+        (f"u{rng.randrange(users)}", f"r{rng.randrange(regions)}", rng.randrange(1, 10)) for _ in range(n)
+    ]
+
+
+def model(rows):
+    """The plain-Python sequential job: per user its running total, per region its rows numbered."""
+    totals, per_region = {}, {}
+    for user, region, amount in rows:
+        totals[user] = totals.get(user, 0) + amount
+        per_region.setdefault(region, []).append((user, totals[user]))
+    return per_region
+
+
+def check(got, rows):
+    """Each region's rows numbered 1..n exactly once, the (user, total) pairs the model's, and
+    each user's totals in a region in the model's order (per-key order kept across nodes)."""
+    want = model(rows)
+    by_region = {}
+    for region, n, user, total in got:
+        by_region.setdefault(region, []).append((n, user, total))
+    assert sorted(by_region) == sorted(want)
+    for region, entries in by_region.items():
+        entries.sort()
+        assert [n for n, _u, _t in entries] == list(range(1, len(want[region]) + 1)), region
+        assert sorted((u, t) for _n, u, t in entries) == sorted(want[region]), region
+        for user in {u for _n, u, _t in entries}:
+            assert [t for _n, u, t in entries if u == user] == [t for u, t in want[region] if u == user]
+
+
+def run(cluster, rows, env, batches=10, during=None, before_end=lambda: None):
+    client = env.execute_async("rekeyed", cluster=cluster)
+    size = len(rows) // batches
+    with client.writer("in") as writer:
+        for i in range(batches):
+            writer.write(rows[i * size : (i + 1) * size], query="q", batch=i)
+            if during is not None and i == batches // 2:
+                during(writer, i)
+    before_end()
+    client.end("in")
+    assert set(client.wait(120).values()) == {"FINISHED"}
+    return [tuple(r) for r in client.open_reader("out")]
+
+
+@pytest.mark.parametrize("nodes", NODE_COUNTS)
+def test_a_job_keyed_by_user_then_by_region_matches_the_model(nodes, tmp_path):
+    rows = clicks(4000)
+    with StretchCluster.local(nodes=nodes, directory=tmp_path / "cluster") as cluster:
+        got = run(cluster, rows, rekeyed_job())
+    check(got, rows)
+
+
+def test_re_keying_by_functions_across_nodes_matches_the_model(tmp_path):
+    rows = clicks(3000, seed=2)
+    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
+        got = run(cluster, rows, rekeyed_job(by_function=True))
+    check(got, rows)
+
+
+@pytest.mark.parametrize("nodes", NODE_COUNTS)
+def test_re_keying_through_a_node_added_and_one_removed_keeps_every_row_once(nodes, tmp_path):
+    rows = clicks(12000, seed=3)
+    with StretchCluster.local(nodes=nodes, directory=tmp_path / "cluster") as cluster:
+        changes = []
+
+        def change(writer, i):  # while the rows written so far are forwarded between nodes
+            changes.append(cluster.add_node())
+            changes.append(cluster.remove_node(cluster.nodes[0]))
+
+        got = run(cluster, rows, rekeyed_job(), batches=20, during=change)
+    assert [r.key_groups_moved > 0 for r in changes] == [True, True]
+    check(got, rows)
+
+
+def test_re_keying_while_nodes_change_concurrently_with_the_writes(tmp_path):
+    rows = clicks(20000, seed=4)
+    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
+        done = threading.Event()
+        changes = []
+
+        def churn():
+            changes.append(cluster.add_node())
+            changes.append(cluster.remove_node(cluster.nodes[0]))
+            done.set()
+
+        thread = threading.Thread(target=churn)
+        got = run(
+            cluster,
+            rows,
+            rekeyed_job(),
+            batches=40,
+            during=lambda w, i: thread.start(),
+            before_end=lambda: thread.join(120),
+        )
+    assert done.is_set() and len(changes) == 2
+    check(got, rows)
+
+
+def test_the_cut_writes_each_edge_into_an_input_channel_of_its_own():
+    env = rekeyed_job()
+    plan, forwards = split_rekeys(plan_of(env), {"job": "j", "address": "/x"})
+    assert [(f.source, f.target, f.channel) for f in forwards] == [("users", "regions", "users->regions")]
+    sources = {s.source.channel_name: s for s in plan.stages if s.kind == "source"}
+    assert set(sources) == {"in", "users->regions"}
+    regions = plan.stage("regions")
+    assert plan.gate_producers[regions.input_gate] == [sources["users->regions"].id]
+    assert sources["users->regions"].direct  # keyed by a field: writers append straight into the gate
+
+
+def test_a_checkpointed_job_that_re_keys_is_refused_saying_why(tmp_path):
+    env = rekeyed_job()
+    env.enable_checkpointing(1000)
+    with StretchCluster.local(
+        nodes=1, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck"
+    ) as cluster:
+        with pytest.raises(ValueError, match=r"re-keys .*'users' -> 'regions'.* checkpointed"):
+            env.execute_async("rekeyed", cluster=cluster)
+
+
+def test_an_event_time_job_that_re_keys_is_refused_saying_why(tmp_path):
+    env = StreamExecutionEnvironment.get_execution_environment()
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(5)).with_timestamp_assigner(
+        "f2"
+    )
+    users = env.from_source(ChannelSource("in", CLICK), strategy, "in").key_by(0)
+    users.process(UserTotal(), PER_USER).name("users").key_by(0).process(RegionSequence(), PER_REGION).name(
+        "regions"
+    ).sink_to(ChannelSink("out"))
+    with StretchCluster.local(nodes=1, directory=tmp_path / "cluster") as cluster:
+        with pytest.raises(ValueError, match=r"re-keys .* event time"):
+            env.execute_async("rekeyed", cluster=cluster)
