@@ -72,9 +72,9 @@ def per_record_job(parallelism: int) -> StreamExecutionEnvironment:
     return env
 
 
-def processed(describe: dict) -> int:
-    """Events the per-record operator took so far, from a job's ``describe()``."""
-    return sum(o["records_in"] for o in describe["operators"] if o["name"] == "count")
+def processed(describe: dict, operator: str = "count") -> int:
+    """Events ``operator`` took so far, from a job's ``describe()``."""
+    return sum(o["records_in"] for o in describe["operators"] if o["name"] == operator)
 
 
 def timed_run(writer, data: list[pa.RecordBatch], progress, named: bool) -> float:
@@ -133,12 +133,15 @@ def tree_cpu(pids: list[int]) -> float:
     return total
 
 
-def cluster_run(nodes: int, data: list[pa.RecordBatch], pinned: bool, parallelism: int) -> dict:
-    """The per-record job on a local cluster of ``nodes``: ``meps`` (M events/s), ``writer`` (the
-    share of the machine's cores the writer, this process, used), ``node_share`` (of a core, each
-    node's processes on average) and ``cpu_us`` (the nodes' CPU microseconds per event)."""
+def cluster_run(
+    nodes: int, data: list[pa.RecordBatch], pinned: bool, parallelism: int, job=None, last: str = "count"
+) -> dict:
+    """The per-record job (or ``job(parallelism)``, done once ``last`` took every event) on a
+    local cluster of ``nodes``: ``meps`` (M events/s), ``writer`` (the share of the machine's cores
+    the writer, this process, used), ``node_share`` (of a core, each node's processes on average)
+    and ``cpu_us`` (the nodes' CPU microseconds per event)."""
     with StretchCluster.local(nodes=nodes) as cluster:
-        client = per_record_job(parallelism).execute_async(
+        client = (job or per_record_job)(parallelism).execute_async(
             f"scaleout {nodes} {time.time_ns()}", cluster=cluster
         )
         if pinned:
@@ -149,7 +152,8 @@ def cluster_run(nodes: int, data: list[pa.RecordBatch], pinned: bool, parallelis
             pin_nodes(cluster)  # what started meanwhile
         pids = list(cluster.launcher.pids().values())
         before, used, w0 = cpu_seconds(os.getpid()), tree_cpu(pids), time.perf_counter()
-        elapsed = timed_run(writer, data, lambda: sum(processed(d) for d in client.describe().values()), True)
+        progress = lambda: sum(processed(d, last) for d in client.describe().values())  # noqa: E731
+        elapsed = timed_run(writer, data, progress, True)
         wall = time.perf_counter() - w0
         share = (cpu_seconds(os.getpid()) - before) / wall / os.cpu_count()
         used = tree_cpu(pids) - used
@@ -164,12 +168,12 @@ def cluster_run(nodes: int, data: list[pa.RecordBatch], pinned: bool, parallelis
     }
 
 
-def engine_run(data: list[pa.RecordBatch], parallelism: int) -> float:
-    """Events per second (M) of the per-record job on the node engine alone."""
-    client = per_record_job(parallelism).execute_async(f"scaleout engine {time.time_ns()}")
+def engine_run(data: list[pa.RecordBatch], parallelism: int, job=None, last: str = "count") -> float:
+    """Events per second (M) of the per-record job (or ``job``) on the node engine alone."""
+    client = (job or per_record_job)(parallelism).execute_async(f"scaleout engine {time.time_ns()}")
     writer = channels.open_writer(client, "w1")
     time.sleep(SETTLE)
-    elapsed = timed_run(writer, data, lambda: processed(client.describe()), False)
+    elapsed = timed_run(writer, data, lambda: processed(client.describe(), last), False)
     client.cancel()
     return sum(b.num_rows for b in data) / elapsed / 1e6
 
