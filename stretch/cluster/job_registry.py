@@ -11,6 +11,7 @@ import dataclasses
 import threading
 
 from stretch.cluster.directory import JOBS
+from stretch.cluster.forward_sink import ForwardSink
 from stretch.cluster.key_routes import encode_routes
 from stretch.cluster.node_plans import broadcast_channels, cluster_inputs
 from stretch.common import user_code
@@ -68,6 +69,9 @@ class JobRegistry:
             "routes": encode_routes(inputs),  # the key selector functions writers run
             "types": types,
         }
+        forwards = [s.sink.channel for s in plan.sinks if isinstance(s.sink, ForwardSink)]
+        if forwards:  # it re-keys across nodes (cluster.rekey_plans): no stage can run it
+            jobs[name]["forwards"] = forwards
         if broadcast:  # writers send their rows to every node (client.Members)
             jobs[name]["broadcast"] = broadcast
             self.broadcast.add(name)

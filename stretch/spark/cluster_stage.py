@@ -37,6 +37,14 @@ class ClusterStage:
         cluster = client.cluster
         self.name, self.into, self.out = client.name, into, out
         self.connection = cluster.connection
+        forwards = self.connection.jobs().get(self.name, {}).get("forwards")
+        if forwards:
+            raise ValueError(
+                f"job {self.name!r} re-keys across nodes ({forwards[0]}): the results of a task's "
+                "rows come from other nodes than the ones taking them, so a stage cannot return them; "
+                "write with format('stretch').option('cluster', ...) and read the output channel "
+                "with spark.readStream, or run the job on one node engine"
+            )
         remote = not is_loopback(cluster.host)
         self.address = cluster.url if remote else cluster.address
         self.secret = cluster.secret if remote else None

@@ -106,6 +106,20 @@ def test_append_and_update_mode_give_each_task_the_results_its_rows_caused_on_ev
     assert latest == sorted(totals.items())  # each key once, its latest total
 
 
+def test_a_job_that_re_keys_across_nodes_is_refused_by_the_stage_saying_why(spark):
+    """Its results come from the nodes owning the next key groups, not from those taking a
+    task's rows: the stage cannot return them, and says what to do instead."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    totals = env.from_source(ChannelSource("in", RECORD), None, "in").key_by(0).sum(1).name("totals")
+    totals.key_by(1).sum(0).name("by total").sink_to(ChannelSink("out"))
+    with StretchCluster.local(nodes=1) as cluster:
+        client = env.execute_async("re-keyed stage", cluster=cluster)
+        df = spark.createDataFrame([(1, 2)], "user long, amount long")
+        with pytest.raises(ValueError, match=r"re-keys across nodes \(totals->by total\).*readStream"):
+            stage(df, client, into="in", out="out")
+        client.cancel()
+
+
 @pytest.mark.long
 def test_append_and_update_mode_are_exact_through_a_task_retried_after_a_node_joined(spark, tmp_path):
     """The first attempt of micro-batch 1's tasks asks the cluster's driver for a node, then fails
