@@ -175,23 +175,9 @@ def prepared(events: int, files: int, work_dir: str | None, verbose: bool, out, 
 
 
 def _pipeline(spark, client, work: Path, events, schedule, files_per_trigger, plot, out) -> dict:
-    from stretch.spark import stage  # Spark is started by now
-
     started = time.monotonic()
     parallelism = client.describe()["operators"][0]["parallelism"]
-    clicks = (
-        spark.readStream.schema("user BIGINT, ts BIGINT, amount DOUBLE")
-        .option("maxFilesPerTrigger", files_per_trigger)  # watermarks order the files of a micro-batch
-        .parquet(str(work / "clicks"))
-    )
-    query = (
-        stage(clicks, client, into="clicks", out="per_user")  # one query: the job is a stage of it
-        .writeStream.format("parquet")
-        .option("path", str(work / "results" / "streamed"))
-        .option("checkpointLocation", str(work / "checkpoints"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = stage_query(spark, client, work, files_per_trigger)
     out(
         f"  one Spark query: clicks -> stretch job {JOB!r} (parallelism {parallelism}) -> Parquet, rescaling live to {schedule}"
     )
@@ -252,6 +238,26 @@ def _pipeline(spark, client, work: Path, events, schedule, files_per_trigger, pl
         _plot(samples, latencies, path)
         out(f"  plot: {path}")
     return summary
+
+
+def stage_query(spark, client, work: Path, files_per_trigger: int):
+    """Start Spark's query with the job as its stage: clicks in, the windows the stream closes out as
+    Parquet (``results/streamed``). One for both demos, so that they differ only in where the job runs."""
+    from stretch.spark import stage  # Spark is started by now
+
+    clicks = (
+        spark.readStream.schema("user BIGINT, ts BIGINT, amount DOUBLE")
+        .option("maxFilesPerTrigger", files_per_trigger)  # watermarks order the files of a micro-batch
+        .parquet(str(work / "clicks"))
+    )
+    return (
+        stage(clicks, client, into="clicks", out="per_user")  # one query: the job is a stage of it
+        .writeStream.format("parquet")
+        .option("path", str(work / "results" / "streamed"))
+        .option("checkpointLocation", str(work / "checkpoints"))
+        .trigger(availableNow=True)
+        .start()
+    )
 
 
 def _warm_python_workers(spark) -> None:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from stretch.cluster import StretchCluster
-from stretch.demo import JOB, define_job, expected_windows, prepared
+from stretch.demo import JOB, define_job, expected_windows, prepared, stage_query
 
 
 def run(
@@ -30,24 +30,10 @@ def run(
 
 
 def _pipeline(spark, work: Path, events: int, nodes: int, files_per_trigger: int, plot: bool, out) -> dict:
-    from stretch.spark import stage  # Spark is started by now
-
     with StretchCluster.local(nodes=nodes) as cluster:
         client = define_job(parallelism=1).execute_async(JOB, cluster=cluster)
         started = time.monotonic()
-        clicks = (
-            spark.readStream.schema("user BIGINT, ts BIGINT, amount DOUBLE")
-            .option("maxFilesPerTrigger", files_per_trigger)
-            .parquet(str(work / "clicks"))
-        )
-        query = (
-            stage(clicks, client, into="clicks", out="per_user")
-            .writeStream.format("parquet")
-            .option("path", str(work / "results" / "streamed"))
-            .option("checkpointLocation", str(work / "checkpoints"))
-            .trigger(availableNow=True)
-            .start()
-        )
+        query = stage_query(spark, client, work, files_per_trigger)
         out(
             f"  one Spark query: clicks -> stretch job {JOB!r} on {nodes} nodes -> Parquet; "
             "a node is added, then one removed, live"
