@@ -11,7 +11,15 @@ import time
 from pathlib import Path
 
 from stretch.cluster import StretchCluster
-from stretch.demo import JOB, define_job, expected_windows, prepared, stage_query
+from stretch.demo import (
+    JOB,
+    define_job,
+    expected_windows,
+    matches,
+    prepared,
+    result_windows,
+    stage_query,
+)
 
 
 def run(
@@ -45,25 +53,13 @@ def _pipeline(spark, work: Path, events: int, nodes: int, files_per_trigger: int
         client.end("clicks")  # the end of the input closes the windows still open
         status = client.wait()
         seconds = time.monotonic() - started
-        got: dict = {}
-        for r in client.open_reader("per_user"):  # every result of every node, removed ones too
-            key = (r["key"], r["window_start"])
-            got[key] = (r["count"], r["sum_amount"]) if key not in got else None  # None: twice
+        got = result_windows(client.open_reader("per_user"))  # every node's results, removed ones' too
         streamed = {
             (r["key"], r["window_start"])
             for r in spark.read.parquet(str(work / "results" / "streamed")).collect()
         }
     want = expected_windows(work / "clicks")
-    correct = (
-        got.keys() == want.keys()
-        and streamed <= want.keys()
-        and all(
-            got[k] is not None
-            and got[k][0] == want[k][0]
-            and abs(got[k][1] - want[k][1]) < 1e-6 * max(1.0, abs(want[k][1]))
-            for k in want
-        )
-    )
+    correct = matches(got, want) and streamed <= want.keys()
     finished = all(s == "FINISHED" for s in status.values())
     summary = {
         "events": events,
