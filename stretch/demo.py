@@ -85,6 +85,25 @@ def matches(got: dict, want: dict) -> bool:
     )
 
 
+def summarize(out, events, got, seconds, correct, status, where, note="", **details) -> dict:
+    """Print the closing line and return the summary (``stretch demo``'s exit code reads it): one
+    for both demos, so that their runs read and compare alike; ``details`` are a demo's own."""
+    out(
+        f"done: {events:,} clicks -> {len(got):,} per-user windows in {seconds:.1f}s "
+        f"({events / seconds:,.0f} clicks/s end to end){where}; results "
+        f"{'match' if correct else 'DO NOT match'} a plain-Python computation of the same windows{note}"
+    )
+    return {
+        "events": events,
+        "windows": len(got),
+        "seconds": round(seconds, 2),
+        "events_per_second": round(events / seconds),
+        **details,
+        "results_match_reference": correct,
+        "status": status,
+    }
+
+
 def spark_session(log: Path | None = None):
     """Local Spark; its JVM's own output (and its Python workers') goes to ``log`` if given."""
     from pyspark.sql import SparkSession
@@ -225,23 +244,18 @@ def _pipeline(spark, client, work: Path, events, schedule, files_per_trigger, pl
         for r in spark.read.parquet(str(work / "results" / part)).collect()
     )
     correct = matches(got, expected_windows(work / "clicks"))
-    rescales = client.describe()["rescales"]
-    summary = {
-        "events": events,
-        "windows": len(got),
-        "seconds": round(job_seconds, 2),
-        "events_per_second": round(events / job_seconds),
-        "rescales": [
+    summary = summarize(
+        out,
+        events,
+        got,
+        job_seconds,
+        correct,
+        status=status.name,
+        where=f", job {status.name}",
+        rescales=[
             {k: r[k] for k in ("old_parallelism", "new_parallelism", "elapsed_ms", "state_bytes_copied")}
-            for r in rescales
+            for r in client.describe()["rescales"]
         ],
-        "results_match_reference": correct,
-        "status": status.name,
-    }
-    out(
-        f"done: {events:,} clicks -> {len(got):,} per-user windows in {job_seconds:.1f}s "
-        f"({events / job_seconds:,.0f} clicks/s end to end), job {status.name}; results "
-        f"{'match' if correct else 'DO NOT match'} a plain-Python computation of the same windows"
     )
     out(f"  results: {work / 'results'} (Parquet, written by Spark)")
     latencies = _latencies(client, started, input_ended)

@@ -19,6 +19,7 @@ from stretch.demo import (
     prepared,
     result_windows,
     stage_query,
+    summarize,
 )
 
 
@@ -61,20 +62,16 @@ def _pipeline(spark, work: Path, events: int, nodes: int, files_per_trigger: int
     want = expected_windows(work / "clicks")
     correct = matches(got, want) and streamed <= want.keys()
     finished = all(s == "FINISHED" for s in status.values())
-    summary = {
-        "events": events,
-        "windows": len(got),
-        "seconds": round(seconds, 2),
-        "events_per_second": round(events / seconds),
-        "node_changes": changes,
-        "results_match_reference": correct,
-        "status": "FINISHED" if finished else ", ".join(f"{n} {s}" for n, s in status.items()),
-    }
-    out(
-        f"done: {events:,} clicks -> {len(got):,} per-user windows in {seconds:.1f}s "
-        f"({events / seconds:,.0f} clicks/s end to end) on nodes {', '.join(status)}; results "
-        f"{'match' if correct else 'DO NOT match'} a plain-Python computation of the same windows "
-        f"({len(streamed):,} of them came back through the query, the rest at the end of the input)"
+    summary = summarize(
+        out,
+        events,
+        got,
+        seconds,
+        correct,
+        status="FINISHED" if finished else ", ".join(f"{n} {s}" for n, s in status.items()),
+        where=f" on nodes {', '.join(status)}",
+        note=f" ({len(streamed):,} of them came back through the query, the rest at the end of the input)",
+        node_changes=changes,
     )
     if plot:
         path = Path.cwd() / "stretch-demo.png"
