@@ -64,6 +64,46 @@ def expected_windows(directory: Path) -> dict:
     return out
 
 
+def result_windows(rows) -> dict:
+    """(user, window start) -> (count, sum) of the job's result rows; None for a window that came
+    twice, so that a duplicate fails the comparison instead of hiding behind its last copy."""
+    out: dict = {}
+    for r in rows:
+        key = (r["key"], r["window_start"])
+        out[key] = (r["count"], r["sum_amount"]) if key not in out else None
+    return out
+
+
+def matches(got: dict, want: dict) -> bool:
+    """Every reference window once, with its count and, to rounding, its sum: one check for both
+    demos, so that a cluster is held to the same standard as one machine."""
+    return got.keys() == want.keys() and all(
+        got[k] is not None
+        and got[k][0] == want[k][0]
+        and abs(got[k][1] - want[k][1]) < 1e-6 * max(1.0, abs(want[k][1]))
+        for k in want
+    )
+
+
+def summarize(out, events, got, seconds, correct, status, where, note="", **details) -> dict:
+    """Print the closing line and return the summary (``stretch demo``'s exit code reads it): one
+    for both demos, so that their runs read and compare alike; ``details`` are a demo's own."""
+    out(
+        f"done: {events:,} clicks -> {len(got):,} per-user windows in {seconds:.1f}s "
+        f"({events / seconds:,.0f} clicks/s end to end){where}; results "
+        f"{'match' if correct else 'DO NOT match'} a plain-Python computation of the same windows{note}"
+    )
+    return {
+        "events": events,
+        "windows": len(got),
+        "seconds": round(seconds, 2),
+        "events_per_second": round(events / seconds),
+        **details,
+        "results_match_reference": correct,
+        "status": status,
+    }
+
+
 def spark_session(log: Path | None = None):
     """Local Spark; its JVM's own output (and its Python workers') goes to ``log`` if given."""
     from pyspark.sql import SparkSession
@@ -175,23 +215,9 @@ def prepared(events: int, files: int, work_dir: str | None, verbose: bool, out, 
 
 
 def _pipeline(spark, client, work: Path, events, schedule, files_per_trigger, plot, out) -> dict:
-    from stretch.spark import stage  # Spark is started by now
-
     started = time.monotonic()
     parallelism = client.describe()["operators"][0]["parallelism"]
-    clicks = (
-        spark.readStream.schema("user BIGINT, ts BIGINT, amount DOUBLE")
-        .option("maxFilesPerTrigger", files_per_trigger)  # watermarks order the files of a micro-batch
-        .parquet(str(work / "clicks"))
-    )
-    query = (
-        stage(clicks, client, into="clicks", out="per_user")  # one query: the job is a stage of it
-        .writeStream.format("parquet")
-        .option("path", str(work / "results" / "streamed"))
-        .option("checkpointLocation", str(work / "checkpoints"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = stage_query(spark, client, work, files_per_trigger)
     out(
         f"  one Spark query: clicks -> stretch job {JOB!r} (parallelism {parallelism}) -> Parquet, rescaling live to {schedule}"
     )
@@ -212,35 +238,24 @@ def _pipeline(spark, client, work: Path, events, schedule, files_per_trigger, pl
         .write.parquet(str(work / "results" / "closed_at_end"))
     )
     job_seconds = time.monotonic() - started  # the last result is written
-    got = {}
-    for part in ("streamed", "closed_at_end"):
-        for r in spark.read.parquet(str(work / "results" / part)).collect():
-            key = (r["key"], r["window_start"])
-            got[key] = (r["count"], r["sum_amount"]) if key not in got else None  # None: twice
-    want = expected_windows(work / "clicks")
-    correct = got.keys() == want.keys() and all(
-        got[k] is not None
-        and got[k][0] == want[k][0]
-        and abs(got[k][1] - want[k][1]) < 1e-6 * max(1.0, abs(want[k][1]))
-        for k in want
+    got = result_windows(
+        r
+        for part in ("streamed", "closed_at_end")
+        for r in spark.read.parquet(str(work / "results" / part)).collect()
     )
-    rescales = client.describe()["rescales"]
-    summary = {
-        "events": events,
-        "windows": len(got),
-        "seconds": round(job_seconds, 2),
-        "events_per_second": round(events / job_seconds),
-        "rescales": [
+    correct = matches(got, expected_windows(work / "clicks"))
+    summary = summarize(
+        out,
+        events,
+        got,
+        job_seconds,
+        correct,
+        status=status.name,
+        where=f", job {status.name}",
+        rescales=[
             {k: r[k] for k in ("old_parallelism", "new_parallelism", "elapsed_ms", "state_bytes_copied")}
-            for r in rescales
+            for r in client.describe()["rescales"]
         ],
-        "results_match_reference": correct,
-        "status": status.name,
-    }
-    out(
-        f"done: {events:,} clicks -> {len(got):,} per-user windows in {job_seconds:.1f}s "
-        f"({events / job_seconds:,.0f} clicks/s end to end), job {status.name}; results "
-        f"{'match' if correct else 'DO NOT match'} a plain-Python computation of the same windows"
     )
     out(f"  results: {work / 'results'} (Parquet, written by Spark)")
     latencies = _latencies(client, started, input_ended)
@@ -252,6 +267,26 @@ def _pipeline(spark, client, work: Path, events, schedule, files_per_trigger, pl
         _plot(samples, latencies, path)
         out(f"  plot: {path}")
     return summary
+
+
+def stage_query(spark, client, work: Path, files_per_trigger: int):
+    """Start Spark's query with the job as its stage: clicks in, the windows the stream closes out as
+    Parquet (``results/streamed``). One for both demos, so that they differ only in where the job runs."""
+    from stretch.spark import stage  # Spark is started by now
+
+    clicks = (
+        spark.readStream.schema("user BIGINT, ts BIGINT, amount DOUBLE")
+        .option("maxFilesPerTrigger", files_per_trigger)  # watermarks order the files of a micro-batch
+        .parquet(str(work / "clicks"))
+    )
+    return (
+        stage(clicks, client, into="clicks", out="per_user")  # one query: the job is a stage of it
+        .writeStream.format("parquet")
+        .option("path", str(work / "results" / "streamed"))
+        .option("checkpointLocation", str(work / "checkpoints"))
+        .trigger(availableNow=True)
+        .start()
+    )
 
 
 def _warm_python_workers(spark) -> None:

@@ -11,7 +11,16 @@ import time
 from pathlib import Path
 
 from stretch.cluster import StretchCluster
-from stretch.demo import JOB, define_job, expected_windows, prepared
+from stretch.demo import (
+    JOB,
+    define_job,
+    expected_windows,
+    matches,
+    prepared,
+    result_windows,
+    stage_query,
+    summarize,
+)
 
 
 def run(
@@ -30,24 +39,10 @@ def run(
 
 
 def _pipeline(spark, work: Path, events: int, nodes: int, files_per_trigger: int, plot: bool, out) -> dict:
-    from stretch.spark import stage  # Spark is started by now
-
     with StretchCluster.local(nodes=nodes) as cluster:
         client = define_job(parallelism=1).execute_async(JOB, cluster=cluster)
         started = time.monotonic()
-        clicks = (
-            spark.readStream.schema("user BIGINT, ts BIGINT, amount DOUBLE")
-            .option("maxFilesPerTrigger", files_per_trigger)
-            .parquet(str(work / "clicks"))
-        )
-        query = (
-            stage(clicks, client, into="clicks", out="per_user")
-            .writeStream.format("parquet")
-            .option("path", str(work / "results" / "streamed"))
-            .option("checkpointLocation", str(work / "checkpoints"))
-            .trigger(availableNow=True)
-            .start()
-        )
+        query = stage_query(spark, client, work, files_per_trigger)
         out(
             f"  one Spark query: clicks -> stretch job {JOB!r} on {nodes} nodes -> Parquet; "
             "a node is added, then one removed, live"
@@ -59,40 +54,24 @@ def _pipeline(spark, work: Path, events: int, nodes: int, files_per_trigger: int
         client.end("clicks")  # the end of the input closes the windows still open
         status = client.wait()
         seconds = time.monotonic() - started
-        got: dict = {}
-        for r in client.open_reader("per_user"):  # every result of every node, removed ones too
-            key = (r["key"], r["window_start"])
-            got[key] = (r["count"], r["sum_amount"]) if key not in got else None  # None: twice
+        got = result_windows(client.open_reader("per_user"))  # every node's results, removed ones' too
         streamed = {
             (r["key"], r["window_start"])
             for r in spark.read.parquet(str(work / "results" / "streamed")).collect()
         }
     want = expected_windows(work / "clicks")
-    correct = (
-        got.keys() == want.keys()
-        and streamed <= want.keys()
-        and all(
-            got[k] is not None
-            and got[k][0] == want[k][0]
-            and abs(got[k][1] - want[k][1]) < 1e-6 * max(1.0, abs(want[k][1]))
-            for k in want
-        )
-    )
+    correct = matches(got, want) and streamed <= want.keys()
     finished = all(s == "FINISHED" for s in status.values())
-    summary = {
-        "events": events,
-        "windows": len(got),
-        "seconds": round(seconds, 2),
-        "events_per_second": round(events / seconds),
-        "node_changes": changes,
-        "results_match_reference": correct,
-        "status": "FINISHED" if finished else ", ".join(f"{n} {s}" for n, s in status.items()),
-    }
-    out(
-        f"done: {events:,} clicks -> {len(got):,} per-user windows in {seconds:.1f}s "
-        f"({events / seconds:,.0f} clicks/s end to end) on nodes {', '.join(status)}; results "
-        f"{'match' if correct else 'DO NOT match'} a plain-Python computation of the same windows "
-        f"({len(streamed):,} of them came back through the query, the rest at the end of the input)"
+    summary = summarize(
+        out,
+        events,
+        got,
+        seconds,
+        correct,
+        status="FINISHED" if finished else ", ".join(f"{n} {s}" for n, s in status.items()),
+        where=f" on nodes {', '.join(status)}",
+        note=f" ({len(streamed):,} of them came back through the query, the rest at the end of the input)",
+        node_changes=changes,
     )
     if plot:
         path = Path.cwd() / "stretch-demo.png"
