@@ -77,7 +77,7 @@ def run(cluster, rows, env, batches=10, during=None, before_end=lambda: None):
         for i in range(batches):
             writer.write(rows[i * size : (i + 1) * size], query="q", batch=i)
             if during is not None and i == batches // 2:
-                during(writer, i)
+                during(client, i)
     before_end()
     client.end("in")
     assert set(client.wait(120).values()) == {"FINISHED"}
@@ -100,13 +100,15 @@ def test_re_keying_by_functions_across_nodes_matches_the_model(tmp_path):
 
 
 @pytest.mark.parametrize("nodes", NODE_COUNTS)
-def test_re_keying_through_a_node_added_and_one_removed_keeps_every_row_once(nodes, tmp_path):
+def test_re_keying_through_node_changes_and_rescales_keeps_every_row_once(nodes, tmp_path):
     rows = clicks(12000, seed=3)
     with StretchCluster.local(nodes=nodes, directory=tmp_path / "cluster") as cluster:
         changes = []
 
-        def change(writer, i):  # while the rows written so far are forwarded between nodes
+        def change(client, i):  # while the rows written so far are forwarded between nodes
             changes.append(cluster.add_node())
+            client.rescale("users", 3, node=cluster.nodes[-1])  # new writers of the forward
+            client.rescale("regions", 1, node=cluster.nodes[-1])
             changes.append(cluster.remove_node(cluster.nodes[0]))
 
         got = run(cluster, rows, rekeyed_job(), batches=20, during=change)
@@ -132,7 +134,7 @@ def test_re_keying_while_nodes_change_concurrently_with_the_writes(tmp_path):
             rows,
             rekeyed_job(),
             batches=40,
-            during=lambda w, i: thread.start(),
+            during=lambda client, i: thread.start(),
             before_end=lambda: thread.join(120),
         )
     assert done.is_set() and len(changes) == 2
