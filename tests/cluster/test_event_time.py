@@ -246,7 +246,7 @@ def fired_so_far(job, nodes, wait=1.0):
 
 
 @pytest.mark.parametrize("nodes", NODE_COUNTS)
-@pytest.mark.parametrize("idleness", [None, 0.3])
+@pytest.mark.parametrize("idleness", [pytest.param(None, marks=pytest.mark.long), 0.3])
 def test_an_idle_writer_holds_time_back_unless_idleness_lets_it_go(idleness, nodes, tmp_path):
     """Two writers of one channel: one writes on, the other wrote a little early on and then
     nothing. Without idleness the silent one holds every node's watermark back until it closes;
@@ -359,6 +359,7 @@ def test_sliding_session_late_count_windows_and_timers_match_one_machine(nodes, 
     assert sorted(tuple(r) for r in got["count"]) == sorted(counts)
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 @pytest.mark.parametrize("nodes", NODE_COUNTS)
 def test_a_collection_with_a_watermark_strategy_is_one_split_with_one_machines_watermarks(nodes, tmp_path):
     """The driver reads the collection as one split, in the chunks one engine reads it in (its

@@ -58,6 +58,7 @@ def record_releases(cluster: StretchCluster, releases: set[str]):
     return hook
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_handoffs_leave_only_release_checkpoints_their_adopters_still_need(tmp_path):
     data = batches(11, 40, 30)
     ck = tmp_path / "ck"

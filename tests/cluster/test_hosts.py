@@ -80,6 +80,7 @@ class RemoteWriter:
             self.proc.stdout.close()
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_a_writer_with_only_the_url_and_secret_writes_and_reads_across_node_changes(tmp_path):
     host = network_address()
     directory = tmp_path / "cluster"

@@ -3,11 +3,14 @@ node's, a removed node's last results included, each result and each key once.""
 
 from __future__ import annotations
 
+import pytest
+
 from stretch.cluster import StretchCluster
 from stretch.common.records import to_batch
 from tests.cluster.jobs import PAIR, count_sum_job, reference
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_results_and_state_of_every_node_across_node_changes(spark, tmp_path):
     rows = [[(f"u{(b * 37 + i) % 89}", (b + i) % 13) for i in range(150)] for b in range(3)]
     with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
