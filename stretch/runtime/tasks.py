@@ -290,6 +290,7 @@ class KeyedInstanceTask(Task):
         chain.open(self._context(operator))
         self.frontier = Frontier(cb, op, index, epoch)
         self.whole = stage.operator.kind in IN_ORDER  # read across keys in order: whole batches
+        self.all_mine = False  # every row of the entry it reads is its own (_owns_every_row)
         self._piece = _FIRST_PIECE
         self._rate = 0.0  # ns per gate position read, recently (Frontier.publish_rate)
         marks = MarkCounter()
@@ -401,8 +402,11 @@ class KeyedInstanceTask(Task):
         self.frontier.reading(entry.end)
         rows_in = 0
         lo = first = here - start
+        judged_at = None
         while True:
             epoch = self.frontier.epoch
+            if judged_at != epoch:  # under this epoch's ownership
+                self.all_mine, judged_at = self._owns_every_row(kgs, runs), epoch
             x, y = self._next_piece(kgs, runs, lo, n)
             in_call = self._claims_in_call(runs)  # a whole run, its pieces claimed inside the call
             reach = x if in_call else y
@@ -429,6 +433,15 @@ class KeyedInstanceTask(Task):
         stats[cbk.I_BATCHES] += 1
         stats[cbk.I_BUSY_NS] += busy
         return entry.end
+
+    def _owns_every_row(self, kgs: np.ndarray, runs: bool) -> bool:
+        """Whether every row of an entry not laid out in runs is this instance's, though it does
+        not own every key group: a node's only instance, whose key groups of other nodes are
+        released (no rows of theirs come). It then reads the entry as if it owned everything: in
+        one call, claimed from inside it, not in small pieces each filtered for its own rows."""
+        if runs or self.everything or not len(kgs):
+            return False
+        return bool((self.owners[kgs] == self.a.index).all())
 
     def _next_piece(self, kgs: np.ndarray, runs: bool, lo: int, n: int) -> tuple[int, int]:
         """The rows [x, y) to read next from row ``lo`` of a batch: none of those before x are
@@ -468,7 +481,7 @@ class KeyedInstanceTask(Task):
                 operator.go_on, operator.emit = self._claimer(entry.start + x, y - x), chain.push
             own, own_kgs = (
                 (batch, part)
-                if runs or self.everything
+                if runs or self.everything or self.all_mine
                 else _own_rows(batch, part, self.owners, self.a.index)
             )
             n = own.num_rows
@@ -497,7 +510,7 @@ class KeyedInstanceTask(Task):
 
     def _claims_in_call(self, runs: bool) -> bool:
         """Whether it reads a whole run of a batch's rows a call (claimed from inside the call)."""
-        return self.claiming_operator and not self.whole and (runs or self.everything)
+        return self.claiming_operator and not self.whole and (runs or self.everything or self.all_mine)
 
     def _claimer(self, first: int, rows: int):
         """``ProcessOperator.go_on`` for a call over gate positions [first, first + rows): claims
