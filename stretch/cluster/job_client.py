@@ -39,9 +39,9 @@ class ClusterJobClient:
             yield from channels.open_reader(f"{self.name}@{node}", channel, from_offset=start)
 
     def end(self, channel: str) -> None:
-        """End input channel ``channel`` on every node: the job finishes there once it processed it."""
-        for node in self.cluster.nodes:
-            self.cluster.connection.action(node, "end", {"job": self.name, "channel": channel})
+        """End input channel ``channel`` on every node (and on nodes that join later): the job
+        finishes there once it processed it."""
+        self.cluster.jobs.end(self.name, channel)
 
     def wait(self, timeout: float | None = None) -> dict[str, str]:
         """Each node's status of the job once it ended (``FINISHED``, ``CANCELED``), or when

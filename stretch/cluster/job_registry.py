@@ -115,6 +115,19 @@ class JobRegistry:
         for name, blob in (self.specs if jobs is None else jobs).items():
             self.ran_on(name, {node_id: self.start(node_id, blob)})
 
+    def end(self, job: str, channel: str) -> None:
+        """End input channel ``channel`` of ``job`` on every node, and remember it in
+        ``jobs.json``: a node the job starts on later (``ran_on``) gets the end too, or its copy of
+        the job would wait for input for ever."""
+        files = self.cluster.files
+        jobs = files.jobs()
+        entry = jobs.setdefault(job, {})
+        if channel not in entry.setdefault("ended", []):
+            entry["ended"].append(channel)
+            files.write(JOBS, jobs)
+        for node in self.cluster.nodes:
+            self.cluster.connection.action(node, "end", {"job": job, "channel": channel})
+
     def ran_on(self, job: str, starts: dict[str, dict[str, int]]) -> None:
         """Record in ``jobs.json`` that ``job`` ran on these nodes, and where each node's output
         logs start for this cluster's run of it: readers of its output (and of its state) look at
@@ -126,6 +139,10 @@ class JobRegistry:
         entry["nodes"] = [*entry.get("nodes", []), *(n for n in starts if n not in entry.get("nodes", []))]
         entry.setdefault("starts", {}).update(starts)
         files.write(JOBS, jobs)
+        for node in starts:  # the input channels its user ended before
+            for channel in entry.get("ended", []):
+                with contextlib.suppress(Exception):  # ended there already
+                    self.cluster.connection.action(node, "end", {"job": job, "channel": channel})
         self.cluster.sources.ran_on(job, list(starts))  # its source readers there (cluster.sources)
         self.cluster.forwards.ran_on(job, list(starts))  # the ends of its forwards given already
 

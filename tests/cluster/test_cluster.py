@@ -209,6 +209,24 @@ def test_a_later_clusters_run_of_a_job_name_reads_back_only_its_own_results(tmp_
         assert sorted(tuple(r.values()) for r in rows) == sorted(got)
 
 
+def test_a_node_added_after_the_input_ended_ends_its_copy_of_the_job_too(tmp_path):
+    """``client.end`` is remembered: a node that joins afterwards starts the job with the channel
+    ended, so the job finishes there instead of waiting for input that never comes."""
+    data = batches(9, 5, 10)
+    with StretchCluster.local(nodes=1, directory=tmp_path / "cluster") as cluster:
+        client = count_sum_job().execute_async("ended early", cluster=cluster)
+        with client.writer("in") as writer:
+            for i, records in enumerate(data):
+                writer.write(to_batch(records, PAIR), query="q", batch=i)
+        client.end("in")
+        assert client.wait(60) == {"node-0": "FINISHED"}
+        cluster.add_node()
+        assert client.wait(60) == {"node-0": "FINISHED", "node-1": "FINISHED"}
+        got = list(client.open_reader("out"))
+    expected = reference([r for records in data for r in records])
+    assert {k: (c, s) for k, c, s in got if (c, s) == expected[k]} == expected
+
+
 def test_state_by_key_or_key_groups_and_a_dead_node_named(tmp_path):
     from stretch.cluster import NodeUnreachable
 
