@@ -11,7 +11,8 @@ result is out (the job is started and warm before), so start-up is not counted. 
 on a shared machine, is its best of ``--numba-passes`` passes per repeat over warm memory (its
 ceiling), with their spread. ``--cpu`` also reports the CPU seconds of the writing process and of
 each worker process per stretch run (Linux). Also measures the shared memory used per key with
-10 M distinct keys.
+10 M distinct keys, by the rolling ``sum`` (an int64 count a key) and by the KeyedProcessFunction
+(two ValueStates a key); ``--state-only`` measures only that.
 """
 
 from __future__ import annotations
@@ -134,25 +135,39 @@ def stretch_run(
     return client._coordinator.output_complete_at - t0
 
 
-def state_bytes_per_key(distinct: int) -> float:
-    """Shared memory held by an operator keeping an int64 count for `distinct` keys."""
+def state_bytes_per_key(distinct: int, kind: str = "sum") -> float:
+    """Shared memory held by an operator over `distinct` keys, one record each: the rolling sum of
+    an int64 count (``sum``) or CountSum's two ValueStates (``process``)."""
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(2)
-    env.from_source(
-        ChannelSource("keys", Types.TUPLE([Types.LONG(), Types.LONG()]), durable=False), None, "keys"
-    ).key_by(0).sum(1).name("count").sink_to(DiscardingSink())
-    client = env.execute_async("state bytes per key")
+    row_type = Types.TUPLE([Types.LONG(), Types.LONG()]) if kind == "sum" else W1_TYPE
+    keyed = env.from_source(ChannelSource("keys", row_type, durable=False), None, "keys").key_by(0)
+    out = keyed.sum(1) if kind == "sum" else keyed.process(CountSum(), W1_TYPE)
+    out.name("count").sink_to(DiscardingSink())
+    client = env.execute_async(f"state bytes per key ({kind})")
     writer = channels.open_writer(client, "keys")
     keys = np.random.default_rng(2).permutation(distinct).astype(np.int64)
     for start in range(0, distinct, 1 << 16):
         part = keys[start : start + (1 << 16)]
-        writer.write(pa.record_batch({"f0": part, "f1": np.ones(len(part), np.int64)}))
+        columns = {"f0": part, "f1": np.ones(len(part), np.int64)}
+        if kind != "sum":
+            columns["f2"] = np.ones(len(part), np.float64)
+        writer.write(pa.record_batch(columns))
     while client.describe()["operators"][0]["records_in"] < distinct:
         time.sleep(0.05)
     state = client.describe()["operators"][0]["state_bytes"]
     writer.end()
     client.wait()
     return state / distinct
+
+
+def state_figures(distinct: int) -> dict:
+    """Bytes per key of the rolling sum's state and of the KeyedProcessFunction's."""
+    return {
+        "state_bytes_per_key": round(state_bytes_per_key(distinct), 2),
+        "state_bytes_per_key_process": round(state_bytes_per_key(distinct, "process"), 2),
+        "state_keys": distinct,
+    }
 
 
 def plot(result: dict, path) -> None:
@@ -192,7 +207,11 @@ def main() -> None:
     ap.add_argument("--durable-input", action="store_true", help="log the input channel, as it is by default")
     ap.add_argument("--numba-passes", type=int, default=5, help="passes of the numba loop per repeat")
     ap.add_argument("--cpu", action="store_true", help="CPU seconds per process of each stretch run")
+    ap.add_argument("--state-only", action="store_true", help="measure only the state bytes per key")
     args = ap.parse_args()
+    if args.state_only:
+        emit(state_figures(args.state_keys), args.json)
+        return
     data = w1(args.events, args.keys)
     keys_np = data["f0"].to_numpy()
     values_np = data["f2"].to_numpy()
@@ -221,7 +240,7 @@ def main() -> None:
     result["numba_loop_meps"] = round(n / min(numba_passes) / 1e6, 3)  # its best pass: the ceiling
     result["numba_loop_median_meps"] = round(n / median(numba_passes) / 1e6, 3)
     result["numba_loop_spread"] = round(max(numba_passes) / min(numba_passes), 2)  # slowest / best pass
-    result["state_bytes_per_key"] = round(state_bytes_per_key(args.state_keys), 2)
+    result.update(state_figures(args.state_keys))
     result.update(
         events=n,
         keys=args.keys,

@@ -23,6 +23,11 @@ H_KHEAP_OFF, H_KHEAP_USED, H_KHEAP_CAP, H_KHASH_OFF = 6, 7, 8, 9
 # loading it from another node. An instance owns key groups of every node's share (its ownership
 # table covers all of them), so its timers, windows and checkpoints leave such key groups alone.
 H_AWAY = 10
+# Rows at the end of the key capacity whose memory is not reserved in /dev/shm yet: the key column,
+# and each state column that holds one entry per key, are reserved up to row H_KEYS_CAP - H_UNRESERVED
+# only (a capacity doubles; reserving all of it held up to twice the state). Inserts stop short of
+# the unreserved rows, and the Python side reserves more (``KeyedTable.reserve_rows``). 0: all.
+H_UNRESERVED = 11
 STATE_BASE, STATE_WORDS = 16, 8
 MAX_STATES = (KG_WORDS - STATE_BASE) // STATE_WORDS
 # Per-state column words (relative to the state's base).
@@ -444,7 +449,8 @@ def rolling_aggregate_i64(
     keys never read their validity byte.
 
     Resumable: ``progress`` holds (next row, outputs so far, key group that needs room or -1). When
-    a key group's table is full the pass stops there; the caller grows it and calls again.
+    a key group's table is full, or its reserved rows are taken, the pass stops there; the caller
+    grows it and calls again.
     """
     k = vals.shape[0]
     fvals, fout = vals.view(np.float64), out.view(np.float64)
@@ -459,7 +465,9 @@ def rolling_aggregate_i64(
             local[kg, _L_KEYS] = a64[h + H_KEYS_OFF] >> 3
             local[kg, _L_N] = local[kg, _L_N0] = a64[h + H_NKEYS]
             local[kg, _L_ROOM] = min(
-                a64[h + H_KEYS_CAP], a64[hs + S_DATA_CAP], np.int64(a64[h + H_INDEX_CAP] * max_load)
+                a64[h + H_KEYS_CAP] - a64[h + H_UNRESERVED],
+                a64[hs + S_DATA_CAP],
+                np.int64(a64[h + H_INDEX_CAP] * max_load),
             )
             local[kg, _L_REC] = a64[hs + S_DATA_OFF] >> 3
             local[kg, _L_VALID] = a64[hs + S_VALID_OFF]

@@ -2,7 +2,7 @@
 
 The segment is reserved large (sparse: only touched pages use memory), so it never has to be
 remapped, and every process addresses the same structures by byte offset. Space is handed out by
-an atomic bump pointer, and its memory allocated in /dev/shm as it is handed out (a full /dev/shm
+an atomic bump pointer, and its memory allocated in /dev/shm before it is written (a full /dev/shm
 then fails that allocation with a clear error, not the first write with a bus error); space given
 up by a structure that grew is returned to the OS page by page (``MADV_REMOVE``), so memory in use
 tracks the live state.
@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from stretch._shm import Segment
+from stretch._shm import Segment, SharedMemoryFull
 from stretch.state import _table_kernels as K
 from stretch.state.memory_segment import MemorySegment
 
@@ -108,8 +108,13 @@ class Arena:
         return cls(Segment.attach(name))
 
     # ---- allocation --------------------------------------------------------------------
-    def alloc(self, nbytes: int) -> int:
-        """Reserve zero-filled, page-aligned space; returns its byte offset."""
+    def alloc(self, nbytes: int, reserve: int | None = None) -> int:
+        """Hand out zero-filled, page-aligned space; returns its byte offset.
+
+        Its first ``reserve`` bytes (all if None) are reserved in /dev/shm now; a structure that
+        fills up row by row reserves the rest as it takes it (``reserve``), so that memory held
+        follows the rows in use, not the capacity handed out.
+        """
         size = _page_round(max(nbytes, 1))
         off = self.region.fetch_add64(_A_BUMP, size)
         if off + size > self.segment.size:
@@ -117,9 +122,19 @@ class Arena:
                 f"state arena {self.name} is exhausted ({self.segment.size} bytes reserved); "
                 "set STRETCH_ARENA_RESERVE higher"
             )
-        held = self.resident_bytes() / (1 << 20)
-        self.segment.reserve(off, size, f"the keyed state (arena {self.name}, holding {held:.1f} MiB)")
+        self.reserve(off, size if reserve is None else min(reserve, size))
         return off
+
+    def reserve(self, off: int, nbytes: int) -> None:
+        """Reserve the memory of [off, off + nbytes) before it is first written (a full /dev/shm
+        is then this error, not a bus error at the write); reserving twice is harmless."""
+        if nbytes <= 0:
+            return
+        try:
+            self.segment.reserve(off, nbytes)
+        except SharedMemoryFull:  # say again, with what the state holds (not measured each time)
+            held = self.resident_bytes() / (1 << 20)
+            self.segment.reserve(off, nbytes, f"the keyed state (arena {self.name}, holding {held:.1f} MiB)")
 
     def free(self, off: int, nbytes: int) -> None:
         """Give the pages of an abandoned structure back to the OS."""

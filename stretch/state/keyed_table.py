@@ -20,6 +20,12 @@ from stretch.state.key_codec import decode_key, encode_key
 
 MAX_LOAD = 0.7
 _MIN_ROWS = 64
+# Rows are reserved a sixteenth more at a time, or 1024 rows if that is more, in whole pages of
+# int64 keys: memory held stays within 1/16 of the rows taken plus 1024 rows a key group, and a
+# growing key group stops a fused pass for more rows a few dozen times in its life, not per batch.
+_RESERVE_PART = 16
+_RESERVE_MIN = 1024
+_RESERVE_ROWS = 512
 
 
 class KeyMode(IntEnum):
@@ -162,7 +168,8 @@ class KeyedTable:
         """Grow the key structures of key groups about to receive up to ``counts`` new keys."""
         h = self.headers
         need = h[:, K.H_NKEYS] + counts
-        short = (need > h[:, K.H_KEYS_CAP]) | (need > h[:, K.H_INDEX_CAP] * MAX_LOAD)
+        reserved = h[:, K.H_KEYS_CAP] - h[:, K.H_UNRESERVED]
+        short = (need > reserved) | (need > h[:, K.H_INDEX_CAP] * MAX_LOAD)
         heap_need = None
         if key_lengths is not None:
             heap_need = h[:, K.H_KHEAP_USED] + np.bincount(
@@ -173,27 +180,41 @@ class KeyedTable:
             self._grow_keys(int(kg), int(need[kg]), None if heap_need is None else int(heap_need[kg]))
 
     def grow_for(self, kg: int, sid: int, width: int) -> None:
-        """Double key group `kg`'s key room and state `sid`'s column (a fused pass found it full)."""
-        n = int(self.headers[kg, K.H_NKEYS])
-        self._grow_keys(kg, max(2 * n, 64), None)
-        self.ensure_columns(sid, np.array([kg]), width)
+        """Give key group `kg` room for another key, and state `sid`'s column its key capacity (a
+        fused pass found no room)."""
+        h = self.headers[kg]
+        n = int(h[K.H_NKEYS])
+        full = n >= h[K.H_KEYS_CAP] or n >= int(h[K.H_INDEX_CAP] * MAX_LOAD)
+        # a full table doubles its keys' room (and index) as it always did; otherwise the pass
+        # took the rows reserved so far, and only more are reserved
+        self._grow_keys(kg, n + 1, None, max(2 * n, _MIN_ROWS) if full else None)
+        if self._state_words(sid)[kg, K.S_DATA_CAP] < h[K.H_KEYS_CAP]:
+            self.ensure_columns(sid, np.array([kg]), width)
 
-    def _grow_keys(self, kg: int, need_rows: int, need_heap: int | None) -> None:
+    def _grow_keys(self, kg: int, need_rows: int, need_heap: int | None, room: int | None = None) -> None:
+        """Reserve ``need_rows`` rows of key group `kg`, its key capacity and index sized for
+        ``room`` rows (``need_rows`` if None), and its key heap ``need_heap`` bytes."""
         a = self.arena
         h = self.headers[kg]
         n = int(h[K.H_NKEYS])
         byte_keys = need_heap is not None
-        if need_rows > h[K.H_KEYS_CAP]:
-            cap = pow2(max(need_rows, _MIN_ROWS))
+        room = need_rows if room is None else room
+        if room > h[K.H_KEYS_CAP]:
+            cap = pow2(max(room, _MIN_ROWS))
             width = 16 if byte_keys else 8
             h[K.H_KEYS_OFF] = self._move(
-                int(h[K.H_KEYS_OFF]), int(h[K.H_KEYS_CAP]) * width, n * width, cap * width
+                int(h[K.H_KEYS_OFF]), int(h[K.H_KEYS_CAP]) * width, n * width, cap * width, n * width
             )
             if byte_keys:
-                h[K.H_KHASH_OFF] = self._move(int(h[K.H_KHASH_OFF]), int(h[K.H_KEYS_CAP]) * 8, n * 8, cap * 8)
+                h[K.H_KHASH_OFF] = self._move(
+                    int(h[K.H_KHASH_OFF]), int(h[K.H_KEYS_CAP]) * 8, n * 8, cap * 8, n * 8
+                )
             h[K.H_KEYS_CAP] = cap
-        if need_rows > h[K.H_INDEX_CAP] * MAX_LOAD:
-            cap = pow2(max(int(need_rows / MAX_LOAD) + 1, _MIN_ROWS))
+            h[K.H_UNRESERVED] = cap - n  # the new blocks hold the live rows; reserve_rows adds more
+        if need_rows > h[K.H_KEYS_CAP] - h[K.H_UNRESERVED]:
+            self.reserve_rows(kg, need_rows)
+        if room > h[K.H_INDEX_CAP] * MAX_LOAD:
+            cap = pow2(max(int(room / MAX_LOAD) + 1, _MIN_ROWS))
             off = a.alloc(cap * 4)
             w = a.dir_w + kg * K.KG_WORDS
             (K.rehash_bytes if byte_keys else K.rehash_i64)(a.a64, a.a32, w, off, cap)
@@ -206,10 +227,45 @@ class KeyedTable:
             h[K.H_KHEAP_OFF] = self._move(int(h[K.H_KHEAP_OFF]), int(h[K.H_KHEAP_CAP]), used, cap)
             h[K.H_KHEAP_CAP] = cap
 
-    def _move(self, old_off: int, old_size: int, live: int, new_size: int) -> int:
-        """Allocate `new_size` bytes, copy the first `live` bytes of the old block, free the old one."""
+    def reserve_rows(self, kg: int, need_rows: int) -> None:
+        """Reserve key group `kg`'s first ``need_rows`` rows (or more, see ``_RESERVE_PART``; within
+        its key capacity) in its key blocks and in every state column with an entry per key."""
+        h = self.headers[kg]
+        cap = int(h[K.H_KEYS_CAP])
+        held = cap - int(h[K.H_UNRESERVED])
+        want = max(need_rows, held + max(held // _RESERVE_PART, _RESERVE_MIN))
+        rows = min(cap, -(-want // _RESERVE_ROWS) * _RESERVE_ROWS)
+        if rows <= held:
+            return
+        for word, span, width in self._row_blocks(kg):
+            lo, hi = min(held, span), min(rows, span)
+            self.arena.reserve(int(h[word]) + lo * width, (hi - lo) * width)
+        h[K.H_UNRESERVED] = cap - rows
+
+    def _row_blocks(self, kg: int):
+        """(header word of its offset, rows it has room for, bytes per row) of each of key group
+        `kg`'s blocks that hold an entry per key: keys, key hashes, state values and validity."""
+        h = self.headers[kg]
+        cap = int(h[K.H_KEYS_CAP])
+        if self.mode() in (None, KeyMode.INT64):
+            yield K.H_KEYS_OFF, cap, 8
+        else:
+            yield K.H_KEYS_OFF, cap, 16
+            yield K.H_KHASH_OFF, cap, 8
+        for sid, entry in enumerate(self.arena.registry()):
+            base = K.STATE_BASE + sid * K.STATE_WORDS
+            span = int(h[base + K.S_DATA_CAP])
+            if entry["storage"] == "heap" or not span:  # timers and window wheels: not per key
+                continue
+            yield base + K.S_DATA_OFF, span, row_width(entry)
+            if h[base + K.S_VALID_OFF]:
+                yield base + K.S_VALID_OFF, span, 1
+
+    def _move(self, old_off: int, old_size: int, live: int, new_size: int, reserve: int | None = None) -> int:
+        """Allocate `new_size` bytes (reserving the first ``reserve``, all if None), copy the first
+        `live` bytes of the old block, free the old one."""
         a = self.arena
-        off = a.alloc(new_size)
+        off = a.alloc(new_size, reserve)
         if live:
             a.a8[off : off + live] = a.a8[old_off : old_off + live]
         a.free(old_off, old_size)
@@ -305,12 +361,16 @@ class KeyedTable:
         wanted = np.zeros(self.maxp, dtype=bool)
         wanted[kgs] = True
         for kg in short[wanted[short]]:
-            c = cols[kg]
+            c, h = cols[kg], self.headers[kg]
             old_cap = int(c[K.S_DATA_CAP])
-            cap = int(self.headers[kg, K.H_KEYS_CAP])
-            c[K.S_DATA_OFF] = self._move(int(c[K.S_DATA_OFF]), old_cap * width, old_cap * width, cap * width)
+            cap = int(h[K.H_KEYS_CAP])
+            held = cap - int(h[K.H_UNRESERVED])  # the key group's reserved rows
+            live = min(int(h[K.H_NKEYS]), old_cap)  # rows past the keys were never written
+            c[K.S_DATA_OFF] = self._move(
+                int(c[K.S_DATA_OFF]), old_cap * width, live * width, cap * width, held * width
+            )
             if validity:
-                c[K.S_VALID_OFF] = self._move(int(c[K.S_VALID_OFF]), old_cap, old_cap, cap)
+                c[K.S_VALID_OFF] = self._move(int(c[K.S_VALID_OFF]), old_cap, live, cap, held)
             c[K.S_DATA_CAP] = cap
 
     def gather(
@@ -447,6 +507,17 @@ def row_width(entry: dict) -> int:
     if storage == "words":
         return 8 * len(entry["fields"])
     return np.dtype(storage).itemsize
+
+
+def per_key_words(registry: list[dict]) -> set[int]:
+    """Header words pointing at a key group's blocks with an entry per key (keys, key hashes, the
+    values and validity of states kept per key): those are reserved row by row, not in full."""
+    words = {K.H_KEYS_OFF, K.H_KHASH_OFF}
+    for sid, entry in enumerate(registry):
+        if entry["storage"] != "heap":
+            base = K.STATE_BASE + sid * K.STATE_WORDS
+            words |= {base + K.S_DATA_OFF, base + K.S_VALID_OFF}
+    return words
 
 
 def _int64_keys(column) -> np.ndarray:

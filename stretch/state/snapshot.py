@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from stretch.state import _table_kernels as K
 from stretch.state.arena import Arena
-from stretch.state.keyed_table import KeyedTable, KeyMode, row_width
+from stretch.state.keyed_table import KeyedTable, KeyMode, per_key_words, row_width
 
 _BATCH_BYTES = 64 << 20
 SCHEMA = pa.schema(
@@ -126,6 +126,7 @@ def load_key_groups(arena: Arena, batches) -> int:
     key groups are empty; the arena may be live, as long as nobody touches these key groups
     meanwhile (a node that receives key groups from another). Returns the key groups loaded."""
     headers = arena.headers
+    per_key = per_key_words(arena.registry())
     restored = 0
     loaded: list[int] = []
     indexed: set[int] = set()  # key groups whose snapshot holds their index (older snapshots)
@@ -147,11 +148,13 @@ def load_key_groups(arena: Arena, batches) -> int:
                 # writing it could leave it odd for good (a reader would never see it settle); and
                 # the away word stays this arena's: the loading node says when it is here
                 header[K.H_AWAY] = headers[kg, K.H_AWAY]
+                # blocks with an entry per key are reserved up to the keys they hold (see below)
+                header[K.H_UNRESERVED] = header[K.H_KEYS_CAP] - header[K.H_NKEYS]
                 headers[kg, K.H_VERSION + 1 :] = header[K.H_VERSION + 1 :]
                 restored += 1
                 loaded.append(kg)
                 continue
-            off = arena.alloc(int(caps[i]))
+            off = arena.alloc(int(caps[i]), len(raw) if word in per_key else None)
             arena.a8[off : off + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
             headers[kg, word] = off
             if word == K.H_INDEX_OFF:
