@@ -22,8 +22,8 @@ import argparse
 import sys
 
 import cloudpickle
-from _common import emit, log, median, w1
-from cluster_scaleout import BATCH, W1, CountSum, cluster_run, engine_run
+from _common import emit, median, w1
+from cluster_scaleout import BATCH, W1, CountSum, alternating_runs, runs_of
 
 from stretch.common import Types
 from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment
@@ -66,13 +66,7 @@ def rekeyed_job(parallelism: int) -> StreamExecutionEnvironment:
 
 def rekey(events: int, keys: int, repeats: int) -> dict:
     data = w1(events, keys, seed=3).to_batches(max_chunksize=BATCH)
-    ones, twos, alone, engine = [], [], [], []
-    for r in range(repeats):
-        log(f"re-keying, repeat {r + 1} of {repeats} ...")
-        ones.append(cluster_run(1, data, True, 1, rekeyed_job, "regions"))
-        twos.append(cluster_run(2, data, True, 1, rekeyed_job, "regions"))
-        alone.append(cluster_run(1, data, False, 2, rekeyed_job, "regions")["meps"])
-        engine.append(engine_run(data, 2, rekeyed_job, "regions"))
+    ones, twos, alone, engine = alternating_runs(data, repeats, "re-keying", rekeyed_job, "regions")
     one, two = [r["meps"] for r in ones], [r["meps"] for r in twos]
     return {
         "rekey_events": events,
@@ -85,12 +79,7 @@ def rekey(events: int, keys: int, repeats: int) -> dict:
         "rekey_one_node_cluster_meps": round(median(alone), 3),
         "rekey_engine_meps": round(median(engine), 3),
         "rekey_one_node_cluster_vs_engine": round(median([c / e for c, e in zip(alone, engine)]), 3),
-        "runs": {
-            "pinned_1_node": [round(x, 3) for x in one],
-            "pinned_2_nodes": [round(x, 3) for x in two],
-            "one_node_cluster": [round(x, 3) for x in alone],
-            "engine": [round(x, 3) for x in engine],
-        },
+        "runs": runs_of(one, two, alone, engine),
     }
 
 

@@ -178,16 +178,33 @@ def engine_run(data: list[pa.RecordBatch], parallelism: int, job=None, last: str
     return sum(b.num_rows for b in data) / elapsed / 1e6
 
 
+def alternating_runs(data, repeats: int, what: str, job=None, last: str = "count") -> tuple:
+    """(1 pinned node, 2 pinned nodes, 1 unpinned node at parallelism 2, the engine alone): each
+    kind's runs of ``job`` (the per-record job by default), alternating, ``repeats`` times."""
+    ones, twos, alone, engine = [], [], [], []
+    for r in range(repeats):
+        log(f"{what}, repeat {r + 1} of {repeats} ...")
+        ones.append(cluster_run(1, data, True, 1, job, last))
+        twos.append(cluster_run(2, data, True, 1, job, last))
+        alone.append(cluster_run(1, data, False, 2, job, last)["meps"])
+        engine.append(engine_run(data, 2, job, last))
+    return ones, twos, alone, engine
+
+
+def runs_of(one, two, alone, engine) -> dict:
+    """Each kind's runs (M events/s), for the record."""
+    return {
+        "pinned_1_node": [round(x, 3) for x in one],
+        "pinned_2_nodes": [round(x, 3) for x in two],
+        "one_node_cluster": [round(x, 3) for x in alone],
+        "engine": [round(x, 3) for x in engine],
+    }
+
+
 def scaleout(events: int, keys: int, repeats: int) -> dict:
     """The two scale-out figures (see the module's docstring), runs alternating, medians."""
     data = w1(events, keys, seed=3).to_batches(max_chunksize=BATCH)
-    ones, twos, alone, engine = [], [], [], []
-    for r in range(repeats):
-        log(f"scale-out, repeat {r + 1} of {repeats} ...")
-        ones.append(cluster_run(1, data, pinned=True, parallelism=1))
-        twos.append(cluster_run(2, data, pinned=True, parallelism=1))
-        alone.append(cluster_run(1, data, pinned=False, parallelism=2)["meps"])
-        engine.append(engine_run(data, parallelism=2))
+    ones, twos, alone, engine = alternating_runs(data, repeats, "scale-out")
     one, two = [r["meps"] for r in ones], [r["meps"] for r in twos]
     return {
         "scaleout_events": events,
@@ -208,12 +225,7 @@ def scaleout(events: int, keys: int, repeats: int) -> dict:
         "one_node_cluster_meps": round(median(alone), 3),
         "engine_meps": round(median(engine), 3),
         "one_node_cluster_vs_engine": round(median([c / e for c, e in zip(alone, engine)]), 3),
-        "runs": {
-            "pinned_1_node": [round(x, 3) for x in one],
-            "pinned_2_nodes": [round(x, 3) for x in two],
-            "one_node_cluster": [round(x, 3) for x in alone],
-            "engine": [round(x, 3) for x in engine],
-        },
+        "runs": runs_of(one, two, alone, engine),
     }
 
 

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 
 from stretch.cluster.forward_sink import ForwardSink
 from stretch.cluster.node_plans import event_time
-from stretch.cluster.source_plans import recount_producers, unique_name
+from stretch.cluster.source_plans import channel_stage, recount_producers, unique_name
 from stretch.datastream.broadcast_stream import input_side
-from stretch.datastream.connectors.channel import ChannelSource
-from stretch.plan.stages import JobPlan, SinkSpec, StageSpec, Step, walk_steps
+from stretch.plan.stages import JobPlan, SinkSpec, Step, walk_steps
 
 
 @dataclass
@@ -64,19 +63,7 @@ def split_rekeys(plan: JobPlan, reach: dict) -> tuple[JobPlan, list[Forward]]:
                 )
             )
             _point(stage.chain, head, sink_id)
-            stages.append(
-                StageSpec(
-                    len(stages),
-                    channel,
-                    "source",
-                    1,
-                    stage.max_parallelism,
-                    [head],
-                    source=ChannelSource(channel, type_info, durable=False),
-                    direct=head.kind == "to_gate" and head.key is not None and head.key.field is not None,
-                    batch=stage.batch,
-                )
-            )
+            stages.append(channel_stage(len(stages), channel, channel, head, type_info, stage))
             forwards.append(Forward(stage.name, target, channel))
     recount_producers(plan)
     return plan, forwards

@@ -91,16 +91,13 @@ def split_sources(plan: JobPlan) -> tuple[JobPlan, list[SourceFeed]]:
                 head = Step("assign", strategy, type_info, [cut], name="Timestamps/Watermarks")
             channel = unique_name(stage.name if i == 0 else f"{stage.name}-{i + 1}", taken)
             channels.append(channel)
-            fed = StageSpec(
+            fed = channel_stage(
                 stage.id if i == 0 else len(stages),
                 channel if i else stage.name,
-                "source",
-                1,
-                stage.max_parallelism,
-                [head],
-                source=ChannelSource(channel, type_info, durable=False),
-                direct=head.kind == "to_gate" and head.key is not None and head.key.field is not None,
-                batch=stage.batch,
+                channel,
+                head,
+                type_info,
+                stage,
             )
             if i == 0:
                 stages[index] = fed
@@ -119,6 +116,25 @@ def split_sources(plan: JobPlan) -> tuple[JobPlan, list[SourceFeed]]:
         feeds.append(feed)
     recount_producers(plan)
     return plan, feeds
+
+
+def channel_stage(
+    stage_id: int, name: str, channel: str, head: Step, type_info, like: StageSpec
+) -> StageSpec:
+    """The source stage of a node plan that reads input channel ``channel`` (records of
+    ``type_info``) into the steps from a cut on (``head``), as ``like`` read them before the cut:
+    fed straight into the keyed gate when keyed by a field."""
+    return StageSpec(
+        stage_id,
+        name,
+        "source",
+        1,
+        like.max_parallelism,
+        [head],
+        source=ChannelSource(channel, type_info, durable=False),
+        direct=head.kind == "to_gate" and head.key is not None and head.key.field is not None,
+        batch=like.batch,
+    )
 
 
 def _strategy(stage: StageSpec) -> tuple[list[Step], object]:
