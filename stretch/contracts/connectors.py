@@ -61,9 +61,10 @@ class SinkWriter:
         """Chained sinks get records as they are in flight; the default takes them as a batch."""
         self.write(records.data_batch(), producer)
 
-    def flush(self) -> None:
-        """A chained sink's instance reached a point where others may see it past what it read
-        (the end of a gate entry, an epoch): hand on anything held back. Most sinks hold nothing."""
+    def flush(self, wait: bool = True) -> None:
+        """A chained sink's instance finished a gate entry: hand on anything held back; ``wait``
+        (it is about to say it reached an epoch's position) until it was taken. Most sinks hold
+        nothing."""
 
     def close(self) -> None:
         """End of stream: everything was written."""

@@ -69,11 +69,12 @@ class Chain:
             elif len(records):
                 r.push(records)
 
-    def flush(self) -> None:
-        """Chained sinks hand on what they hold back (SinkWriter.flush): called where the instance
-        may be seen past what it read, so nothing it produced before is still held there."""
+    def flush(self, wait: bool = True) -> None:
+        """Chained sinks hand on what they hold back (SinkWriter.flush): at the end of a gate
+        entry, and (``wait``: until it was taken) before the instance says it reached an epoch's
+        position, so nothing it produced before is still on its way then."""
         for n in self.chained_sinks:
-            n.writer.flush()
+            n.writer.flush(wait)
 
     def emit(self, kind, value: int = 0, producer: int | None = None) -> None:
         """A watermark (or IDLE/LEAVE) of this producer (or of ``producer``, another instance of

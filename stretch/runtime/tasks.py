@@ -303,7 +303,7 @@ class KeyedInstanceTask(Task):
             if now >= next_processing_check and not batch_mode:  # processing-time timers, every few ms
                 next_processing_check = now + 0.005
                 chain.push(self.operator.fire(PROCESSING, time.time_ns() // 1_000_000))
-                chain.flush()
+                chain.flush(wait=False)
             soon = not batch_mode and self.operator.next_timer(PROCESSING) < MAX_WATERMARK
             since = gate.wake_count()
             self._bound(here, here)  # the epochs placed where it waits apply now
@@ -343,7 +343,7 @@ class KeyedInstanceTask(Task):
                     self._advance(MAX_WATERMARK if self.tracker.current < MAX_WATERMARK else None)
                     break
                 here = entry.end
-            chain.flush()  # before its cursor passes the entry: what it produced is on its way
+            chain.flush(wait=False)  # before its cursor passes the entry: what it produced is on its way
             seq += 1
             gate.advance(index, seq)
             stats[cbk.I_GATE_SEQ] = seq
