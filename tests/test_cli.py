@@ -211,27 +211,21 @@ def test_run_finds_the_scripts_own_modules_as_python_does(tmp_path):
     assert stretch("run", str(tmp_path / "job.py"), "a", "b").stdout == "1234 ['a', 'b']\n"
 
 
-def test_cluster_status_shows_each_nodes_key_groups_and_jobs(tmp_path, capsys):
+def test_cluster_status_add_node_and_remove_node_from_another_process(tmp_path, capsys):
+    """Status shows each node's key groups and jobs; the driver moves key groups when a second
+    process asks; the job's state stays exact."""
+    rows = [[(f"k{(b * 31 + i) % 97}", i % 11) for i in range(200)] for b in range(3)]
     with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
-        count_sum_job().execute_async("cli-cluster", cluster=cluster)
+        client = count_sum_job().execute_async("cli-nodes", cluster=cluster)
         assert main(["cluster", "status", cluster.address, "--json"]) == 0
         shown = json.loads(capsys.readouterr().out)
         assert shown["version"] == 0
         assert {n: s["key_groups"] for n, s in shown["nodes"].items()} == {
             n: cluster.table.key_groups_of(n) for n in cluster.nodes
         }
-        assert all(s["jobs"]["cli-cluster"]["status"] == "RUNNING" for s in shown["nodes"].values())
+        assert all(s["jobs"]["cli-nodes"]["status"] == "RUNNING" for s in shown["nodes"].values())
         assert main(["cluster", "status", cluster.address]) == 0
         assert "64 key groups" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="no stretch cluster"):
-        main(["cluster", "status", str(tmp_path / "nothing")])
-
-
-def test_cluster_add_node_and_remove_node_from_another_process(tmp_path):
-    """The driver moves key groups when a second process asks; the job's state stays exact."""
-    rows = [[(f"k{(b * 31 + i) % 97}", i % 11) for i in range(200)] for b in range(3)]
-    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
-        client = count_sum_job().execute_async("cli-nodes", cluster=cluster)
         with client.writer("in") as w:
             w.write(to_batch(rows[0], PAIR), query="q", batch=0)
             added = json.loads(stretch("cluster", "add-node", cluster.address, "--json").stdout)
@@ -249,6 +243,8 @@ def test_cluster_add_node_and_remove_node_from_another_process(tmp_path):
     assert {r["key"]: (r["count"], r["sum"]) for r in state} == want
     with pytest.raises(SystemExit, match="no running driver"):
         main(["cluster", "add-node", str(tmp_path / "cluster")])
+    with pytest.raises(SystemExit, match="no stretch cluster"):
+        main(["cluster", "status", str(tmp_path / "nothing")])
 
 
 def test_help_has_examples_and_exit_codes_follow_the_conventions():

@@ -118,6 +118,7 @@ def test_rules_reach_every_node_also_one_added_later_and_a_replay_changes_nothin
     assert sorted(acks(job, "node-2")) == [("rule:g0", 45, -1, -1), ("rule:g2", 5, -1, -1)]
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_rules_written_while_a_node_joins_reach_it_exactly_once():
     """A thread writes rules (each adds to a group's total) before, while and after a node joins:
     every node, the new one included, ends with the totals of all rules, each applied once (the

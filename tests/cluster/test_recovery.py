@@ -111,6 +111,7 @@ def test_nodes_killed_one_after_another_around_a_handoff_are_each_restored(tmp_p
         assert_exactly_once(outputs("one-after-another", ["node-0", "node-1", "node-2"]), data)
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_a_node_that_dies_restoring_another_is_restored_in_turn(tmp_path):
     data = batches(6, 24, 30)
     with StretchCluster.local(

@@ -84,18 +84,19 @@ def run(cluster, rows, env, batches=10, during=None, before_end=lambda: None):
     return [tuple(r) for r in client.open_reader("out")]
 
 
-@pytest.mark.parametrize("nodes", NODE_COUNTS)
-def test_a_job_keyed_by_user_then_by_region_matches_the_model(nodes, tmp_path):
+@pytest.mark.parametrize(
+    "nodes, by_function",
+    [
+        pytest.param(1, False, marks=pytest.mark.long),
+        (2, True),
+        pytest.param(3, False, marks=pytest.mark.long),
+    ],
+)
+def test_a_job_keyed_by_user_then_by_region_matches_the_model(nodes, by_function, tmp_path):
+    """Keyed by fields, or by key selector functions (routed by them, node to node)."""
     rows = clicks(4000)
     with StretchCluster.local(nodes=nodes, directory=tmp_path / "cluster") as cluster:
-        got = run(cluster, rows, rekeyed_job())
-    check(got, rows)
-
-
-def test_re_keying_by_functions_across_nodes_matches_the_model(tmp_path):
-    rows = clicks(3000, seed=2)
-    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
-        got = run(cluster, rows, rekeyed_job(by_function=True))
+        got = run(cluster, rows, rekeyed_job(by_function=by_function))
     check(got, rows)
 
 

@@ -39,6 +39,7 @@ def stream_into(spark, cluster, job: str, source, checkpoint):
     return query
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_spark_streams_into_a_cluster_job_across_a_node_change(spark, tmp_path):
     source = tmp_path / "in"
     with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
