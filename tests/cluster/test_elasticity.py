@@ -24,6 +24,7 @@ class Scripted:
         return self.answers.pop(0) if self.answers else load.parallelism
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_the_controller_adds_and_removes_nodes_as_the_policy_decides(tmp_path):
     rows = [[(f"k{(b * 7 + i) % 53}", i % 5) for i in range(100)] for b in range(40)]
     policy = Scripted([9, 2])  # more than max_nodes: clamped to 3; then back to 2

@@ -322,6 +322,7 @@ def windows_and_timers():
     return env
 
 
+@pytest.mark.long  # the suite keeps within its time: the tumbling and join tests cover 2 nodes
 @pytest.mark.parametrize("nodes", NODE_COUNTS)
 def test_sliding_session_late_count_windows_and_timers_match_one_machine(nodes, tmp_path):
     batches = batches_of(6, n_batches=10, per_batch=80, keys=7)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     from pyspark.sql import SparkSession
@@ -79,6 +81,7 @@ def test_workers_without_stretch_are_refused_in_one_line_naming_what_to_set(tmp_
     assert "venv/bin/python" in refused[0], refused[0]
 
 
+@pytest.mark.long  # the suite keeps within its time: run with -m long
 def test_workers_with_stretch_pass_the_check(tmp_path):
     printed = _run(tmp_path, sys.executable)
     assert printed.split()[:2] == ["ACCEPTED", "1"], printed  # one job for the two calls
