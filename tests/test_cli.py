@@ -63,10 +63,11 @@ def test_jobs_and_status_of_a_running_job():
 
 
 @pytest.mark.long  # the suite keeps within its time: run with -m long
-def test_demo_pipeline_spark_to_stretch_to_spark(tmp_path):
-    """The demo's results, written by Spark, equal the windows computed here from its input."""
-    run = stretch(
+def small_demo(tmp_path, *args):
+    """``stretch demo`` on 120 k clicks in 4 files, 2 a trigger, without a plot."""
+    return stretch(
         "demo",
+        *args,
         "--events",
         "120000",
         "--files",
@@ -78,6 +79,11 @@ def test_demo_pipeline_spark_to_stretch_to_spark(tmp_path):
         "--no-plot",
         check=False,
     )
+
+
+def test_demo_pipeline_spark_to_stretch_to_spark(tmp_path):
+    """The demo's results, written by Spark, equal the windows computed here from its input."""
+    run = small_demo(tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "rescaled live 1 -> 2" in run.stdout and "rescaled live 2 -> 1" in run.stdout
     # quiet by default: Spark's log goes to a file, not into the demo's output
@@ -106,21 +112,7 @@ def test_demo_pipeline_across_nodes_with_a_node_added_and_one_removed(tmp_path):
     """`stretch demo --nodes 2`: the same query with the job on a local cluster, a node added and
     one removed live; every window once, equal to the windows computed here from the input, and
     those the query streamed a part of them."""
-    run = stretch(
-        "demo",
-        "--nodes",
-        "2",
-        "--events",
-        "120000",
-        "--files",
-        "4",
-        "--files-per-trigger",
-        "2",
-        "--work-dir",
-        str(tmp_path),
-        "--no-plot",
-        check=False,
-    )
+    run = small_demo(tmp_path, "--nodes", "2")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "added a node" in run.stdout and "removed a node" in run.stdout
     assert "results match" in run.stdout
