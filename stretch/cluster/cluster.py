@@ -222,8 +222,7 @@ class StretchCluster:
         self.connection = ClusterConnection(self.directory)
         ids = stored.nodes if stored is not None else [f"node-{i}" for i in range(nodes)]
         self.membership.number_after(ids)
-        for node_id in ids:
-            self.start_node(node_id)
+        self.membership.start_all(ids)
         self.table = stored if stored is not None else RoutingTable.initial(ids, self.max_parallelism)
         if stored is None:
             self.store.save(self.table)
@@ -446,8 +445,7 @@ class StretchCluster:
             self.jobs.forget_specs()  # closed after it started, not died nor failed to: nothing to resume
         for writer in list(self._writers):  # their shared-memory segments go too
             writer.close()
-        for node_id in list(self.nodes):
-            self.membership.stop(node_id)
+        self.membership.stop_all()
         if self.checkpoint_dir is not None and self.started:
             # closed after it started (not a start that failed): nothing resumes it, its files go
             recovery.collect_garbage(self.checkpoint_dir, [])

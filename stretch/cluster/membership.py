@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from stretch.cluster.client import Members
 from stretch.cluster.directory import MEMBERS, NODES
@@ -22,6 +24,7 @@ class Membership:
         self.cluster = cluster
         self.locations: dict[str, str] = {}  # node id -> Flight location, in the order they joined
         self.next = 0  # the number of the next node id (``node-<n>``)
+        self._lock = threading.Lock()  # nodes start and stop side by side
 
     @property
     def nodes(self) -> list[str]:
@@ -43,18 +46,37 @@ class Membership:
     def start(self, node_id: str) -> str:
         """Start a node process; its location once it listens."""
         c = self.cluster
-        self.locations[node_id] = c.launcher.start(node_id, c.secret, c.tls)
-        self._publish_locations()
-        return self.locations[node_id]
+        found = c.launcher.start(node_id, c.secret, c.tls)
+        with self._lock:
+            self.locations[node_id] = found
+            self._publish_locations()
+        return found
+
+    def start_all(self, node_ids: list[str]) -> None:
+        """Start nodes side by side (a node spends seconds importing and warming up), in
+        ``node_ids``' order in ``nodes.json``."""
+        with ThreadPoolExecutor(max(1, len(node_ids))) as pool:
+            found = list(pool.map(self.start, node_ids))
+        with self._lock:
+            for node_id, location in zip(node_ids, found):
+                self.locations[node_id] = self.locations.pop(node_id, location)
+            self._publish_locations()
 
     def stop(self, node_id: str) -> None:
         """Shut a node down (its jobs cancelled) and reap its process."""
-        self.locations.pop(node_id)
-        self._publish_locations()
+        with self._lock:
+            self.locations.pop(node_id)
+            self._publish_locations()
         with contextlib.suppress(Exception):
             self.cluster.connection.action(node_id, "shutdown")
         self.cluster.connection.forget(node_id)
         self.cluster.launcher.stop(node_id)
+
+    def stop_all(self) -> None:
+        """Shut every node down side by side."""
+        nodes = self.nodes
+        with ThreadPoolExecutor(max(1, len(nodes))) as pool:
+            list(pool.map(self.stop, nodes))
 
     def forget(self, node_id: str) -> None:
         """A node that died: out of the cluster and of the broadcast membership (its process reaped)."""
