@@ -331,11 +331,11 @@ class StretchCluster:
         self._check_open()
         plan, feeds = split_sources(plan)  # its other sources: read into channels of their own
         plan, forwards = split_rekeys(plan, self.reach(name))  # re-keying: node to node
-        refuse_forwards(name, plan, forwards, config)
+        refuse_forwards(name, forwards, config)
         if self.jobs.submit(plan, name, config):
             self.failover.supervise()
+        self.forwards.add(name, forwards)  # before its sources' rows come
         self.sources.start(name, feeds, bool(config.checkpointing))
-        self.forwards.add(name, forwards)
         return ClusterJobClient(self, name)
 
     def reach(self, job: str) -> dict:

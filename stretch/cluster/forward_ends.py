@@ -1,11 +1,15 @@
-"""The end of a forward's channel (cluster.rekey_plans): once the operator producing into it
-ended on every node the job runs on, every instance there has sent all it forwarded, so the
-channel is ended on every node, and the next operator ends there once it processed it.
+"""The two ends of a forward's channel (cluster.rekey_plans), which the driver gives since a
+forward has writers on every node (each instance of its producing operator), so no single writer
+can begin or end it as an outside writer does its split.
 
-A forward has writers on every node (each instance of its producing operator), so no single
-writer can end it, as ``client.end(channel)`` ends a channel of outside writers. The driver asks
-the nodes instead, a few times a second, while a job with forwards has some not ended; a node
-that joins later gets the ends already given.
+- Its start, with event time: when the job starts on a node, every node hears of that node's
+  instances as splits at the least watermark (placeholders, ``split_name``), before any row
+  comes, so no node's watermark passes an instance that has not spoken yet (in Flink every input
+  channel holds the watermark back from the start). An instance's writer takes its place.
+- Its end: once the operator producing into it ended on every node the job runs on, every
+  instance there has sent all it forwarded, so the channel is ended on every node, and the next
+  operator ends there once it processed it. The driver asks the nodes a few times a second while
+  a job with forwards has some not ended; a node that joins later gets the ends already given.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import threading
 
+from stretch.cluster.forward_sink import split_name
 from stretch.cluster.rekey_plans import Forward
+from stretch.runtime.event_time import MIN_WATERMARK
 
 POLL_S = 0.1
 
@@ -29,9 +35,10 @@ class ForwardEnds:
         self._thread: threading.Thread | None = None
 
     def add(self, job: str, forwards: list[Forward]) -> None:
-        """Watch the forwards of ``job``."""
+        """Watch the forwards of ``job``, which started on every node (before any row comes)."""
         if not forwards:
             return
+        self._announce(job, forwards, list(self.cluster.nodes))
         with self.lock:
             self.forwards[job], self.ended[job] = list(forwards), set()
             if self._thread is None:
@@ -39,12 +46,34 @@ class ForwardEnds:
                 self._thread.start()
 
     def ran_on(self, job: str, nodes: list[str]) -> None:
-        """``job`` runs on ``nodes`` now: the forwards ended already end there too."""
+        """``job`` runs on ``nodes`` now: their splits are announced, and the forwards ended already
+        end there too."""
         with self.lock:
             ended = sorted(self.ended.get(job, ()))
+            running = [f for f in self.forwards.get(job, ()) if f.channel not in ended]
+        self._announce(job, running, nodes)
         for node in nodes:
             for channel in ended:
                 self._end(node, job, channel)
+
+    def _announce(self, job: str, forwards: list[Forward], producers: list[str]) -> None:
+        """Every node hears of the splits of the instances on ``producers`` of each event-time
+        forward, at the least watermark (a node that has heard from an instance already keeps
+        what it said)."""
+        for forward in forwards:
+            if not forward.timed:
+                continue
+            for producer in producers:
+                for instance in range(1, forward.parallelism + 1):
+                    body = {
+                        "job": job,
+                        "channel": forward.channel,
+                        "writer": split_name(producer, instance),
+                        "watermark": MIN_WATERMARK,
+                    }
+                    for node in list(self.cluster.nodes):
+                        with contextlib.suppress(Exception):  # a node gone: nothing to hold back there
+                            self.cluster.connection.action(node, "watermark", body)
 
     def join(self, timeout: float) -> None:
         if self._thread is not None:

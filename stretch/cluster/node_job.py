@@ -73,6 +73,9 @@ class NodeJob:
             for s in plan.sinks
             if isinstance(s.sink, ForwardSink)
         }
+        for s in plan.sinks:
+            if isinstance(s.sink, ForwardSink):
+                s.sink.node = node_id  # its instances are splits named after this node
         self.checkpoint_dir = checkpoint_dir
         strategies = {c: r.watermarks for c, r in self.inputs.items() if r.watermarks is not None}
         self.coordinator = Coordinator(node_plan(plan), f"{name}@{node_id}", config)

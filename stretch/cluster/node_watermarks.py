@@ -37,8 +37,16 @@ class WriterWatermarks:
         self.emitted = MIN_WATERMARK  # the channel's watermark given to the job
         self.idle = False
 
-    def observe(self, writer: str, watermark: int, active: bool = True, closed: bool = False) -> list:
-        """A writer's progress; the marks to give the job (a watermark, or None: idle)."""
+    def observe(
+        self, writer: str, watermark: int, active: bool = True, closed: bool = False, replaces=None
+    ) -> list:
+        """A writer's progress; the marks to give the job (a watermark, or None: idle).
+        ``replaces``: the placeholder this writer takes the place of (a forward's split, announced
+        before its instance spoke: cluster.forward_ends), gone for good from now on."""
+        if replaces is not None and replaces not in self.closed:
+            self.closed.add(replaces)
+            self.marks.pop(replaces, None)
+            self.active.pop(replaces, None)
         if writer in self.closed:
             return []
         self.marks[writer] = max(self.marks.get(writer, MIN_WATERMARK), int(watermark))
@@ -153,6 +161,7 @@ class NodeEventTime:
                 progress["watermark"],
                 progress.get("active", True),
                 progress.get("closed", False),
+                progress.get("replaces"),
             )
             self._give(channel, marks)
 

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from stretch.cluster.forward_sink import ForwardSink
 from stretch.cluster.node_plans import event_time
 from stretch.cluster.source_plans import channel_stage, recount_producers, unique_name
+from stretch.common.watermark_strategy import WatermarkStrategy
 from stretch.datastream.broadcast_stream import input_side
 from stretch.plan.stages import JobPlan, SinkSpec, Step, walk_steps
+from stretch.runtime.event_time import CARRIED
 
 
 @dataclass
@@ -31,6 +33,8 @@ class Forward:
     source: str
     target: str
     channel: str
+    timed: bool = False  # with event time: the source's instances are the channel's splits
+    parallelism: int = 1  # the source's instances on a node the job starts on
 
 
 def split_rekeys(plan: JobPlan, reach: dict) -> tuple[JobPlan, list[Forward]]:
@@ -47,6 +51,11 @@ def split_rekeys(plan: JobPlan, reach: dict) -> tuple[JobPlan, list[Forward]]:
         getattr(s.sink, "channel_name", None) for s in plan.sinks
     }
     forwards: list[Forward] = []
+    timed = any(
+        step.kind == "assign" and event_time(step.fn) is not None
+        for stage in stages
+        for step in walk_steps(stage.chain)
+    )
     for index, original in enumerate(list(stages)):
         if original.kind != "keyed" or not _cuts_in(original.chain):
             continue
@@ -57,19 +66,19 @@ def split_rekeys(plan: JobPlan, reach: dict) -> tuple[JobPlan, list[Forward]]:
             target = _target(head)
             channel = unique_name(f"{stage.name}->{target}", taken)
             sink_id = len(plan.sinks)
-            plan.sinks.append(
-                SinkSpec(
-                    sink_id, channel, ForwardSink(channel, reach), [stage.id], stage.parallelism, type_info
-                )
-            )
+            sink = ForwardSink(channel, reach, timed)
+            plan.sinks.append(SinkSpec(sink_id, channel, sink, [stage.id], stage.parallelism, type_info))
             _point(stage.chain, head, sink_id)
-            stages.append(channel_stage(len(stages), channel, channel, head, type_info, stage))
-            forwards.append(Forward(stage.name, target, channel))
+            fed = head
+            if timed:  # the records keep their timestamps; the producing instances give the watermarks
+                fed = Step("assign", carried_time(), type_info, [head], name="Timestamps/Watermarks")
+            stages.append(channel_stage(len(stages), channel, channel, fed, type_info, stage))
+            forwards.append(Forward(stage.name, target, channel, timed, stage.parallelism))
     recount_producers(plan)
     return plan, forwards
 
 
-def refuse_forwards(job: str, plan: JobPlan, forwards: list[Forward], config) -> None:
+def refuse_forwards(job: str, forwards: list[Forward], config) -> None:
     """A ValueError if ``job`` re-keys in a way a cluster does not run yet, saying why."""
     if not forwards:
         return
@@ -80,14 +89,12 @@ def refuse_forwards(job: str, plan: JobPlan, forwards: list[Forward], config) ->
             "to another are not yet named for a replay after a node dies, so a restored node would "
             "forward them twice; run it without checkpointing on a cluster, or on one node engine"
         )
-    for stage in plan.stages:
-        for step in walk_steps(stage.chain):
-            if step.kind == "assign" and event_time(step.fn) is not None:
-                raise ValueError(
-                    f"job {job!r} re-keys ({edge}) and has event time: on a cluster a forward does "
-                    "not carry watermarks from node to node yet; re-key through Spark (a second job), "
-                    "or run it on one node engine"
-                )
+
+
+def carried_time() -> WatermarkStrategy:
+    """The strategy of a forward's channel in a job with event time: the records' own timestamps;
+    the watermarks are the producing instances' (cluster.writer_clock.CarriedClock)."""
+    return WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(CARRIED)
 
 
 def _is_cut(step: Step) -> bool:

@@ -21,9 +21,10 @@ from stretch.cluster.client import ClusterConnection
 from stretch.cluster.key_routes import KeyRoute, decode_routes
 from stretch.cluster.row_router import REFUSED, RowRouter
 from stretch.cluster.tls import ClusterTLS
-from stretch.cluster.writer_clock import WriterClock
+from stretch.cluster.writer_clock import clock_for
 from stretch.common.records import schema_for, to_batch
 from stretch.common.typeinfo import TypeInformation
+from stretch.runtime.batch import TS_COLUMN
 
 NODES_FOR_S = 1.0  # how long a writer's list of the nodes it sends its watermark to holds
 
@@ -69,7 +70,7 @@ class ClusterWriter:
         self.schema = schema_for(self.type_info) if self.type_info is not None else None
         self.router = RowRouter(self.connection, job, channel, route, retry_for)
         strategy = route.watermarks if route is not None else None
-        self.clock = WriterClock(strategy, route.operator, split) if strategy is not None else None
+        self.clock = clock_for(strategy, route.operator, split) if strategy is not None else None
         self._nodes: tuple[float, list[str]] = (-NODES_FOR_S, [])  # (when listed, nodes) progress goes to
         self._wrote = False  # a writer that wrote nothing is no split: it tells no node it closed
 
@@ -104,7 +105,15 @@ class ClusterWriter:
             ts = self.clock.timestamps(rows)
             self._wrote = True
             self.router.deliver(rows, {**command, "wm": self.clock.before()})
-            self._progress(self.clock.after(ts))
+            progress = self.clock.after(ts)
+            if progress is not None:
+                self._progress(progress)
+
+    def advance(self, watermark: int) -> None:
+        """A forward's writer (cluster.forward_sink): its producing instance passed ``watermark``,
+        which every node hears."""
+        self._wrote = True
+        self._progress(self.clock.advance(watermark))
 
     def _progress(self, progress: dict, fresh: bool = False) -> None:
         """This writer's watermark to every node of the cluster, whether it sent it rows or not
@@ -167,6 +176,10 @@ class ClusterWriter:
         Arrow types, such as string for large_string, differ from the job's)."""
         if self.schema is None or batch.schema.equals(self.schema):
             return batch
+        if TS_COLUMN in batch.schema.names:  # a forward's rows, with their timestamps beside
+            at = batch.schema.get_field_index(TS_COLUMN)
+            data = self._shaped(batch.drop_columns([TS_COLUMN]))
+            return data.append_column(TS_COLUMN, batch.column(at))
         if batch.num_columns != len(self.schema):
             raise ValueError(
                 f"channel {self.channel!r} of job {self.job!r} takes {len(self.schema)} columns "

@@ -54,6 +54,9 @@ class RecordPositionedSource(Source):
 class SinkWriter:
     """Receives a sink's batches in gate order; ``producer`` is the 1-based upstream instance."""
 
+    def open(self, producer: int) -> None:
+        """A chained sink's writer learns the instance it runs in (1-based), before any record."""
+
     def write(self, batch: pa.RecordBatch, producer: int) -> None:
         raise NotImplementedError
 
@@ -65,6 +68,10 @@ class SinkWriter:
         """A chained sink's instance finished a gate entry: hand on anything held back; ``wait``
         (it is about to say it reached an epoch's position) until it was taken. Most sinks hold
         nothing."""
+
+    def watermark(self, value: int) -> None:
+        """A chained sink's instance passed watermark ``value``: every record before it was
+        written. Most sinks ignore it."""
 
     def close(self) -> None:
         """End of stream: everything was written."""

@@ -16,7 +16,7 @@ import pyarrow as pa
 from stretch.contracts.functions import Function, KeySelector, ProcessFunction, TimerService
 from stretch.plan.stages import KeySpec, Step
 from stretch.runtime.batch import Records, resolve_field, split_outputs, take
-from stretch.runtime.event_time import MAX_WATERMARK, WatermarkGenerator, judged, timestamps_of
+from stretch.runtime.event_time import CARRIED, MAX_WATERMARK, WatermarkGenerator, judged, timestamps_of
 from stretch.runtime.gate import Kind
 from stretch.runtime.outputs import NO_KEY, Outputs, StepError, call_of, open_function, per_record
 from stretch.runtime.routing import keyed_by_field, keyed_by_selector, not_null
@@ -78,10 +78,14 @@ class Chain:
 
     def emit(self, kind, value: int = 0, producer: int | None = None) -> None:
         """A watermark (or IDLE/LEAVE) of this producer (or of ``producer``, another instance of
-        its stage) to every gate the chain feeds."""
+        its stage) to every gate the chain feeds; its own watermark to its chained sinks too
+        (SinkWriter.watermark), after the records before it."""
         for n in self.nodes:
             if isinstance(n, _ToGate):
                 n.control(kind, value, producer)
+        if kind == Kind.WATERMARK and producer is None:
+            for n in self.chained_sinks:
+                n.writer.watermark(value)
 
     def end_txn(self, txn: int, producers: int) -> None:
         """Input transaction ``txn`` ended here: every gate and sink gate the chain feeds learns it,
@@ -352,6 +356,8 @@ class _Assign(_Node):
         a = self.assigner
         if a is None:
             return None
+        if a == CARRIED:  # a cluster's forward: the records come with the timestamps they had
+            return records.timestamps()
         if isinstance(a, str):  # beyond PyFlink: a field holding the timestamp, read as a column
             batch = records.data_batch()
             return timestamps_of(batch.column(resolve_field(batch.schema, a)))
@@ -391,6 +397,7 @@ class _ToChainedSink(_Node):
 
     def open(self) -> None:
         self.writer = self.spec.sink.create_writer(self.spec.upstream_parallelism)
+        self.writer.open(self.outputs.producer)
 
     def close(self) -> None:
         self.writer.close()

@@ -13,7 +13,7 @@ from stretch._shm import pid_alive
 from stretch.common.records import schema_for, to_batch, type_info_of
 from stretch.common.typeinfo import TypeInformation
 from stretch.contracts.connectors import SinkWriter
-from stretch.runtime.batch import resolve_field
+from stretch.runtime.batch import TS_COLUMN, resolve_field
 from stretch.runtime.event_time import mark_batch
 from stretch.runtime.gate import Gate, GateClosed, Kind
 from stretch.runtime.routing import keyed_by_field
@@ -68,9 +68,13 @@ class ChannelAppender:
             self._append(batch, txn, round)
 
     def check_fits(self, batch: pa.RecordBatch) -> None:
-        """Raise unless the batch's schema is the channel's."""
-        expected = self.schema if self.schema is not None else self._shape(batch.schema)
-        if not batch.schema.remove_metadata().equals(expected.remove_metadata()):
+        """Raise unless the batch's schema is the channel's (with the records' event timestamps
+        beside, ``__ts``, when they come with them: a cluster's forward)."""
+        schema = batch.schema
+        if TS_COLUMN in schema.names:
+            schema = schema.remove(schema.get_field_index(TS_COLUMN))
+        expected = self.schema if self.schema is not None else self._shape(schema)
+        if not schema.remove_metadata().equals(expected.remove_metadata()):
             raise ValueError(
                 f"batch schema does not match channel {self.name!r}:\n  batch:   {batch.schema.remove_metadata()}"
                 f"\n  channel: {expected.remove_metadata()}"

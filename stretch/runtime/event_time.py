@@ -14,6 +14,8 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from stretch.runtime.batch import TS_COLUMN
+
 MIN_WATERMARK = -(2**63)
 MAX_WATERMARK = 2**63 - 1
 MARK_KEY = b"stretch.watermark"
@@ -56,6 +58,11 @@ def mark_of(batch: pa.RecordBatch) -> int | bool | None:
     if value is None:
         return False
     return None if value == b"idle" else int(value)
+
+
+CARRIED = TS_COLUMN
+"""The timestamp assigner of records that come with their timestamps (a cluster's forward: the
+``__ts`` column of the batches a producing instance sends on): it keeps them."""
 
 
 def producer_id(stage_id: int, index: int) -> int:

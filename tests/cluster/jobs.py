@@ -14,6 +14,7 @@ from stretch.datastream import (
     BroadcastProcessFunction,
     KeyedBroadcastProcessFunction,
     KeyedProcessFunction,
+    ProcessWindowFunction,
     StreamExecutionEnvironment,
 )
 from stretch.datastream.connectors import DiscardingSink
@@ -387,3 +388,11 @@ class RegionSequence(KeyedProcessFunction):
         n = (self.n.value() or 0) + 1
         self.n.update(n)
         yield value[0], n, value[1], value[2]
+
+
+class RegionWindow(ProcessWindowFunction):
+    """Per region and window: its start, how many rows, the sum of their users' totals."""
+
+    def process(self, key, context, elements):
+        elements = list(elements)
+        yield key, context.window().start, len(elements), sum(e[2] for e in elements)

@@ -231,13 +231,13 @@ def test_tumbling_windows_through_a_node_killed_mid_stream(nodes, tmp_path):
 
 def fired_so_far(job, nodes, wait=1.0):
     """The windows every node has fired by now (a running job's output logs, read to their tail
-    once nothing more came for ``wait`` seconds)."""
+    once nothing more came for ``wait`` seconds, or to their end: a removed node's)."""
     got = []
     for node in nodes:
         reader = channels.open_reader(f"{job}@{node}", "out")
         try:
-            while True:
-                got.extend(tuple(r) for r in from_batch(reader.read_batch(timeout=wait)))
+            while (batch := reader.read_batch(timeout=wait)) is not None:  # None: a log that ended
+                got.extend(tuple(r) for r in from_batch(batch))
         except TimeoutError:
             pass
         finally:

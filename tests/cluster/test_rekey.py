@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 
 from stretch.cluster import StretchCluster
 from stretch.cluster.rekey_plans import split_rekeys
-from stretch.common import Duration, Types, WatermarkStrategy
-from stretch.datastream import StreamExecutionEnvironment
+from stretch.common import Duration, Time, Types, WatermarkStrategy
+from stretch.datastream import OutputTag, StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
-from tests.cluster.jobs import RegionSequence, UserTotal
+from stretch.datastream.window import TumblingEventTimeWindows
+from tests.cluster.jobs import RegionSequence, RegionWindow, UserTotal
+from tests.cluster.test_event_time import fired_so_far, results
 from tests.cluster.test_source_plans import plan_of
 
 CLICK = Types.TUPLE([Types.STRING(), Types.STRING(), Types.LONG()])  # user, region, amount
@@ -153,21 +156,102 @@ def test_the_cut_writes_each_edge_into_an_input_channel_of_its_own():
     assert sources["users->regions"].direct  # keyed by a field: writers append straight into the gate
 
 
-def test_checkpointed_and_event_time_jobs_that_re_key_are_refused_saying_why(tmp_path):
+def test_a_checkpointed_job_that_re_keys_is_refused_saying_why(tmp_path):
     checkpointed = rekeyed_job()
     checkpointed.enable_checkpointing(1000)
-    event_time = StreamExecutionEnvironment.get_execution_environment()
-    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(5)).with_timestamp_assigner(
-        "f2"
-    )
-    users = event_time.from_source(ChannelSource("in", CLICK), strategy, "in").key_by(0)
-    regions = users.process(UserTotal(), PER_USER).name("users").key_by(0)
-    regions.process(RegionSequence(), PER_REGION).name("regions").sink_to(ChannelSink("out"))
     with StretchCluster.local(
         nodes=1, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck"
     ) as cluster:
         with pytest.raises(ValueError, match=r"re-keys \('users' -> 'regions'\) and is checkpointed"):
             checkpointed.execute_async("checkpointed", cluster=cluster)
-        with pytest.raises(ValueError, match=r"re-keys \('users' -> 'regions'\) and has event time"):
-            event_time.execute_async("event time", cluster=cluster)
-        assert cluster.jobs.specs == {}  # neither reached a node
+        assert cluster.jobs.specs == {}  # it reached no node
+
+
+# ---- event time through a forward --------------------------------------------------------------
+TIMED_CLICK = Types.TUPLE([Types.STRING(), Types.STRING(), Types.LONG(), Types.LONG()])  # ..., event time
+PER_WINDOW = Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG(), Types.LONG()])  # region, start, n, sum
+WINDOW_MS, DELAY_MS = 100, 20
+
+
+def windowed_job(parallelism=2):
+    """Per user its running total (the records keep their click's timestamp), then per region a
+    100 ms tumbling event-time window of those totals; late ones to channel ``late``."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(parallelism)
+    env.set_max_parallelism(32)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(
+        Duration.of_millis(DELAY_MS)
+    ).with_timestamp_assigner("f3")
+    users = env.from_source(ChannelSource("in", TIMED_CLICK), strategy, "in").key_by(0)
+    per_user = users.process(UserTotal(), PER_USER).name("users")
+    tag = OutputTag("late", PER_USER)
+    windows = per_user.key_by(0).window(TumblingEventTimeWindows.of(Time.milliseconds(WINDOW_MS)))
+    out = windows.side_output_late_data(tag).process(RegionWindow(), PER_WINDOW).name("regions")
+    out.sink_to(ChannelSink("out"))
+    out.get_side_output(tag).sink_to(ChannelSink("late"))
+    return env
+
+
+def timed_clicks(n, start, seed):
+    """Clicks whose event times grow 1 ms every 4 rows, each up to 14 ms out of order (within the
+    strategy's 20: none is late where it enters)."""
+    rng = random.Random(seed)
+    return [
+        (
+            f"u{rng.randrange(60)}",
+            f"r{rng.randrange(7)}",
+            rng.randrange(1, 10),
+            start + i // 4 + rng.randrange(15),
+        )
+        for i in range(n)
+    ]
+
+
+def windowed_model(rows, late):
+    """The plain-Python sequential job: the windows' (region, start, rows, sum of totals), and the
+    records of the rows at the indices in ``late`` (written after their windows fired)."""
+    totals, windows, late_out = {}, {}, []
+    for i, (user, region, amount, ts) in enumerate(rows):
+        totals[user] = totals.get(user, 0) + amount
+        if i in late:
+            late_out.append((region, user, totals[user]))
+            continue
+        n, total = windows.get((region, ts - ts % WINDOW_MS), (0, 0))
+        windows[(region, ts - ts % WINDOW_MS)] = (n + 1, total + totals[user])
+    return sorted((r, start, n, t) for (r, start), (n, t) in windows.items()), sorted(late_out)
+
+
+@pytest.mark.parametrize("nodes", NODE_COUNTS)
+def test_event_time_windows_after_a_re_key_match_the_model_through_node_changes(nodes, tmp_path):
+    """Records keep their timestamps from node to node and each producing instance is an input
+    split of the windows with its own watermark: every window fires once with the model's rows,
+    while a node joins and one leaves, and rows written after their windows fired are late."""
+    first = timed_clicks(6000, 1_000_000, seed=5)
+    end = 1_000_000 + 6000 // 4
+    late_rows = [(u, r, a, ts - 900) for u, r, a, ts in timed_clicks(300, 1_000_000, seed=6)]
+    second = timed_clicks(2000, end, seed=7)
+    rows = first + [row for pair in zip(late_rows, second) for row in pair] + second[len(late_rows) :]
+    late = {len(first) + 2 * i for i in range(len(late_rows))}
+    want, want_late = windowed_model(rows, late)
+    fired_first = [w for w in want if w[1] + WINDOW_MS <= end - 2 * WINDOW_MS]
+    with StretchCluster.local(
+        nodes=nodes, directory=tmp_path / "cluster", max_parallelism=32, step=8
+    ) as cluster:
+        client = windowed_job().execute_async("timed", cluster=cluster)
+        with client.writer("in") as writer:
+            for i in range(12):
+                writer.write(first[i * 500 : (i + 1) * 500], query="q", batch=i)
+                if i == 5:  # windows and watermarks on both sides of the forward move
+                    assert cluster.add_node().key_groups_moved > 0
+                    assert cluster.remove_node(cluster.nodes[0]).key_groups_moved > 0
+            deadline = time.monotonic() + 60  # the first part's windows fire before the late rows come
+            ran_on = cluster.files.jobs()["timed"]["nodes"]  # the removed node's output too
+            while not set(fired_first) <= set(fired_so_far("timed", ran_on, wait=0.2)):
+                assert time.monotonic() < deadline, "the first part's windows did not fire"
+            rest = rows[len(first) :]
+            for i in range(0, len(rest), 500):
+                writer.write(rest[i : i + 500], query="q", batch=12 + i // 500)
+        client.end("in")
+        assert set(client.wait(120).values()) == {"FINISHED"}
+        assert results(client, "out") == want
+        assert results(client, "late") == want_late
