@@ -225,7 +225,8 @@ def windowed_model(rows, late):
 def test_event_time_windows_after_a_re_key_match_the_model_through_node_changes(nodes, tmp_path):
     """Records keep their timestamps from node to node and each producing instance is an input
     split of the windows with its own watermark: every window fires once with the model's rows,
-    while a node joins and one leaves, and rows written after their windows fired are late."""
+    while a node joins, an operator scales up there and a node leaves, and rows written after
+    their windows fired are late."""
     first = timed_clicks(6000, 1_000_000, seed=5)
     end = 1_000_000 + 6000 // 4
     late_rows = [(u, r, a, ts - 900) for u, r, a, ts in timed_clicks(300, 1_000_000, seed=6)]
@@ -243,6 +244,7 @@ def test_event_time_windows_after_a_re_key_match_the_model_through_node_changes(
                 writer.write(first[i * 500 : (i + 1) * 500], query="q", batch=i)
                 if i == 5:  # windows and watermarks on both sides of the forward move
                     assert cluster.add_node().key_groups_moved > 0
+                    client.rescale("users", 3, node=cluster.nodes[-1])  # splits that join mid-stream
                     assert cluster.remove_node(cluster.nodes[0]).key_groups_moved > 0
             deadline = time.monotonic() + 60  # the first part's windows fire before the late rows come
             ran_on = cluster.files.jobs()["timed"]["nodes"]  # the removed node's output too
