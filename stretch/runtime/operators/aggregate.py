@@ -132,9 +132,18 @@ class AggregateOperator(KeyedOperator):
         return layout.output(batch, pos[:m], out[:, :m], {}, keys[pos[:m]])
 
     def _located(self, batch, kgs, layout) -> Records:
+        touched = np.unique(kgs)
+        table = self.table
+        table.begin_write(touched)  # queryable readers retry rather than see a new key's value unset
+        try:
+            return self._aggregate_located(batch, kgs, layout, touched)
+        finally:
+            table.end_write(touched)
+
+    def _aggregate_located(self, batch, kgs, layout, touched) -> Records:
         _, _, rows, uidx, first = self.locate(batch, kgs)
         table, arena = self.table, self.table.arena
-        table.ensure_columns(layout.sid, np.unique(kgs), 8 * layout.width)
+        table.ensure_columns(layout.sid, touched, 8 * layout.width)
         vals = layout.values(batch)
         out = np.empty_like(vals)
         K.rolling_records(
