@@ -5,8 +5,9 @@ steps of a few key groups (at most the cluster's ``step``, and about ``STEP_BYTE
 step one routing version: the old owner stops taking the step's key groups and stops them at the
 readers' frontier of its keyed gates (not behind its backlog), copies their state out (Arrow IPC
 key-group snapshot) with the rows of theirs it took and had not processed, and forgets them; the
-new owner loads the state into its live arena, appends the forwarded rows, and only then takes
-writers' rows of them (cluster.node_handoff). Writers that meet a refusal reload the table and
+new owner fetches the state and the rows straight from the old owner (``fetch``: they cross once,
+node to node), loads the state into its live arena, appends the forwarded rows, and only then
+takes writers' rows of them (cluster.node_handoff). Writers that meet a refusal reload the table and
 send again, so a key waits at most for its own step, however much the old owner had queued.
 
 With a checkpoint directory, a node that dies in the middle of a move is restored on the others
@@ -151,25 +152,28 @@ class Handoff:
         self.in_flight["base"] = released.get("base")
         c.hook("load", src, dst)
         size = 0
+        origin = connection.locations()[src]
         for part in released["parts"]:
-            table = connection.get(src, f"snapshot:{part['ticket']}")
-            size += table.nbytes
             command = {
                 "op": "load",
                 "job": part["job"],
                 "operator": part["operator"],
                 "description": part["description"],
             }
-            connection.put(dst, command, table)
+            fetch = {"from": origin, "ticket": f"snapshot:{part['ticket']}", "put": command}
+            size += connection.action(dst, "fetch", fetch)["bytes"]
         for part in released.get("stage", ()):  # the stage transactions' results that cover them
-            table = connection.get(src, f"stage:{part['ticket']}")
-            connection.put(dst, {"op": "stage_parts", "job": part["job"]}, table)
+            command = {"op": "stage_parts", "job": part["job"]}
+            connection.action(
+                dst, "fetch", {"from": origin, "ticket": f"stage:{part['ticket']}", "put": command}
+            )
         c.hook("forward", src, dst)
         move = f"{version}:{src}"  # the adoption takes the rows forwarded for this move
         for part in released.get("forward", ()):  # rows src took and had not processed
-            table = connection.get(src, f"forward:{part['ticket']}")
             command = {"op": "forward", "job": part["job"], "operator": part["operator"], "move": move}
-            connection.put(dst, command, table)
+            connection.action(
+                dst, "fetch", {"from": origin, "ticket": f"forward:{part['ticket']}", "put": command}
+            )
         c.hook("adopt", src, dst)
         body = {
             "version": version,

@@ -28,7 +28,9 @@ Calls (Flight):
   of an output channel's log (see cluster.output_logs), for readers on other hosts;
   ``broadcast:<ticket>``: a job's broadcast states a ``broadcast_fence`` parked (one row per
   broadcast operator).
-- actions (JSON): ``submit`` (a cloudpickled plan), ``own``, ``release``, ``adopt``, ``status``,
+- actions (JSON): ``submit`` (a cloudpickled plan), ``own``, ``release``, ``fetch`` (what a
+  ``release`` of a peer parked for this node, fetched straight from the peer and taken as a
+  ``do_put``), ``adopt``, ``status``,
   ``rescale``, ``end``, ``ended_operators``, ``wait``, ``failed``, ``cancel``, ``retire``, ``shutdown``,
   ``take_shared`` (rows a writer on this host staged in shared memory, answered as
   ``do_exchange`` answers); for readers on other hosts
@@ -73,6 +75,7 @@ from stretch.cluster.protocol import (
     LEFT_CLUSTER,
     SECRET_ENV,
     SecretCheck,
+    call_options,
     plain_errors,
 )
 from stretch.cluster.shm_transport import NotVisible, staged_batches
@@ -106,6 +109,7 @@ class NodeServer(flight.FlightServerBase):
             **(tls.server_options() if tls is not None else {}),
         )
         self.node_id = node_id
+        self._peer_options = (call_options(secret), tls.client_options() if tls is not None else {})
         self.lock = threading.RLock()  # ownership changes and writes take turns
         self.version = -1
         self.owned: np.ndarray | None = None  # bool per key group: owned and ready
@@ -131,8 +135,9 @@ class NodeServer(flight.FlightServerBase):
     # ---- rows ---------------------------------------------------------------------------------
     @plain_errors
     def do_put(self, context, descriptor, reader, writer):
-        cmd = json.loads(descriptor.command)
-        batches = list(reader.read_all().to_batches())
+        self._put(json.loads(descriptor.command), list(reader.read_all().to_batches()))
+
+    def _put(self, cmd: dict, batches: list[pa.RecordBatch]) -> None:
         if cmd["op"] == "write":
             self.intake.take(cmd, batches)
         elif cmd["op"] == "load":
@@ -153,6 +158,17 @@ class NodeServer(flight.FlightServerBase):
         writer.write_metadata(pa.py_buffer(json.dumps(reply).encode()))
         for result in results:
             writer.write_metadata(pa.py_buffer(result))
+
+    def _act_fetch(self, body: bytes) -> dict:
+        """What a peer parked for this node (``ticket`` at ``from``: a released key group's state,
+        or the rows it had queued), fetched straight from it and taken as the ``put`` command
+        says: a handoff's bytes cross once, node to node, not through the driver."""
+        msg = json.loads(body)
+        options, tls = self._peer_options
+        with flight.FlightClient(msg["from"], **tls) as peer:
+            table = peer.do_get(flight.Ticket(msg["ticket"].encode()), options).read_all()
+        self._put(msg["put"], table.to_batches())
+        return {"ok": True, "bytes": table.nbytes}
 
     def _act_take_shared(self, body: bytes):
         """Rows a writer on this host staged in shared memory (see cluster.shm_transport): taken
