@@ -52,15 +52,16 @@ class ChannelLog:
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self._segment: tuple[int, object] | None = None  # (first offset, open file) being appended to
-        self._reading: tuple[int, int] | None = None  # (first offset, descriptor) of the segment read last
+        self._reading: tuple[int, object] | None = None  # (first offset, open file) of the segment read last
+        self._index_file = None  # the index, open for reading
         self.pinned: int | None = None  # retention keeps every batch from here on (a checkpoint's)
 
     # ---- offsets ---------------------------------------------------------------------------
     def _entries(self, start: int, end: int) -> np.ndarray:
         """Index entries ``start`` .. ``end`` (fewer if the index is shorter)."""
-        with open(self._index, "rb") as f:
-            f.seek(start * 8 * _ENTRY)
-            raw = f.read(max(0, end - start) * 8 * _ENTRY)
+        if self._index_file is None:  # kept open: a live reader reads one entry a batch
+            self._index_file = os.fdopen(os.open(self._index, os.O_RDONLY), "rb", buffering=0)
+        raw = os.pread(self._index_file.fileno(), max(0, end - start) * 8 * _ENTRY, start * 8 * _ENTRY)
         n = len(raw) // (8 * _ENTRY)
         return np.frombuffer(raw[: n * 8 * _ENTRY], dtype=np.int64).reshape(n, _ENTRY)
 
@@ -156,8 +157,11 @@ class ChannelLog:
             self._segment[1].close()
             self._segment = None
         if self._reading is not None:
-            os.close(self._reading[1])
+            self._reading[1].close()
             self._reading = None
+        if self._index_file is not None:
+            self._index_file.close()
+            self._index_file = None
 
     # ---- reading (anyone) ------------------------------------------------------------------
     def read(self, start: int, end: int | None = None):
@@ -175,16 +179,16 @@ class ChannelLog:
         times the copy. A deleted segment means ``start`` is no longer retained."""
         if self._reading is None or self._reading[0] != first:
             if self._reading is not None:
-                os.close(self._reading[1])
+                self._reading[1].close()
                 self._reading = None
             try:
-                self._reading = (first, os.open(self._path(first), os.O_RDONLY))
+                self._reading = (first, os.fdopen(os.open(self._path(first), os.O_RDONLY), "rb", buffering=0))
             except FileNotFoundError:
                 raise LookupError(
                     f"channel log {self.dir}: offset {start} is no longer retained "
                     f"(oldest held: {self.start_offset})"
                 ) from None
-        return pa.py_buffer(os.pread(self._reading[1], length, position))
+        return pa.py_buffer(os.pread(self._reading[1].fileno(), length, position))
 
     # ---- retention -------------------------------------------------------------------------
     def commits(self) -> dict[str, int]:
