@@ -150,11 +150,14 @@ class ChannelReader:
     def read_batch(self, timeout: float | None = None) -> pa.RecordBatch | None:
         """The next batch, None at the end of the stream; TimeoutError if none came in time."""
         while True:
-            if self.offset < self.log.readable_end:
+            tail = self._tail
+            # while the run goes on, its live tail says how far readers may read (the log's files
+            # say it too, at the cost of a stat and a read of each batch)
+            live = tail is not None and tail.state == LogTail.RUNNING
+            if self.offset < (tail.end if live else self.log.readable_end):
                 (batch,) = self.log.read(self.offset, self.offset + 1)
                 self.offset += 1
                 return batch
-            tail = self._tail
             if tail is None or tail.state == LogTail.ENDED:
                 if tail is None and not self.log.ended:
                     raise RuntimeError(f"the job producing channel {self.name!r} stopped before its end")

@@ -52,15 +52,16 @@ class ChannelLog:
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self._segment: tuple[int, object] | None = None  # (first offset, open file) being appended to
-        self._maps: dict[int, pa.MemoryMappedFile] = {}  # segments mapped for reading
+        self._reading: tuple[int, object] | None = None  # (first offset, open file) of the segment read last
+        self._index_file = None  # the index, open for reading
         self.pinned: int | None = None  # retention keeps every batch from here on (a checkpoint's)
 
     # ---- offsets ---------------------------------------------------------------------------
     def _entries(self, start: int, end: int) -> np.ndarray:
         """Index entries ``start`` .. ``end`` (fewer if the index is shorter)."""
-        with open(self._index, "rb") as f:
-            f.seek(start * 8 * _ENTRY)
-            raw = f.read(max(0, end - start) * 8 * _ENTRY)
+        if self._index_file is None:  # kept open: a live reader reads one entry a batch
+            self._index_file = os.fdopen(os.open(self._index, os.O_RDONLY), "rb", buffering=0)
+        raw = os.pread(self._index_file.fileno(), max(0, end - start) * 8 * _ENTRY, start * 8 * _ENTRY)
         n = len(raw) // (8 * _ENTRY)
         return np.frombuffer(raw[: n * 8 * _ENTRY], dtype=np.int64).reshape(n, _ENTRY)
 
@@ -155,35 +156,39 @@ class ChannelLog:
         if self._segment is not None:
             self._segment[1].close()
             self._segment = None
-        for m in self._maps.values():
-            m.close()
-        self._maps.clear()
+        if self._reading is not None:
+            self._reading[1].close()
+            self._reading = None
+        if self._index_file is not None:
+            self._index_file.close()
+            self._index_file = None
 
     # ---- reading (anyone) ------------------------------------------------------------------
     def read(self, start: int, end: int | None = None):
         """Batches ``start`` .. ``end`` (exclusive; default: what is there now), in order."""
         end = self.end_offset if end is None else end
-        if start < self.start_offset:
-            raise LookupError(
-                f"channel log {self.dir}: offset {start} is no longer retained "
-                f"(oldest held: {self.start_offset})"
-            )
         entries = self._entries(start, end)
         if start + len(entries) < end:
             raise LookupError(f"channel log {self.dir}: offset {end} is past the end ({self.end_offset})")
         for first, position, length in entries.tolist():
-            data = self._mapped(first, position + length).read_at(length, position)
-            yield pa.ipc.open_stream(data).read_next_batch()
+            yield pa.ipc.open_stream(self._read_at(first, position, length, start)).read_next_batch()
 
-    def _mapped(self, first: int, needed: int) -> pa.MemoryMappedFile:
-        """Segment ``first`` mapped at least ``needed`` bytes long (it grows while it is the last)."""
-        m = self._maps.get(first)
-        if m is None or m.size() < needed:
-            for old in self._maps.values():  # only the segment being read stays mapped
-                old.close()
-            self._maps.clear()
-            m = self._maps[first] = pa.memory_map(str(self._path(first)))
-        return m
+    def _read_at(self, first: int, position: int, length: int, start: int) -> pa.Buffer:
+        """``length`` bytes at ``position`` of segment ``first``, read in one call: a live reader's
+        segment has grown since its last read, and mapping it again for each batch cost three
+        times the copy. A deleted segment means ``start`` is no longer retained."""
+        if self._reading is None or self._reading[0] != first:
+            if self._reading is not None:
+                self._reading[1].close()
+                self._reading = None
+            try:
+                self._reading = (first, os.fdopen(os.open(self._path(first), os.O_RDONLY), "rb", buffering=0))
+            except FileNotFoundError:
+                raise LookupError(
+                    f"channel log {self.dir}: offset {start} is no longer retained "
+                    f"(oldest held: {self.start_offset})"
+                ) from None
+        return pa.py_buffer(os.pread(self._reading[1].fileno(), length, position))
 
     # ---- retention -------------------------------------------------------------------------
     def commits(self) -> dict[str, int]:

@@ -171,12 +171,16 @@ class ChannelLogWriter(SinkWriter):
         log.set_committed(log.end_offset if transactional else None)
         self.appended_at: deque[float] = deque(maxlen=100_000)  # recent appends (latency plots)
 
-    def write(self, batch, producer: int) -> int | None:
-        """Append the batch to the log; its offset (None for an empty batch)."""
+    def write(self, batch, producer: int, ipc=None) -> int | None:
+        """Append the batch to the log; its offset (None for an empty batch). ``ipc``: the batch's
+        Arrow IPC stream as its gate holds it, appended as it is unless engine columns must go."""
         data = [i for i, n in enumerate(batch.schema.names) if not n.startswith("__")]
         if not batch.num_rows:
             return None
-        offset = self.log.append(batch.select(data) if len(data) < batch.num_columns else batch)
+        if len(data) < batch.num_columns:
+            offset = self.log.append(batch.select(data))
+        else:
+            offset = self.log.append(batch) if ipc is None else self.log.append_ipc(ipc)
         if not self.transactional:
             self.tail.publish(offset + 1)
         self.appended_at.append(time.monotonic())

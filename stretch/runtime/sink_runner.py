@@ -127,7 +127,9 @@ class SinkRunner(threading.Thread):
                 # which appends it to its log at once, takes it as it is
                 entry = gate.read(seq, copy=not self._channel)
                 if entry.kind is Kind.DATA:
-                    self._write(entry.batch, entry.arg0, entry.arg1)
+                    self._write(
+                        entry.batch, entry.arg0, entry.arg1, gate.payload(seq) if self._channel else None
+                    )
                 elif entry.kind is Kind.CHECKPOINT:
                     self._barrier(entry.arg0)
                 elif entry.kind is Kind.MARK and entry.arg1 and self.txns is not None:
@@ -143,12 +145,17 @@ class SinkRunner(threading.Thread):
                 raise
             return False
 
-    def _write(self, batch, producer: int, txn: int) -> None:
+    def _write(self, batch, producer: int, txn: int, ipc=None) -> None:
+        """``ipc``: an output channel's batch as its gate holds it (ChannelLogWriter.write)."""
         with self._lock:
             if self.transactional and not self._channel:
                 self._open.append((batch, producer))
                 return
-            offset = self._active.write(batch, producer)
+            offset = (
+                self._active.write(batch, producer)
+                if ipc is None
+                else self._active.write(batch, producer, ipc)
+            )
         if txn and offset is not None and self.txns is not None:
             self.txns.output(txn, offset)
 

@@ -98,9 +98,12 @@ def _send_metrics(task, tag: dict, reply) -> None:
             reply({"op": "user_metrics", **tag, "metrics": rows})
 
 
-def _report_metrics(running: dict, reply) -> None:
-    """Every ``REPORT_PERIOD``: the running task's user metrics, if it has any."""
+def _report_metrics(running: dict, busy: threading.Event, reply) -> None:
+    """Every ``REPORT_PERIOD`` while a task runs: its user metrics, if it has any. A spare's
+    reporter sleeps until its worker is given a task, rather than wake every period for nothing
+    (on a small machine, each wake-up takes a core from a busy instance for a moment)."""
     while True:
+        busy.wait()
         time.sleep(REPORT_PERIOD)
         now = running.get("now")
         if now is not None:
@@ -132,8 +135,9 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
 
     threading.Thread(target=receive, name="stretch-inbox", daemon=True).start()
     running: dict = {}  # the task that runs now and its tag, for the metrics reporter
+    busy = threading.Event()  # set while a task runs
     threading.Thread(
-        target=_report_metrics, args=(running, reply), name="stretch-user-metrics", daemon=True
+        target=_report_metrics, args=(running, busy, reply), name="stretch-user-metrics", daemon=True
     ).start()
     attached = None
     stages: dict = {}
@@ -177,9 +181,11 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
             task.a.start = msg.get("start", 0)
             task.a.code = msg.get("code", 0)
             running["now"] = (task, tag)
+            busy.set()
             try:
                 task.run()
             finally:
+                busy.clear()
                 running.clear()
             reply({"op": "done", "retired": getattr(task, "retired", False), **tag})
             if msg["stage"] in attached.resources.keyed_index:  # park a fresh one for the next rescale

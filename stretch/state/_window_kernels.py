@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 from stretch.state._prefetch import prefetch
-from stretch.state._table_kernels import H_NKEYS, KG_WORDS, S_DATA_CAP, S_DATA_OFF, S_HEAP_OFF
+from stretch.state._table_kernels import H_KEYS_OFF, H_NKEYS, KG_WORDS, S_DATA_CAP, S_DATA_OFF, S_HEAP_OFF
 
 SUM, MIN, MAX = 0, 1, 2
 S_INDEXED = 7  # word of the index column's per-key-group header: 1 once the index holds every open window
@@ -186,7 +186,21 @@ def _ring_base(a64, h, r):
 
 @njit(**_OPTS)
 def window_fire(
-    a64, base_w, ibase_w, owned, hi, m, ring0, out_kg, out_row, out_widx, out_cnt, out_acc, progress
+    a64,
+    dir_w,
+    base_w,
+    ibase_w,
+    owned,
+    hi,
+    m,
+    ring0,
+    out_kg,
+    out_row,
+    out_key,
+    out_widx,
+    out_cnt,
+    out_acc,
+    progress,
 ):
     """Emit and free every open window up to index ``hi`` of the owned key groups, key group by
     key group (in ``owned`` order), row by row, a row's windows in order; the caller orders the
@@ -196,12 +210,17 @@ def window_fire(
     the initial ``ring0`` slots holds the first due window), are prefetched a key group at a time,
     so the cache misses overlap instead of following one another.
 
+    A non-empty ``out_key`` takes each result's int64 key (a table of int64 keys, whose key
+    groups' headers are at word ``dir_w``), read here beside the ring: gathered afterwards, the
+    keys would be cache misses again, one after another.
+
     Resumable: ``progress`` is ``[owned position, emitted]``; the kernel stops when the outputs
     may not take a row's due windows and returns with the position to continue from (``-k`` as
     emitted when they cannot take even one row's ``k`` windows).
     """
     sw = 2 + m
     cap = out_kg.shape[0]
+    keys = out_key.shape[0] > 0
     n = 0
     due = np.empty(16, np.int64)  # word offsets of a key group's due buckets, by window
     rows = np.empty(1024, np.int64)  # the rows with a due window, and their rings
@@ -233,6 +252,7 @@ def window_fire(
             rings = np.empty(width * 64, np.int64)
         nr = 0
         views = (a64[h + S_DATA_OFF] >> 3) if a64[h + S_DATA_CAP] > 0 else 0
+        kw = (a64[dir_w + kg * KG_WORDS + H_KEYS_OFF] >> 3) if keys else 0
         for j in range(width):  # the rows with a due window, their ring views prefetched
             x = np.int64(0)
             for d in range(k):
@@ -243,6 +263,8 @@ def window_fire(
                 rows[nr] = r
                 if views:
                     prefetch(a64, views + 2 * r)
+                if keys:
+                    prefetch(a64, kw + r)
                 nr += 1
         for i in range(nr):  # their rings, the lines to be read prefetched
             r = rows[i]
@@ -272,6 +294,8 @@ def window_fire(
                 if a64[s + 1] == 0 or a64[s] != w:
                     continue  # emitted before a resume (or never: a set bit is an open slot)
                 out_kg[n], out_row[n], out_widx[n], out_cnt[n] = kg, r, w, a64[s + 1]
+                if keys:
+                    out_key[n] = a64[kw + r]
                 for c in range(m):
                     out_acc[c, n] = a64[s + 2 + c]
                 a64[s + 1] = 0

@@ -95,6 +95,6 @@ def warm_window_kernels() -> None:
         a64, a64.view(np.float64), 0, kgs, none64, none64, _readonly(none64), vals, ops, is_float, 1, 1,
         0, 16, 0, np.zeros(0, np.bool_), progress,
     )  # fmt: skip
-    out = (none64, none64, none64, none64, vals)
-    W.window_fire(a64, 0, 0, none64, 0, 1, 16, *out, np.zeros(2, np.int64))
+    out = (none64, none64, none64, none64, none64, vals)
+    W.window_fire(a64, 0, 0, 0, none64, 0, 1, 16, *out, np.zeros(2, np.int64))
     W.window_index_rebuild(a64, 0, 0, 0, 0, 1)

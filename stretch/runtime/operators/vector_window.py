@@ -258,6 +258,7 @@ class VectorWindowOperator(KeyedOperator):
         hi = max((limit - w.size + 1 - w.offset) // w.slide, _MIN) if limit < _MAX else _MAX
         a = self.table.arena
         m = len(self.slots)
+        int_keys = self._int_keys()
         parts = []
         progress = np.zeros(2, dtype=np.int64)
         chunk = _CHUNK
@@ -268,12 +269,14 @@ class VectorWindowOperator(KeyedOperator):
                 out = (
                     np.empty(chunk, np.int64),
                     np.empty(chunk, np.int64),
+                    np.empty(chunk if int_keys else 0, np.int64),
                     np.empty(chunk, np.int64),
                     np.empty(chunk, np.int64),
                     np.empty((m, chunk), np.int64),
                 )
                 K.window_fire(
                     a.a64,
+                    a.dir_w,
                     a.state_base_w(self.sid),
                     a.state_base_w(self.iid),
                     owned,
@@ -292,24 +295,32 @@ class VectorWindowOperator(KeyedOperator):
             self.table.end_write(owned)
         if not parts:
             return None
-        kg, row, widx, cnt, acc = (np.concatenate(x, axis=-1) for x in zip(*parts))
+        if len(parts) == 1:
+            kg, row, key, widx, cnt, acc = parts[0]
+        else:
+            kg, row, key, widx, cnt, acc = (np.concatenate(x, axis=-1) for x in zip(*parts))
         span = int(widx.max() - widx.min())
         if span == 0:
-            return Records(batch=self._output(kg, row, widx, cnt, acc))
+            return Records(batch=self._output(kg, row, key, widx, cnt, acc))
         # window-major, as Flink's timers fire; small ints make numpy's stable sort a radix sort
         rel = widx - widx.min()
         order = np.argsort(rel.astype(np.uint16) if span < 65536 else rel, kind="stable")
-        return Records(batch=self._output(kg[order], row[order], widx[order], cnt[order], acc[:, order]))
+        key = key[order] if int_keys else key
+        return Records(batch=self._output(kg[order], row[order], key, widx[order], cnt[order], acc[:, order]))
 
-    def _output(self, kg, row, widx, cnt, acc) -> pa.RecordBatch:
+    def _int_keys(self) -> bool:
+        """Whether the results' keys are the table's int64 keys as they are (the fire kernel then
+        reads them beside the rings)."""
+        return self.table.mode() is KeyMode.INT64 and pa.types.is_integer(self.out_schema.field(0).type)
+
+    def _output(self, kg, row, key, widx, cnt, acc) -> pa.RecordBatch:
+        """The results as one batch; ``key``: their int64 keys when the kernel read them."""
         w = self.w
         start = widx * w.slide + w.offset
         end = start + w.size
         schema = self.out_schema
-        if self.table.mode() is KeyMode.INT64 and pa.types.is_integer(schema.field(0).type):
-            a = self.table.arena
-            keys_off = self.table.headers[kg, TK.H_KEYS_OFF] // 8
-            key = pa.array(a.a64[keys_off + row]).cast(schema.field(0).type)
+        if len(key) == len(kg):
+            key = pa.array(key).cast(schema.field(0).type)
         else:
             keys = self.table.keys_at(kg.astype(np.uint16), row)
             if (schema.field(0).metadata or {}).get(b"stretch.pickled") == b"1":
