@@ -111,12 +111,12 @@ class _ForwardWriter(SinkWriter):
         self._check()
         if self.held:
             batches, self.held, self.rows = self.held, [], 0
-            table = pa.Table.from_batches(batches) if len(batches) > 1 else batches[0]
-            with self.changed:
-                while self.writes >= IN_FLIGHT and self.error is None:
-                    self.changed.wait()
-                self.writes += 1
-                self._post(("rows", table))
+            for table in _tables(batches):
+                with self.changed:
+                    while self.writes >= IN_FLIGHT and self.error is None:
+                        self.changed.wait()
+                    self.writes += 1
+                    self._post(("rows", table))
         if wait:
             with self.changed:
                 while self.writes and self.error is None:
@@ -201,3 +201,15 @@ class _ForwardWriter(SinkWriter):
         finally:
             if writer is not None:
                 writer.close()
+
+
+def _tables(batches: list) -> list:
+    """The batches as few writes as their schemas allow, in order: records with timestamps and
+    records without (a processing-time timer's, in a job with event time) go apart."""
+    runs: list[list] = []
+    for batch in batches:
+        if runs and runs[-1][0].schema.equals(batch.schema):
+            runs[-1].append(batch)
+        else:
+            runs.append([batch])
+    return [pa.Table.from_batches(run) if len(run) > 1 else run[0] for run in runs]

@@ -119,3 +119,15 @@ def test_an_instance_waits_once_its_writes_in_flight_are_taken_and_an_epoch_wait
     w.flush(wait=True)
     assert sum(k == "rows" for k, _ in sent.calls) == IN_FLIGHT + 2
     w.close()
+
+
+def test_records_with_and_without_timestamps_go_as_writes_of_their_own_in_order(recorder):
+    w = writer()
+    w.write_records(records([("a", 1)], [10]), 2)
+    w.write_records(Records(items=[("b", 2)], type_info=PAIR), 2)  # a processing-time timer's
+    w.write_records(records([("c", 3)], [12]), 2)
+    w.close()
+    (sent,) = recorder.made
+    rows = [v for k, v in sent.calls if k == "rows"]
+    assert [t.column("f0").to_pylist() for t in rows] == [["a"], ["b"], ["c"]]
+    assert [TS_COLUMN in t.schema.names for t in rows] == [True, False, True]
