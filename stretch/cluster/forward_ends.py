@@ -60,20 +60,17 @@ class ForwardEnds:
         """Every node hears of the splits of the instances on ``producers`` of each event-time
         forward, at the least watermark (a node that has heard from an instance already keeps
         what it said)."""
-        for forward in forwards:
-            if not forward.timed:
-                continue
-            for producer in producers:
-                for instance in range(1, forward.parallelism + 1):
-                    body = {
-                        "job": job,
-                        "channel": forward.channel,
-                        "writer": split_name(producer, instance),
-                        "watermark": MIN_WATERMARK,
-                    }
-                    for node in list(self.cluster.nodes):
-                        with contextlib.suppress(Exception):  # a node gone: nothing to hold back there
-                            self.cluster.connection.action(node, "watermark", body)
+        splits = [
+            {"job": job, "channel": f.channel, "writer": split_name(producer, i), "watermark": MIN_WATERMARK}
+            for f in forwards
+            if f.timed
+            for producer in producers
+            for i in range(1, f.parallelism + 1)
+        ]
+        for node in list(self.cluster.nodes) if splits else ():
+            for body in splits:
+                with contextlib.suppress(Exception):  # a node gone: nothing to hold back there
+                    self.cluster.connection.action(node, "watermark", body)
 
     def join(self, timeout: float) -> None:
         if self._thread is not None:
