@@ -19,6 +19,7 @@ from pathlib import Path
 from pyarrow import flight
 
 import stretch
+from stretch import _shm as shm
 from stretch.cluster.addresses import LOOPBACK, advertised_host
 from stretch.cluster.protocol import SECRET_ENV, call_options
 from stretch.cluster.tls import TLS_ENV, ClusterTLS, location
@@ -69,6 +70,8 @@ def spawn_node(
 
 
 def reap(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Wait for a node process to end, then remove the shared memory its jobs left: a node killed
+    (SIGKILL, out of memory) never unlinked its segments, which would stay in /dev/shm for good."""
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -76,6 +79,7 @@ def reap(proc: subprocess.Popen, timeout: float = 60) -> None:
         proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
+    shm.unlink_prefix(f"{shm.PREFIX}-{os.getuid()}-{proc.pid}")
 
 
 class LocalNodes:
