@@ -330,7 +330,8 @@ class StretchCluster:
         """Run a job on every node (what ``env.execute_async(name, cluster=cluster)`` does)."""
         self._check_open()
         plan, feeds = split_sources(plan)  # its other sources: read into channels of their own
-        plan, forwards = split_rekeys(plan, self.reach(name))  # re-keying: node to node
+        # re-keying: node to node (a checkpointed job's through logs its checkpoints commit)
+        plan, forwards = split_rekeys(plan, self.reach(name), logged=bool(config.checkpointing))
         refuse_forwards(name, forwards, config)
         if self.jobs.submit(plan, name, config):
             self.failover.supervise()

@@ -10,6 +10,7 @@ of one that died starts as many fresh nodes and restores every key group on them
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import threading
@@ -17,6 +18,7 @@ import time
 
 from stretch.cluster import broadcast_restore, recovery
 from stretch.cluster.directory import HANDOFF
+from stretch.cluster.forward_log import send_dead_log
 from stretch.cluster.recovery import NodeLost
 from stretch.cluster.routing import RoutingTable, plan_failover
 from stretch.runtime.state_dir import channel_dir
@@ -161,6 +163,7 @@ class Failover:
                     log = channel_dir(f"{job}@{node}", channel, "out")
                     offset = outputs.get(job, {}).get(channel)
                     recovery.cut_output(log, offset if offset is not None else 1 << 62)
+        held = self._hold_forwarding(True)  # the restored key groups' records go after the dead log's
         replayed, failed, unfinished = 0, [], {}
         for target, by_source in parts.items():
             body = {"version": c.table.version, "parts": list(by_source.values())}
@@ -176,17 +179,46 @@ class Failover:
                     for kg in part["key_groups"]:
                         if not any(kg in e["key_groups"] and e["base"] == part["base"] for e in adopted):
                             unfinished[kg] = part["node"]
+        forwarded = self._send_dead_logs([n for n in dead if n not in failed])
         report = {
             "nodes": list(dead),
             "key_groups": len(origin),
             "rows_replayed": replayed,
+            "batches_forwarded": forwarded,
             "version": c.table.version,
             "elapsed_ms": (time.monotonic() - t0) * 1000,
         }
         self.recoveries.append(report)
         if failed:
             self.recover(failed, origins=unfinished)
+        if held:
+            self._hold_forwarding(False)
         return report
+
+    def _hold_forwarding(self, held: bool) -> bool:
+        """Hold (or let go on) the forward logs of every live node (cluster.forward_log); whether
+        any job forwards through logs."""
+        c = self.cluster
+        if not any(c.jobs.forward_logs.values()):
+            return False
+        for node in list(c.nodes):
+            with contextlib.suppress(Exception):  # dead too: the supervisor's next round restores it
+                c.connection.action(node, "forwarding", {"hold": held})
+        return True
+
+    def _send_dead_logs(self, dead: list[str]) -> int:
+        """Send what the forward logs of dead nodes committed (cut back to their latest checkpoint),
+        now that their key groups are restored: the receivers drop what they took before."""
+        c = self.cluster
+        starts = {job: entry.get("starts", {}) for job, entry in c.files.jobs().items()}
+        sent = 0
+        for job, channels_ in c.jobs.forward_logs.items():
+            for node in dead:
+                for channel in channels_:
+                    directory = channel_dir(f"{job}@{node}", channel, "out")
+                    start = starts.get(job, {}).get(node, {}).get(channel, 0)
+                    sent += send_dead_log(c.reach(job), job, channel, node, directory, start)
+        return sent
 
     # ---- a driver that died, resumed ------------------------------------------------------------
     def resume(self, stored: RoutingTable, jobs: dict[str, bytes]) -> None:

@@ -8,7 +8,9 @@ key-group snapshot) with the rows of theirs it took and had not processed, and f
 new owner fetches the state and the rows straight from the old owner (``fetch``: they cross once,
 node to node), loads the state into its live arena, appends the forwarded rows, and only then
 takes writers' rows of them (cluster.node_handoff). Writers that meet a refusal reload the table and
-send again, so a key waits at most for its own step, however much the old owner had queued.
+send again, so a key waits at most for its own step, however much the old owner had queued. A job
+that forwards through logs (cluster.forward_log) keeps per key order across the move: the new
+owner holds its forward logs until the old owner sent what its release checkpoint committed.
 
 With a checkpoint directory, a node that dies in the middle of a move is restored on the others
 (cluster.failover), and the node change stops there (``NodeLost``).
@@ -182,7 +184,14 @@ class Handoff:
             "base": released.get("base"),
             "move": move,
         }
+        logged = any(c.jobs.forward_logs.values())
+        if logged:  # it sends nothing of theirs before src sent what it committed of them
+            connection.action(dst, "forwarding", {"hold": True})
         rows = connection.action(dst, "adopt", body).get("rows_forwarded", 0)
         self.in_flight = None
+        if logged:
+            c.hook("forwarded", src, dst)
+            connection.action(src, "forwarded", {})
+            connection.action(dst, "forwarding", {"hold": False})
         c.hook("adopted", src, dst)
         return size, rows

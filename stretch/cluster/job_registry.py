@@ -11,6 +11,7 @@ import dataclasses
 import threading
 
 from stretch.cluster.directory import JOBS
+from stretch.cluster.forward_log import ForwardLog
 from stretch.cluster.forward_sink import ForwardSink
 from stretch.cluster.key_routes import encode_routes
 from stretch.cluster.node_plans import broadcast_channels, cluster_inputs
@@ -26,6 +27,7 @@ class JobRegistry:
         self.specs: dict[str, bytes] = {}  # job name -> its pickled plan and config
         self.broadcast: set[str] = set()  # the jobs with broadcast state
         self.outputs: dict[str, list[str]] = {}  # job -> its output channels
+        self.forward_logs: dict[str, list[str]] = {}  # job -> its forwards through logs (cluster.forward_log)
         self.interval: float | None = None  # seconds between checkpoints, the jobs' shortest
         self.failures: dict[str, dict] = {}  # job -> the node it failed on, and how
         self._watch: threading.Thread | None = None
@@ -69,9 +71,10 @@ class JobRegistry:
             "routes": encode_routes(inputs),  # the key selector functions writers run
             "types": types,
         }
-        forwards = [s.sink.channel for s in plan.sinks if isinstance(s.sink, ForwardSink)]
+        forwards = [s.sink.channel for s in plan.sinks if isinstance(s.sink, (ForwardSink, ForwardLog))]
         if forwards:  # it re-keys across nodes (cluster.rekey_plans): no stage can run it
             jobs[name]["forwards"] = forwards
+        self.forward_logs[name] = [s.sink.channel for s in plan.sinks if isinstance(s.sink, ForwardLog)]
         if broadcast:  # writers send their rows to every node (client.Members)
             jobs[name]["broadcast"] = broadcast
             self.broadcast.add(name)
@@ -80,7 +83,10 @@ class JobRegistry:
             spec_name = f"{job_dir_name(name)}.job"
             write_private(c.directory / "jobs" / spec_name, blob)
             jobs[name].update(
-                spec=spec_name, outputs=self.outputs[name], interval_ms=config.checkpoint.interval_ms
+                spec=spec_name,
+                outputs=self.outputs[name],
+                forward_logs=self.forward_logs[name],
+                interval_ms=config.checkpoint.interval_ms,
             )
         c.files.write(JOBS, jobs)
         self.ran_on(name, {node_id: self.start(node_id, blob) for node_id in c.nodes})
@@ -97,6 +103,7 @@ class JobRegistry:
         """A checkpointed job a previous driver ran (its ``jobs.json`` entry), run again."""
         self.specs[name] = blob
         self.outputs[name] = entry.get("outputs", [])
+        self.forward_logs[name] = entry.get("forward_logs", [])
         if entry.get("broadcast"):
             self.broadcast.add(name)
         self.checkpoint_every(entry.get("interval_ms"))

@@ -446,6 +446,20 @@ class NodeServer(flight.FlightServerBase):
             return {"status": None, "ended": []}
         return {"status": job.coordinator.status.name, "ended": job.ended_operators()}
 
+    def _act_forwarding(self, body: bytes) -> dict:
+        """Hold (``hold``) or let go on the forward logs of every job here (cluster.forward_log)."""
+        held = bool(json.loads(body)["hold"])
+        for job in list(self.jobs.values()):
+            job.hold_forwarding(held)
+        return {"ok": True}
+
+    def _act_forwarded(self, body: bytes) -> dict:
+        """Return once every job here sent what its forward logs committed so far (no lock held:
+        the batches may be going to this node)."""
+        for job in list(self.jobs.values()):
+            job.wait_forwarded()
+        return {"ok": True}
+
     def _act_wait(self, body: bytes) -> dict:
         msg = json.loads(body)
         job = self.job(msg["job"])

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from stretch.channels import open_writer
 from stretch.cluster import recovery
+from stretch.cluster.forward_log import Forwarder, ForwardLog
 from stretch.cluster.forward_sink import ForwardSink
 from stretch.cluster.node_plans import broadcast_channels, cluster_inputs, node_plan
 from stretch.cluster.node_watermarks import NodeEventTime
@@ -71,7 +72,7 @@ class NodeJob:
         self.forwards = {  # channel -> the keyed operator forwarding into it (cluster.rekey_plans)
             s.sink.channel: plan.stages[s.producers[0]].name
             for s in plan.sinks
-            if isinstance(s.sink, ForwardSink)
+            if isinstance(s.sink, (ForwardSink, ForwardLog))
         }
         for s in plan.sinks:
             if isinstance(s.sink, ForwardSink):
@@ -108,6 +109,11 @@ class NodeJob:
                     checkpoint_dir, node_id, name, channel
                 )
                 journal.register("checkpoint", 0)
+        self.forwarders = {  # a checkpointed job's forwards: sent as checkpoints commit them
+            channel: Forwarder(name, node_id, channel, runner.spec.sink.reach, log.dir, log.end_offset)
+            for channel, runner, log in self.outputs()
+            if isinstance(runner.spec.sink, ForwardLog)
+        }
 
     def outputs(self) -> list:
         """(channel, sink runner, log) of each output channel the job writes itself."""
@@ -161,9 +167,26 @@ class NodeJob:
                 time.sleep(0.001)
 
     def ended_operators(self) -> list[str]:
-        """The keyed operators whose every instance here ended: what they forwarded is sent."""
+        """The keyed operators whose every instance here ended and whose forwards sent all they
+        forwarded (through a log: all of it)."""
         co = self.coordinator
-        return [s.name for s in co.plan.stages if s.kind == "keyed" and co.stage_finished(s.id)]
+        sending = {self.forwards[c] for c, f in self.forwarders.items() if not f.drained()}
+        return [
+            s.name
+            for s in co.plan.stages
+            if s.kind == "keyed" and co.stage_finished(s.id) and s.name not in sending
+        ]
+
+    def hold_forwarding(self, held: bool) -> None:
+        """Stop (or let go on) sending the forward logs (cluster.forward_log: a handoff's new
+        owner waits for the old owner to send what it committed)."""
+        for forwarder in self.forwarders.values():
+            forwarder.hold(held)
+
+    def wait_forwarded(self, timeout: float = 60.0) -> None:
+        """Return once every forward log's batches committed now are sent."""
+        for forwarder in self.forwarders.values():
+            forwarder.wait_sent(timeout)
 
     def drain(self, timeout: float = 60.0) -> None:
         """Return once the job's sources read every row appended to the channels they read (those
@@ -344,6 +367,8 @@ class NodeJob:
         return rows.num_rows
 
     def close(self) -> None:
+        for forwarder in self.forwarders.values():
+            forwarder.close()
         self.event_time.close()
         self.stage.close()
         for a in self._arenas.values():

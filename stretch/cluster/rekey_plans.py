@@ -9,6 +9,10 @@ writers into an input channel of the job named after the edge (``"totals->region
 node plan reads that channel with the steps from the cut on, as it reads any input channel.
 Everything a node plan accepts for an input channel it then accepts for a forward: fields or key
 selector functions, the inputs of a join.
+
+A checkpointed job forwards through a log instead (``logged``: cluster.forward_log): the producing
+operator's records go into an output channel of the node's job, which the node sends on as its
+checkpoints cover it, so a node restored after a failure forwards nothing twice.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from stretch.cluster.forward_log import ForwardLog
 from stretch.cluster.forward_sink import ForwardSink
 from stretch.cluster.node_plans import event_time
 from stretch.cluster.source_plans import channel_stage, recount_producers, unique_name
@@ -35,12 +40,14 @@ class Forward:
     channel: str
     timed: bool = False  # with event time: the source's instances are the channel's splits
     parallelism: int = 1  # the source's instances on a node the job starts on
+    logged: bool = False  # through a log its node's checkpoints commit (cluster.forward_log)
 
 
-def split_rekeys(plan: JobPlan, reach: dict) -> tuple[JobPlan, list[Forward]]:
+def split_rekeys(plan: JobPlan, reach: dict, logged: bool = False) -> tuple[JobPlan, list[Forward]]:
     """The node plan (each keyed operator's output into another keyed operator now written to an
     input channel of its own by a ForwardSink, given ``reach``: how a node's writers reach the
-    cluster, see ForwardSink) and its forwards. A plan that does not re-key comes back as it is."""
+    cluster, see ForwardSink; ``logged``: through a ForwardLog, for a checkpointed job) and its
+    forwards. A plan that does not re-key comes back as it is."""
     if not any(_cuts_in(s.chain) for s in plan.stages if s.kind == "keyed"):
         return plan, []
     plan = copy.copy(plan)
@@ -66,14 +73,15 @@ def split_rekeys(plan: JobPlan, reach: dict) -> tuple[JobPlan, list[Forward]]:
             target = _target(head)
             channel = unique_name(f"{stage.name}->{target}", taken)
             sink_id = len(plan.sinks)
-            sink = ForwardSink(channel, reach, timed)
-            plan.sinks.append(SinkSpec(sink_id, channel, sink, [stage.id], stage.parallelism, type_info))
-            _point(stage.chain, head, sink_id)
+            sink = ForwardLog(channel, reach) if logged else ForwardSink(channel, reach, timed)
+            spec = SinkSpec(sink_id, channel, sink, [stage.id], stage.parallelism, type_info)
+            plan.sinks.append(spec)
+            _point(stage.chain, head, spec)
             fed = head
             if timed:  # the records keep their timestamps; the producing instances give the watermarks
                 fed = Step("assign", carried_time(), type_info, [head], name="Timestamps/Watermarks")
             stages.append(channel_stage(len(stages), channel, channel, fed, type_info, stage))
-            forwards.append(Forward(stage.name, target, channel, timed, stage.parallelism))
+            forwards.append(Forward(stage.name, target, channel, timed, stage.parallelism, logged))
     recount_producers(plan)
     return plan, forwards
 
@@ -83,11 +91,12 @@ def refuse_forwards(job: str, forwards: list[Forward], config) -> None:
     if not forwards:
         return
     edge = f"{forwards[0].source!r} -> {forwards[0].target!r}"
-    if config.checkpointing:
+    if config.checkpointing and forwards[0].timed:
         raise ValueError(
-            f"job {job!r} re-keys ({edge}) and is checkpointed: on a cluster the rows a node forwards "
-            "to another are not yet named for a replay after a node dies, so a restored node would "
-            "forward them twice; run it without checkpointing on a cluster, or on one node engine"
+            f"job {job!r} re-keys ({edge}) with event time and is checkpointed: on a cluster a "
+            "checkpointed job forwards records as its checkpoints commit them, and that log does not "
+            "keep their timestamps and watermarks yet; run it without checkpointing on a cluster, or "
+            "on one node engine"
         )
 
 
@@ -125,13 +134,15 @@ def _cut(steps: list[Step], cuts: list, type_info) -> list[Step]:
     return out
 
 
-def _point(steps: list[Step], head: Step, sink_id: int) -> None:
-    """Point the chained sink that replaced ``head`` at sink ``sink_id``."""
+def _point(steps: list[Step], head: Step, spec: SinkSpec) -> None:
+    """Point the sink step that replaced ``head`` at sink ``spec`` (chained, or through a sink
+    gate: a ForwardLog is written by the job, as its other output channels)."""
     for step in steps:
         if step.kind == "to_chained_sink" and step.fn is head:
-            step.fn, step.sink = None, sink_id
+            step.fn, step.sink = None, spec.id
+            step.kind = "to_chained_sink" if spec.runs_in == "instance" else "to_sink"
             return
-        _point(step.children, head, sink_id)
+        _point(step.children, head, spec)
 
 
 def _target(step: Step) -> str:

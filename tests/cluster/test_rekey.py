@@ -156,17 +156,6 @@ def test_the_cut_writes_each_edge_into_an_input_channel_of_its_own():
     assert sources["users->regions"].direct  # keyed by a field: writers append straight into the gate
 
 
-def test_a_checkpointed_job_that_re_keys_is_refused_saying_why(tmp_path):
-    checkpointed = rekeyed_job()
-    checkpointed.enable_checkpointing(1000)
-    with StretchCluster.local(
-        nodes=1, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck"
-    ) as cluster:
-        with pytest.raises(ValueError, match=r"re-keys \('users' -> 'regions'\) and is checkpointed"):
-            checkpointed.execute_async("checkpointed", cluster=cluster)
-        assert cluster.jobs.specs == {}  # it reached no node
-
-
 # ---- event time through a forward --------------------------------------------------------------
 TIMED_CLICK = Types.TUPLE([Types.STRING(), Types.STRING(), Types.LONG(), Types.LONG()])  # ..., event time
 PER_WINDOW = Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG(), Types.LONG()])  # region, start, n, sum
@@ -190,6 +179,19 @@ def windowed_job(parallelism=2):
     out.sink_to(ChannelSink("out"))
     out.get_side_output(tag).sink_to(ChannelSink("late"))
     return env
+
+
+def test_a_checkpointed_event_time_job_that_re_keys_is_refused_saying_why(tmp_path):
+    checkpointed = windowed_job()
+    checkpointed.enable_checkpointing(1000)
+    with StretchCluster.local(
+        nodes=1, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck"
+    ) as cluster:
+        with pytest.raises(
+            ValueError, match=r"re-keys \('users' -> 'regions'\) with event time and is checkpointed"
+        ):
+            checkpointed.execute_async("checkpointed", cluster=cluster)
+        assert cluster.jobs.specs == {}  # it reached no node
 
 
 def timed_clicks(n, start, seed):
