@@ -49,6 +49,25 @@ def test_a_node_killed_mid_stream_forwards_nothing_twice_and_loses_nothing(nodes
     check(got, rows)
 
 
+def test_node_changes_and_rescales_of_a_checkpointed_job_keep_every_row_once(tmp_path):
+    """A node joins, the producing operator scales up there, the first node leaves: each move's
+    new owner forwards its key groups' records only after the old owner sent what it committed."""
+    rows = clicks(12000, seed=7)
+    with StretchCluster.local(
+        nodes=2, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck"
+    ) as cluster:
+        changes = []
+
+        def change(client, i):
+            changes.append(cluster.add_node())
+            client.rescale("users", 3, node=cluster.nodes[-1])
+            changes.append(cluster.remove_node(cluster.nodes[0]))
+
+        got = run(cluster, rows, checkpointed_job(250), batches=20, during=change)
+    assert [r.key_groups_moved > 0 for r in changes] == [True, True]
+    check(got, rows)
+
+
 POINTS = ["release", "load", "adopt", "forwarded", "adopted"]
 
 
