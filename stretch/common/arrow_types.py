@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from stretch.common.typeinfo import KIND_KEY, NAMED_KEY, PICKLED_KEY, TypeInformation, Types
+from stretch.common.type_classes import KIND_KEY, NAMED_KEY, PICKLED_KEY
+from stretch.common.typeinfo import TypeInformation, Types
 
 _ARROW_BASIC: dict[pa.DataType, TypeInformation] = {
     pa.int8(): Types.BYTE(),

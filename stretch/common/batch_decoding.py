@@ -23,7 +23,8 @@ from stretch.common.records import (
 )
 from stretch.common.row import Row, RowKind
 from stretch.common.time import Instant
-from stretch.common.typeinfo import NAMED_KEY, TupleTypeInfo, TypeInformation
+from stretch.common.type_classes import NAMED_KEY
+from stretch.common.typeinfo import TupleTypeInfo, TypeInformation
 
 _INSERT = RowKind.INSERT
 _ROW_KINDS = list(RowKind)

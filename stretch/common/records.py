@@ -49,9 +49,8 @@ import pyarrow as pa
 from stretch.common.arrow_types import from_arrow_field
 from stretch.common.row import Row, RowKind
 from stretch.common.time import Instant
+from stretch.common.type_classes import KIND_KEY, NAMED_KEY, _ArrayTypeInfo, misplaced_type_repr
 from stretch.common.typeinfo import (
-    KIND_KEY,
-    NAMED_KEY,
     BasicType,
     BasicTypeInfo,
     DateTypeInfo,
@@ -64,8 +63,6 @@ from stretch.common.typeinfo import (
     TupleTypeInfo,
     TypeInformation,
     Types,
-    _ArrayTypeInfo,
-    misplaced_type_repr,
     type_expr,
 )
 from stretch.common.user_code import SCRIPT_MARK, dumps_value
