@@ -44,7 +44,7 @@ from stretch.cluster.job_client import ClusterJobClient
 from stretch.cluster.job_registry import JobRegistry
 from stretch.cluster.launchers import LocalNodes, SparkNodes
 from stretch.cluster.membership import Membership
-from stretch.cluster.rekey_plans import refuse_forwards, split_rekeys
+from stretch.cluster.rekey_plans import split_rekeys
 from stretch.cluster.routing import RoutingTable, plan_add_node, plan_remove_node
 from stretch.cluster.source_plans import split_sources
 from stretch.cluster.sources import ClusterSources
@@ -332,7 +332,6 @@ class StretchCluster:
         plan, feeds = split_sources(plan)  # its other sources: read into channels of their own
         # re-keying: node to node (a checkpointed job's through logs its checkpoints commit)
         plan, forwards = split_rekeys(plan, self.reach(name), logged=bool(config.checkpointing))
-        refuse_forwards(name, forwards, config)
         if self.jobs.submit(plan, name, config):
             self.failover.supervise()
         self.forwards.add(name, forwards)  # before its sources' rows come

@@ -18,7 +18,7 @@ import time
 
 from stretch.cluster import broadcast_restore, recovery
 from stretch.cluster.directory import HANDOFF
-from stretch.cluster.forward_log import send_dead_log
+from stretch.cluster.forward_log import close_split, send_dead_log
 from stretch.cluster.recovery import NodeLost
 from stretch.cluster.routing import RoutingTable, plan_failover
 from stretch.runtime.state_dir import channel_dir
@@ -44,10 +44,15 @@ class Failover:
                 "the cluster has no checkpoint directory (StretchCluster.local(checkpoint_dir=...))"
             )
         with c.changing():
-            self._checkpoint_id += 1
-            reports = {n: c.connection.action(n, "checkpoint", {"id": self._checkpoint_id}) for n in c.nodes}
+            reports = self._checkpoint_all()
             self.collect_garbage()
             return reports
+
+    def _checkpoint_all(self) -> dict[str, dict]:
+        """Every node checkpoints now (the caller holds the change lock)."""
+        c = self.cluster
+        self._checkpoint_id += 1
+        return {n: c.connection.action(n, "checkpoint", {"id": self._checkpoint_id}) for n in c.nodes}
 
     def collect_garbage(self) -> None:
         """Delete from the checkpoint directory what no manifest of a current node names (see
@@ -193,6 +198,7 @@ class Failover:
             self.recover(failed, origins=unfinished)
         if held:
             self._hold_forwarding(False)
+            self._close_dead_splits([n for n in dead if n not in failed])
         return report
 
     def _hold_forwarding(self, held: bool) -> bool:
@@ -205,6 +211,22 @@ class Failover:
             with contextlib.suppress(Exception):  # dead too: the supervisor's next round restores it
                 c.connection.action(node, "forwarding", {"hold": held})
         return True
+
+    def _close_dead_splits(self, dead: list[str]) -> None:
+        """With event time, a dead node's forward splits end once what its key groups produced
+        after its checkpoint came again from their new owners: a checkpoint of every node now
+        commits it (their restore processed first), and their forwarders send it."""
+        c = self.cluster
+        timed = {job: [ch for ch, t in logs.items() if t] for job, logs in c.jobs.forward_logs.items()}
+        if not dead or not any(timed.values()):
+            return
+        self._checkpoint_all()
+        for node in list(c.nodes):
+            c.connection.action(node, "forwarded", {})
+        for job, channels_ in timed.items():
+            for channel in channels_:
+                for node in dead:
+                    close_split(c.reach(job), job, channel, node)
 
     def _send_dead_logs(self, dead: list[str]) -> int:
         """Send what the forward logs of dead nodes committed (cut back to their latest checkpoint),

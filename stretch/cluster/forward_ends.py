@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
+from stretch.cluster.forward_log import split_of
 from stretch.cluster.forward_sink import split_name
 from stretch.cluster.rekey_plans import Forward
 from stretch.runtime.event_time import MIN_WATERMARK
@@ -61,11 +62,11 @@ class ForwardEnds:
         forward, at the least watermark (a node that has heard from an instance already keeps
         what it said)."""
         splits = [
-            {"job": job, "channel": f.channel, "writer": split_name(producer, i), "watermark": MIN_WATERMARK}
+            {"job": job, "channel": f.channel, "writer": split, "watermark": MIN_WATERMARK}
             for f in forwards
             if f.timed
             for producer in producers
-            for i in range(1, f.parallelism + 1)
+            for split in _splits(f, producer)
         ]
         for node in list(self.cluster.nodes) if splits else ():
             for body in splits:
@@ -114,3 +115,11 @@ class ForwardEnds:
     def _end(self, node: str, job: str, channel: str) -> None:
         with contextlib.suppress(Exception):  # ended already, or the node is gone
             self.cluster.connection.action(node, "end", {"job": job, "channel": channel})
+
+
+def _splits(forward: Forward, producer: str) -> list[str]:
+    """The input splits of the next operator a forward has on node ``producer``: one per
+    instance, or one for the node's log (a checkpointed job's: cluster.forward_log)."""
+    if forward.logged:
+        return [split_of(producer)]
+    return [split_name(producer, i) for i in range(1, forward.parallelism + 1)]

@@ -13,6 +13,12 @@ forward's input channel. So:
 - a batch sent again (a forwarder that retries, a dead node's log sent by the driver) is dropped by
   every key group that took it (the marks move with the key groups and are in their checkpoints).
 
+With event time the log keeps the records' timestamps and, between them, the node's producing
+instances' least watermark (runtime.sink_runner): each node's log is one input split of the next
+operator (``split_of``). A dead node's split holds the next operator's watermark where its
+committed log left it until the nodes that restored its key groups sent what they produced again
+(cluster.failover closes it then), so those records are judged late only if they were.
+
 The price is latency: records cross the re-key once a checkpoint of their node covers them, as a
 Flink job's transactional sink commits at checkpoints. Per key order across a handoff needs one
 more rule (cluster.handoff): the new owner of a key group forwards nothing while its old owner
@@ -27,6 +33,7 @@ from pathlib import Path
 
 from stretch.datastream.connectors.channel import ChannelSink
 from stretch.runtime.channel_log import ChannelLog
+from stretch.runtime.channel_writers import watermark_of
 
 POLL_S = 0.005  # how often a forwarder looks for newly committed batches
 RETRY_S = 0.2  # how long a forwarder waits before it sends again after a failed write
@@ -38,10 +45,11 @@ class ForwardLog(ChannelSink):
     on each node (named as the forward's input channel ``channel``); ``reach``: how the node's
     forwarder reaches the cluster (see ForwardSink)."""
 
-    def __init__(self, channel: str, reach: dict):
+    def __init__(self, channel: str, reach: dict, timed: bool = False):
         super().__init__(channel)
         self.channel = channel
         self.reach = reach
+        self.timed = timed  # with event time: timestamps and watermarks go in the log too
 
 
 def query_of(node: str) -> str:
@@ -50,12 +58,23 @@ def query_of(node: str) -> str:
     return f"forward@{node}"
 
 
+def split_of(node: str) -> str:
+    """With event time, a node's forward log is one input split of the next operator, whose
+    watermark is the least of the node's producing instances' (runtime.sink_runner)."""
+    return f"{node}/log"
+
+
 def send(writer, log: ChannelLog, node: str, start: int, end: int, sent=lambda offset: None) -> int:
-    """Send batches ``start`` .. ``end`` of node ``node``'s forward log through a ClusterWriter,
-    calling ``sent(offset after it)`` after each; returns the offset after the last one."""
+    """Send batches ``start`` .. ``end`` of node ``node``'s forward log through a ClusterWriter
+    (its watermarks as the split's progress), calling ``sent(offset after it)`` after each;
+    returns the offset after the last one."""
     query = query_of(node)
     for offset, batch in enumerate(log.read(start, end), start):
-        writer.write(batch, query=query, batch=offset)
+        watermark = watermark_of(batch)
+        if watermark is None:
+            writer.write(batch, query=query, batch=offset)
+        else:
+            writer.advance(watermark)
         start = offset + 1
         sent(start)
     return start
@@ -76,10 +95,21 @@ def send_dead_log(reach: dict, job: str, channel: str, node: str, directory: Pat
         end = log.readable_end
         if end <= start:
             return 0
-        with _writer(reach, job, channel) as writer:
+        writer = _writer(reach, job, channel, node)
+        try:
             return send(writer, log, node, start, end) - start
+        finally:
+            writer.close(done=False)  # its split stays until what its key groups redo is sent
     finally:
         log.close()
+
+
+def close_split(reach: dict, job: str, channel: str, node: str) -> None:
+    """A dead node's forward split (event time) ends for good: its key groups' records since its
+    checkpoint came again through the nodes that restored them."""
+    writer = _writer(reach, job, channel, node)
+    writer.advance(-(2**63))  # it speaks, holding nothing back, then closes
+    writer.close()
 
 
 class Forwarder:
@@ -163,7 +193,7 @@ class Forwarder:
                         self.changed.wait(POLL_S)
                         continue
                 try:
-                    writer = writer or _writer(self.reach, self.job, self.channel)
+                    writer = writer or _writer(self.reach, self.job, self.channel, self.node)
                     send(writer, log, self.node, self.sent, end, self._sent)
                 except Exception as e:  # a node gone or restoring: send again (dropped where taken)
                     self.error = e
@@ -181,7 +211,8 @@ class Forwarder:
                 log.close()
 
 
-def _writer(reach: dict, job: str, channel: str):
+def _writer(reach: dict, job: str, channel: str, node: str):
+    """A writer of node ``node``'s forward log (its split, with event time)."""
     from stretch.cluster.tls import ClusterTLS
     from stretch.cluster.writer import ClusterWriter
 
@@ -192,4 +223,5 @@ def _writer(reach: dict, job: str, channel: str):
         channel,
         secret=reach.get("secret"),
         tls=ClusterTLS.from_json(tls) if tls else None,
+        split=split_of(node),
     )

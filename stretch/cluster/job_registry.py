@@ -27,7 +27,8 @@ class JobRegistry:
         self.specs: dict[str, bytes] = {}  # job name -> its pickled plan and config
         self.broadcast: set[str] = set()  # the jobs with broadcast state
         self.outputs: dict[str, list[str]] = {}  # job -> its output channels
-        self.forward_logs: dict[str, list[str]] = {}  # job -> its forwards through logs (cluster.forward_log)
+        # job -> {channel: with event time} of its forwards through logs (cluster.forward_log)
+        self.forward_logs: dict[str, dict[str, bool]] = {}
         self.interval: float | None = None  # seconds between checkpoints, the jobs' shortest
         self.failures: dict[str, dict] = {}  # job -> the node it failed on, and how
         self._watch: threading.Thread | None = None
@@ -74,7 +75,9 @@ class JobRegistry:
         forwards = [s.sink.channel for s in plan.sinks if isinstance(s.sink, (ForwardSink, ForwardLog))]
         if forwards:  # it re-keys across nodes (cluster.rekey_plans): no stage can run it
             jobs[name]["forwards"] = forwards
-        self.forward_logs[name] = [s.sink.channel for s in plan.sinks if isinstance(s.sink, ForwardLog)]
+        self.forward_logs[name] = {
+            s.sink.channel: s.sink.timed for s in plan.sinks if isinstance(s.sink, ForwardLog)
+        }
         if broadcast:  # writers send their rows to every node (client.Members)
             jobs[name]["broadcast"] = broadcast
             self.broadcast.add(name)
@@ -103,7 +106,7 @@ class JobRegistry:
         """A checkpointed job a previous driver ran (its ``jobs.json`` entry), run again."""
         self.specs[name] = blob
         self.outputs[name] = entry.get("outputs", [])
-        self.forward_logs[name] = entry.get("forward_logs", [])
+        self.forward_logs[name] = entry.get("forward_logs", {})
         if entry.get("broadcast"):
             self.broadcast.add(name)
         self.checkpoint_every(entry.get("interval_ms"))

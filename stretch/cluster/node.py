@@ -493,7 +493,10 @@ class NodeServer(flight.FlightServerBase):
                     except Exception:
                         if job.coordinator.status.name == "RUNNING":
                             raise  # not one ending meanwhile, as its sources end (cluster.sources)
-        return {name: self._act_wait(json.dumps({"job": name}).encode())["status"] for name in self.jobs}
+        statuses = {name: self._act_wait(json.dumps({"job": name}).encode())["status"] for name in self.jobs}
+        for job in list(self.jobs.values()):  # its forward logs' ends (a last watermark) are sent
+            job.wait_drained()
+        return statuses
 
     def _act_source_read(self, body: bytes) -> dict:
         """Read splits of a job's file sources (a pickled order: the caller holds the secret)."""

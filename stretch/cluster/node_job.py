@@ -188,6 +188,16 @@ class NodeJob:
         for forwarder in self.forwarders.values():
             forwarder.wait_sent(timeout)
 
+    def wait_drained(self, timeout: float = 60.0) -> None:
+        """Return once every forward log of a job that finished here is sent to its end."""
+        deadline = time.monotonic() + timeout
+        while self.coordinator.status.name == "FINISHED" and not all(
+            f.drained() for f in self.forwarders.values()
+        ):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the forward logs of job {self.name!r} were not sent within {timeout} s")
+            time.sleep(0.005)
+
     def drain(self, timeout: float = 60.0) -> None:
         """Return once the job's sources read every row appended to the channels they read (those
         not keyed right away, such as a broadcast operator's inputs): a barrier through the keyed

@@ -73,7 +73,7 @@ def split_rekeys(plan: JobPlan, reach: dict, logged: bool = False) -> tuple[JobP
             target = _target(head)
             channel = unique_name(f"{stage.name}->{target}", taken)
             sink_id = len(plan.sinks)
-            sink = ForwardLog(channel, reach) if logged else ForwardSink(channel, reach, timed)
+            sink = ForwardLog(channel, reach, timed) if logged else ForwardSink(channel, reach, timed)
             spec = SinkSpec(sink_id, channel, sink, [stage.id], stage.parallelism, type_info)
             plan.sinks.append(spec)
             _point(stage.chain, head, spec)
@@ -84,20 +84,6 @@ def split_rekeys(plan: JobPlan, reach: dict, logged: bool = False) -> tuple[JobP
             forwards.append(Forward(stage.name, target, channel, timed, stage.parallelism, logged))
     recount_producers(plan)
     return plan, forwards
-
-
-def refuse_forwards(job: str, forwards: list[Forward], config) -> None:
-    """A ValueError if ``job`` re-keys in a way a cluster does not run yet, saying why."""
-    if not forwards:
-        return
-    edge = f"{forwards[0].source!r} -> {forwards[0].target!r}"
-    if config.checkpointing and forwards[0].timed:
-        raise ValueError(
-            f"job {job!r} re-keys ({edge}) with event time and is checkpointed: on a cluster a "
-            "checkpointed job forwards records as its checkpoints commit them, and that log does not "
-            "keep their timestamps and watermarks yet; run it without checkpointing on a cluster, or "
-            "on one node engine"
-        )
 
 
 def carried_time() -> WatermarkStrategy:
@@ -140,7 +126,9 @@ def _point(steps: list[Step], head: Step, spec: SinkSpec) -> None:
     for step in steps:
         if step.kind == "to_chained_sink" and step.fn is head:
             step.fn, step.sink = None, spec.id
-            step.kind = "to_chained_sink" if spec.runs_in == "instance" else "to_sink"
+            if spec.runs_in != "instance":
+                step.kind = "to_sink"
+                step.fn = CARRIED if spec.sink.timed else None  # the records' timestamps go along
             return
         _point(step.children, head, spec)
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from stretch.contracts.functions import Function, KeySelector, ProcessFunction, TimerService
 from stretch.plan.stages import KeySpec, Step
-from stretch.runtime.batch import Records, resolve_field, split_outputs, take
+from stretch.runtime.batch import TS_COLUMN, Records, resolve_field, split_outputs, take
 from stretch.runtime.event_time import CARRIED, MAX_WATERMARK, WatermarkGenerator, judged, timestamps_of
 from stretch.runtime.gate import Kind
 from stretch.runtime.outputs import NO_KEY, Outputs, StepError, call_of, open_function, per_record
@@ -81,7 +81,7 @@ class Chain:
         its stage) to every gate the chain feeds; its own watermark to its chained sinks too
         (SinkWriter.watermark), after the records before it."""
         for n in self.nodes:
-            if isinstance(n, _ToGate):
+            if isinstance(n, _ToGate) or (isinstance(n, _ToSink) and n.timed):
                 n.control(kind, value, producer)
         if kind == Kind.WATERMARK and producer is None:
             for n in self.chained_sinks:
@@ -317,13 +317,24 @@ def _culprit(items: list, f):
 
 
 class _ToSink(_Node):
+    """Records into a sink gate (a sink the job runs itself). A sink that carries event time
+    (``step.fn == CARRIED``: a checkpointed cluster job's forward log, cluster.forward_log) gets the
+    records' timestamps as a ``__ts`` column and the instance's watermarks, as a gate does."""
+
     def __init__(self, step, stage_name, outputs):
         super().__init__(step, stage_name, outputs)
         self.gate = outputs.sink_gates[step.sink]
+        self.timed = step.fn == CARRIED
+
+    def control(self, kind, value: int = 0, producer: int | None = None) -> None:
+        self.gate.append_control(kind, self.outputs.producer_id if producer is None else producer, value)
 
     def push(self, records: Records) -> None:
         batch = records.data_batch()
         self.outputs.count_out(batch.num_rows)
+        ts = records.timestamps() if self.timed else None
+        if ts is not None:
+            batch = batch.append_column(TS_COLUMN, pa.array(ts, pa.int64()))
         self.gate.append_batch(batch, producer=self.outputs.producer, txn=self.outputs.txn)
 
 

@@ -165,16 +165,22 @@ class ChannelLogWriter(SinkWriter):
     """The job's side of an output channel: appends each result batch to the channel's log and
     wakes the readers waiting on its live tail."""
 
-    def __init__(self, log, tail, transactional: bool = False):
-        """``transactional``: readers see appended batches only once a checkpoint commits them."""
-        self.log, self.tail, self.transactional = log, tail, transactional
+    def __init__(self, log, tail, transactional: bool = False, timed: bool = False):
+        """``transactional``: readers see appended batches only once a checkpoint commits them.
+        ``timed``: the records keep their timestamps (``__ts``) and the producers' watermarks go
+        in between them (``watermark_batch``): a checkpointed cluster job's forward log."""
+        self.log, self.tail, self.transactional, self.timed = log, tail, transactional, timed
         log.set_committed(log.end_offset if transactional else None)
         self.appended_at: deque[float] = deque(maxlen=100_000)  # recent appends (latency plots)
 
     def write(self, batch, producer: int, ipc=None) -> int | None:
         """Append the batch to the log; its offset (None for an empty batch). ``ipc``: the batch's
         Arrow IPC stream as its gate holds it, appended as it is unless engine columns must go."""
-        data = [i for i, n in enumerate(batch.schema.names) if not n.startswith("__")]
+        data = [
+            i
+            for i, n in enumerate(batch.schema.names)
+            if not n.startswith("__") or (self.timed and n == TS_COLUMN)
+        ]
         if not batch.num_rows:
             return None
         if len(data) < batch.num_columns:
@@ -185,6 +191,13 @@ class ChannelLogWriter(SinkWriter):
             self.tail.publish(offset + 1)
         self.appended_at.append(time.monotonic())
         return offset
+
+    def watermark(self, value: int) -> None:
+        """The producers' watermark passed ``value``: a mark in the log, after the records before."""
+        if self.timed:
+            self.log.append(watermark_batch(value))
+            if not self.transactional:
+                self.tail.publish(self.log.end_offset)
 
     def commit(self, offset: int) -> None:
         """Readers may now read up to ``offset`` (a checkpoint covering it completed)."""
@@ -204,3 +217,18 @@ class ChannelLogWriter(SinkWriter):
     def abort(self) -> None:
         self.log.close()
         self.tail.publish(self.log.end_offset, self.tail.FAILED)
+
+
+WATERMARK_KEY = b"stretch.watermark"
+
+
+def watermark_batch(value: int) -> pa.RecordBatch:
+    """A watermark as a log entry: a batch of no rows, its value in the schema's metadata."""
+    schema = pa.schema([], metadata={WATERMARK_KEY: str(int(value)).encode()})
+    return pa.RecordBatch.from_pylist([], schema=schema)
+
+
+def watermark_of(batch: pa.RecordBatch) -> int | None:
+    """The watermark a log entry is (``watermark_batch``), or None for records."""
+    value = (batch.schema.metadata or {}).get(WATERMARK_KEY)
+    return None if value is None else int(value)

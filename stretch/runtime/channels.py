@@ -178,7 +178,8 @@ class JobChannels:
         out = self.outputs.get(getattr(sink.sink, "channel_name", None))
         if out is None:
             return None
-        out.writer = ChannelLogWriter(out.log, out.tail, self.job.config.checkpointing)
+        timed = getattr(sink.sink, "timed", False)  # a forward log's (cluster.forward_log)
+        out.writer = ChannelLogWriter(out.log, out.tail, self.job.config.checkpointing, timed)
         return out.writer
 
     def txns_of(self, sink) -> TxnResults | None:

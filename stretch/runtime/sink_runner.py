@@ -4,6 +4,10 @@ In a checkpointed job a sink is transactional: what arrives after checkpoint n-1
 output only once checkpoint n completes (an output channel appends it to its log at once but moves
 the log's visible end at the commit; other sinks hold the batches until then). After a failure the
 uncommitted part is dropped and the sink continues on the rebuilt gate, where the job replays it.
+
+A sink that carries event time (``timed``: a checkpointed cluster job's forward log) also gets its
+producers' watermarks, and hands the least of them on (SinkWriter.watermark), after the records
+before it.
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ import threading
 from stretch.errors import JobExecutionError
 from stretch.plan.stages import SinkSpec
 from stretch.runtime.channel_writers import ChannelLogWriter
+from stretch.runtime.event_time import WatermarkTracker, producer_id
 from stretch.runtime.gate import Gate, GateClosed, Kind
 from stretch.runtime.outputs import exception_text
 from stretch.runtime.transactions import TxnResults
 
 _FINAL = 1 << 62
+_TIME = (Kind.WATERMARK, Kind.IDLE, Kind.LEAVE)
 
 
 class SinkRunner(threading.Thread):
@@ -42,6 +48,7 @@ class SinkRunner(threading.Thread):
         self._rollback_to: int | None = None
         self._switched = threading.Event()  # the runner let go of the gate replace_gate replaced
         self.txns: TxnResults | None = None  # an output channel's: results per input transaction
+        self.clock = self._tracker(coordinator) if getattr(spec.sink, "timed", False) else None
 
     # ---- called by the coordinator ----------------------------------------------------------
     def output_offset(self, checkpoint: int) -> int | None:
@@ -134,6 +141,8 @@ class SinkRunner(threading.Thread):
                     self._barrier(entry.arg0)
                 elif entry.kind is Kind.MARK and entry.arg1 and self.txns is not None:
                     self.txns.mark(entry.arg1, entry.arg0)
+                elif self.clock is not None and entry.kind in _TIME:
+                    self._time(entry.kind, entry.arg0, entry.arg1)
                 seq += 1
                 gate.advance(0, seq)
                 if entry.kind is Kind.END_OF_STREAM:  # everything upstream ended: all of it is final
@@ -158,6 +167,26 @@ class SinkRunner(threading.Thread):
             )
         if txn and offset is not None and self.txns is not None:
             self.txns.output(txn, offset)
+
+    def _tracker(self, coordinator) -> WatermarkTracker:
+        """The watermarks of the producing instances the job starts with (those a rescale adds
+        join with their first watermark, as at a gate)."""
+        stages = coordinator.plan.stages
+        return WatermarkTracker(
+            [producer_id(sid, i) for sid in self.spec.producers for i in range(stages[sid].parallelism)]
+        )
+
+    def _time(self, kind: Kind, producer: int, value: int) -> None:
+        """A producer's watermark, idleness or leaving; the sink hears the least, once it moves."""
+        if kind is Kind.WATERMARK:
+            watermark = self.clock.watermark(producer, value)
+        elif kind is Kind.IDLE:
+            watermark = self.clock.go_idle(producer)
+        else:
+            watermark = self.clock.leave(producer)
+        if watermark is not None:
+            with self._lock:
+                self._active.watermark(watermark)
 
     def _barrier(self, checkpoint: int) -> None:
         if self.txns is not None:

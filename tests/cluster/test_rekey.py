@@ -181,19 +181,6 @@ def windowed_job(parallelism=2):
     return env
 
 
-def test_a_checkpointed_event_time_job_that_re_keys_is_refused_saying_why(tmp_path):
-    checkpointed = windowed_job()
-    checkpointed.enable_checkpointing(1000)
-    with StretchCluster.local(
-        nodes=1, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck"
-    ) as cluster:
-        with pytest.raises(
-            ValueError, match=r"re-keys \('users' -> 'regions'\) with event time and is checkpointed"
-        ):
-            checkpointed.execute_async("checkpointed", cluster=cluster)
-        assert cluster.jobs.specs == {}  # it reached no node
-
-
 def timed_clicks(n, start, seed):
     """Clicks whose event times grow 1 ms every 4 rows, each up to 14 ms out of order (within the
     strategy's 20: none is late where it enters)."""
