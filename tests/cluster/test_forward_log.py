@@ -13,8 +13,8 @@ import pytest
 from stretch.cluster import NodeLost, StretchCluster
 from stretch.cluster.forward_log import ForwardLog
 from stretch.cluster.rekey_plans import split_rekeys
-from tests.cluster.test_recovery import kill, wait_for
 from tests.cluster.test_event_time import fired_so_far, results
+from tests.cluster.test_recovery import kill, wait_for
 from tests.cluster.test_rekey import (
     WINDOW_MS,
     check,
