@@ -12,19 +12,12 @@ import numpy as np
 import pyarrow as pa
 
 from stretch.common.arrow_types import from_arrow_field
-from stretch.common.records import (
-    PICKLED,
-    ROW_KIND_COLUMN,
-    category_of,
-    data_fields,
-    element_type_of,
-    gc_paused,
-    records_schema_kind,
-)
+from stretch.common.records import PICKLED, ROW_KIND_COLUMN, data_fields, gc_paused, records_schema_kind
 from stretch.common.row import Row, RowKind
 from stretch.common.time import Instant
 from stretch.common.type_classes import NAMED_KEY
 from stretch.common.typeinfo import TupleTypeInfo, TypeInformation
+from stretch.common.value_encoding import category_of, element_type_of
 
 _INSERT = RowKind.INSERT
 _ROW_KINDS = list(RowKind)

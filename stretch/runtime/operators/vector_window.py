@@ -15,7 +15,8 @@ import pickle
 import numpy as np
 import pyarrow as pa
 
-from stretch.common.records import PICKLE_PROTOCOL, to_batch
+from stretch.common.records import to_batch
+from stretch.common.value_encoding import PICKLE_PROTOCOL
 from stretch.plan.specs import VectorWindowSpec
 from stretch.runtime.batch import TS_COLUMN, Records, resolve_field
 from stretch.runtime.operators.base import KeyedOperator
