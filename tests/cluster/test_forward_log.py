@@ -6,25 +6,14 @@ matches the plain-Python model, each region's rows numbered 1..n once, each user
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from stretch.cluster import NodeLost, StretchCluster
 from stretch.cluster.forward_log import ForwardLog
 from stretch.cluster.rekey_plans import split_rekeys
-from tests.cluster.test_event_time import fired_so_far, results
 from tests.cluster.test_recovery import kill, wait_for
-from tests.cluster.test_rekey import (
-    WINDOW_MS,
-    check,
-    clicks,
-    rekeyed_job,
-    run,
-    timed_clicks,
-    windowed_job,
-    windowed_model,
-)
+from tests.cluster.test_rekey import check, clicks, rekeyed_job, run, run_windowed, windowed_job
 from tests.cluster.test_source_plans import plan_of
 
 
@@ -84,39 +73,20 @@ def test_event_time_windows_after_a_checkpointed_re_key_match_the_model_through_
     """The logs keep the records' timestamps and each node's watermark: every window fires once
     with the model's rows through a node killed mid-stream (its split holds the windows back until
     its key groups' records came again), and rows written after their windows fired are late."""
-    first = timed_clicks(6000, 1_000_000, seed=8)
-    end = 1_000_000 + 6000 // 4
-    late_rows = [(u, r, a, ts - 900) for u, r, a, ts in timed_clicks(300, 1_000_000, seed=9)]
-    second = timed_clicks(2000, end, seed=10)
-    rows = first + [row for pair in zip(late_rows, second) for row in pair] + second[len(late_rows) :]
-    late = {len(first) + 2 * i for i in range(len(late_rows))}
-    want, want_late = windowed_model(rows, late)
-    fired_first = [w for w in want if w[1] + WINDOW_MS <= end - 2 * WINDOW_MS]
+
+    def checkpoint_then_kill(client, i):
+        if i == 5:
+            client.trigger_checkpoint()
+        if i == 8:  # rows and watermarks in its log since the checkpoint are cut
+            kill(cluster, "node-1")
+            wait_for(lambda: cluster.recoveries)
+
     with StretchCluster.local(
         nodes=nodes, directory=tmp_path / "cluster", checkpoint_dir=tmp_path / "ck", max_parallelism=32
     ) as cluster:
         env = windowed_job()
         env.enable_checkpointing(200)
-        client = env.execute_async("timed", cluster=cluster)
-        with client.writer("in") as writer:
-            for i in range(12):
-                writer.write(first[i * 500 : (i + 1) * 500], query="q", batch=i)
-                if i == 5:
-                    client.trigger_checkpoint()
-                if i == 8:  # rows and watermarks in its log since the checkpoint are cut
-                    kill(cluster, "node-1")
-                    wait_for(lambda: cluster.recoveries)
-            deadline = time.monotonic() + 60  # the first part's windows fire before the late rows come
-            ran_on = cluster.files.jobs()["timed"]["nodes"]  # the dead node's committed output too
-            while not set(fired_first) <= set(fired_so_far("timed", ran_on, wait=0.3)):
-                assert time.monotonic() < deadline, "the first part's windows did not fire"
-            rest = rows[len(first) :]
-            for i in range(0, len(rest), 500):
-                writer.write(rest[i : i + 500], query="q", batch=12 + i // 500)
-        client.end("in")
-        assert set(client.wait(120).values()) == {"FINISHED"}
-        assert results(client, "out") == want
-        assert results(client, "late") == want_late
+        run_windowed(cluster, env, 8, checkpoint_then_kill)
 
 
 POINTS = ["release", "load", "adopt", "forwarded", "adopted"]

@@ -210,39 +210,50 @@ def windowed_model(rows, late):
     return sorted((r, start, n, t) for (r, start), (n, t) in windows.items()), sorted(late_out)
 
 
+def run_windowed(cluster, env, seed, during) -> None:
+    """The windowed job fed clicks in time, then rows written after their windows fired (late)
+    between more clicks in time (``during(client, i)`` after each of the first part's 12 batches):
+    every window and late record is the model's."""
+    first = timed_clicks(6000, 1_000_000, seed=seed)
+    end = 1_000_000 + 6000 // 4
+    late_rows = [(u, r, a, ts - 900) for u, r, a, ts in timed_clicks(300, 1_000_000, seed=seed + 1)]
+    second = timed_clicks(2000, end, seed=seed + 2)
+    rows = first + [row for pair in zip(late_rows, second) for row in pair] + second[len(late_rows) :]
+    late = {len(first) + 2 * i for i in range(len(late_rows))}
+    want, want_late = windowed_model(rows, late)
+    fired_first = [w for w in want if w[1] + WINDOW_MS <= end - 2 * WINDOW_MS]
+    client = env.execute_async("timed", cluster=cluster)
+    with client.writer("in") as writer:
+        for i in range(12):
+            writer.write(first[i * 500 : (i + 1) * 500], query="q", batch=i)
+            during(client, i)
+        deadline = time.monotonic() + 60  # the first part's windows fire before the late rows come
+        ran_on = cluster.files.jobs()["timed"]["nodes"]  # a removed or dead node's output too
+        while not set(fired_first) <= set(fired_so_far("timed", ran_on, wait=0.3)):
+            assert time.monotonic() < deadline, "the first part's windows did not fire"
+        rest = rows[len(first) :]
+        for i in range(0, len(rest), 500):
+            writer.write(rest[i : i + 500], query="q", batch=12 + i // 500)
+    client.end("in")
+    assert set(client.wait(120).values()) == {"FINISHED"}
+    assert results(client, "out") == want
+    assert results(client, "late") == want_late
+
+
 @pytest.mark.parametrize("nodes", NODE_COUNTS)
 def test_event_time_windows_after_a_re_key_match_the_model_through_node_changes(nodes, tmp_path):
     """Records keep their timestamps from node to node and each producing instance is an input
     split of the windows with its own watermark: every window fires once with the model's rows,
     while a node joins, an operator scales up there and a node leaves, and rows written after
     their windows fired are late."""
-    first = timed_clicks(6000, 1_000_000, seed=5)
-    end = 1_000_000 + 6000 // 4
-    late_rows = [(u, r, a, ts - 900) for u, r, a, ts in timed_clicks(300, 1_000_000, seed=6)]
-    second = timed_clicks(2000, end, seed=7)
-    rows = first + [row for pair in zip(late_rows, second) for row in pair] + second[len(late_rows) :]
-    late = {len(first) + 2 * i for i in range(len(late_rows))}
-    want, want_late = windowed_model(rows, late)
-    fired_first = [w for w in want if w[1] + WINDOW_MS <= end - 2 * WINDOW_MS]
+
+    def change(client, i):
+        if i == 5:  # windows and watermarks on both sides of the forward move
+            assert cluster.add_node().key_groups_moved > 0
+            client.rescale("users", 3, node=cluster.nodes[-1])  # splits that join mid-stream
+            assert cluster.remove_node(cluster.nodes[0]).key_groups_moved > 0
+
     with StretchCluster.local(
         nodes=nodes, directory=tmp_path / "cluster", max_parallelism=32, step=8
     ) as cluster:
-        client = windowed_job().execute_async("timed", cluster=cluster)
-        with client.writer("in") as writer:
-            for i in range(12):
-                writer.write(first[i * 500 : (i + 1) * 500], query="q", batch=i)
-                if i == 5:  # windows and watermarks on both sides of the forward move
-                    assert cluster.add_node().key_groups_moved > 0
-                    client.rescale("users", 3, node=cluster.nodes[-1])  # splits that join mid-stream
-                    assert cluster.remove_node(cluster.nodes[0]).key_groups_moved > 0
-            deadline = time.monotonic() + 60  # the first part's windows fire before the late rows come
-            ran_on = cluster.files.jobs()["timed"]["nodes"]  # the removed node's output too
-            while not set(fired_first) <= set(fired_so_far("timed", ran_on, wait=0.2)):
-                assert time.monotonic() < deadline, "the first part's windows did not fire"
-            rest = rows[len(first) :]
-            for i in range(0, len(rest), 500):
-                writer.write(rest[i : i + 500], query="q", batch=12 + i // 500)
-        client.end("in")
-        assert set(client.wait(120).values()) == {"FINISHED"}
-        assert results(client, "out") == want
-        assert results(client, "late") == want_late
+        run_windowed(cluster, windowed_job(), 5, change)
