@@ -215,6 +215,35 @@ def test_latest_per_key_keeps_each_keys_last_result_in_emission_order(key_type):
         assert _latest_per_key(table, ["k"]).column("position").to_pylist() == sorted(last.values())
 
 
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {"k": pa.int64(), "nulls": True},  # null is a key of its own
+        {"k": pa.bool_()},
+        {"k": pa.int64(), "j": pa.string()},
+    ],
+    ids=["nullable", "bool", "two keys"],
+)
+def test_latest_per_key_against_a_plain_python_model(columns):
+    from stretch.spark.stage_results import latest_per_key as _latest_per_key
+
+    nulls = columns.pop("nulls", False)
+    rng = np.random.default_rng(5)
+    for n in (1, 3, 200, 5000):
+        data = {}
+        for name, t in columns.items():
+            raw = [int(v) for v in rng.integers(0, 7, n)]
+            values = [v % 2 == 0 if t == pa.bool_() else str(v) if t == pa.string() else v for v in raw]
+            if nulls:
+                values = [None if v == 3 else v for v in values]
+            data[name] = pa.array(values, t)
+        table = pa.table({**data, "position": np.arange(n)})
+        rows = zip(*(table.column(c).to_pylist() for c in columns))
+        last = {tuple(map(repr, key)): i for i, key in enumerate(rows)}
+        kept = _latest_per_key(table, list(columns)).column("position").to_pylist()
+        assert kept == sorted(last.values())
+
+
 STAGE_JOB_SCRIPT = """
 import sys, time
 from tests.runtime.test_transactions import checkpointed_sums, start_job_script
