@@ -27,7 +27,11 @@ micro-batch; all of them keep a running count and sum per key.
                      on a subset: the W1 events of the first ``--tws-key-share`` of the keys, in
                      as many files, so that each micro-batch has as many events per key as W1's.
   spark_scan         the file scan alone into ``noop``; ``spark_mapinarrow`` the same through a
-                     no-op ``mapInArrow`` (what a one-query stage would run through).
+                     no-op ``mapInArrow`` (what a one-query stage would run through);
+                     ``spark_mapinarrow_keyed`` through the same no-op ``mapInArrow`` after
+                     ``repartition(2, f0)``, the shuffle by key that the stage's update mode runs
+                     (so that each key's rows of a micro-batch are in one task): the least an
+                     update-mode stage can cost.
 
 Latency (``*_latency_ms``): after one untimed file (start-up), files of ``--latency-rows`` W1
 events land one every ``--latency-interval`` s (an atomic rename into the source directory) while
@@ -65,7 +69,15 @@ from stretch.spark import stage
 W1_TYPE = Types.ROW_NAMED(["f0", "f1", "f2"], [Types.LONG(), Types.LONG(), Types.DOUBLE()])
 SCHEMA = "f0 BIGINT, f1 BIGINT, f2 DOUBLE"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-PEERS = ["stretch_stage", "stretch_roundtrip", "spark_ss", "spark_tws", "spark_scan", "spark_mapinarrow"]
+PEERS = [
+    "stretch_stage",
+    "stretch_roundtrip",
+    "spark_ss",
+    "spark_tws",
+    "spark_scan",
+    "spark_mapinarrow",
+    "spark_mapinarrow_keyed",
+]
 
 
 def spark_session():
@@ -283,13 +295,14 @@ def _identity(batches):
     yield from batches
 
 
-def spark_scan_run(spark, files: Path, work: Path, per_trigger: int, run, events: int, map_in_arrow: bool):
+def spark_scan_run(spark, files: Path, work: Path, per_trigger: int, run, events: int, peer: str):
     df = w1_stream(spark, files, per_trigger)
-    if map_in_arrow:
+    if peer == "spark_mapinarrow_keyed":
+        df = df.repartition(int(spark.conf.get("spark.sql.shuffle.partitions")), "f0")  # as the stage's
+    if peer != "spark_scan":
         df = df.mapInArrow(_identity, SCHEMA)
-    tag = "mia" if map_in_arrow else "scan"
     writer = df.writeStream.format("noop").outputMode("update")
-    return _timed_query(writer.option("checkpointLocation", str(work / f"{tag}-{run}")), events)
+    return _timed_query(writer.option("checkpointLocation", str(work / f"{peer}-{run}")), events)
 
 
 # ---- latency -----------------------------------------------------------------------------------
@@ -441,7 +454,7 @@ def main() -> None:
                 return spark_ss_run(spark, files, work, per_trigger, tag, events)
             if peer == "spark_tws":
                 return spark_tws_run(spark, files, work, per_trigger, tag, events)
-            return spark_scan_run(spark, files, work, per_trigger, tag, events, peer == "spark_mapinarrow")
+            return spark_scan_run(spark, files, work, per_trigger, tag, events, peer)
 
         try:
             # one small run of each first: JVM code generation and Python workers start outside the timing
@@ -474,7 +487,8 @@ def main() -> None:
     for p in peers:
         result[f"{p}_batch_ms"] = round(median(batches[p]), 1)
     for ours in ("stretch_stage", "stretch_roundtrip"):
-        for peer in ("spark_ss", "spark_tws"):
+        hops = ("spark_mapinarrow", "spark_mapinarrow_keyed") if ours == "stretch_stage" else ()
+        for peer in ("spark_ss", "spark_tws", *hops):
             if ours in peers and peer in peers:
                 result[f"ratio_{ours.removeprefix('stretch_')}_vs_{peer}"] = round(
                     result[f"{ours}_meps"] / result[f"{peer}_meps"], 2

@@ -36,25 +36,17 @@ def latest_per_key(results: pa.Table, keys: list[str]) -> pa.Table:
     """The last result of each key, in the order the job emitted them."""
     if not results.num_rows:
         return results
-    if (
-        len(keys) == 1
-        and sortable(results.schema.field(keys[0]).type)
-        and not results.column(keys[0]).null_count
-    ):
-        # one numeric key (the common case): a stable sort finds each key's last row, about 2.5x
-        # faster than hashing the table
-        values = results.column(keys[0]).to_numpy()
-        order = np.argsort(values, kind="stable")
-        ordered = values[order]
-        last = np.empty(len(ordered), dtype=bool)
-        last[-1] = True
-        np.not_equal(ordered[1:], ordered[:-1], out=last[:-1])
-        return results.take(np.sort(order[last]))
-    indexed = results.append_column("__position", pa.array(range(results.num_rows), pa.int64()))
-    last = indexed.group_by(keys, use_threads=False).aggregate([("__position", "max")])
-    positions = pc.sort_indices(last.column("__position_max"))
-    return results.take(pc.take(last.column("__position_max"), positions))
-
-
-def sortable(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_temporal(t) or pa.types.is_boolean(t)
+    if len(keys) > 1:
+        indexed = results.append_column("__position", pa.array(range(results.num_rows), pa.int64()))
+        last = indexed.group_by(keys, use_threads=False).aggregate([("__position", "max")])
+        positions = last.column("__position_max")
+        return results.take(pc.take(positions, pc.sort_indices(positions)))
+    # one key (the common case): numbering the keys by hashing and keeping each number's last row
+    # takes a fifth of the time of a stable sort, which was the task's costliest step after the hop
+    column = results.column(keys[0]).combine_chunks()
+    codes = pc.dictionary_encode(column, null_encoding="encode").indices.to_numpy()  # null: a key too
+    last = np.zeros(int(codes.max()) + 1, np.int64)
+    np.maximum.at(last, codes, np.arange(len(codes)))
+    keep = np.zeros(len(codes), bool)
+    keep[last] = True
+    return results.take(np.flatnonzero(keep))

@@ -19,6 +19,7 @@ from stretch.datastream import StreamExecutionEnvironment, aggregates
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.window import TumblingEventTimeWindows
 from stretch.spark import stage
+from stretch.spark.schemas import spark_arrow_schema
 from tests.runtime.test_transactions import checkpointed_sums, start_job_script
 from tests.spark.steps import fail_first_attempt
 
@@ -202,6 +203,58 @@ def test_a_job_that_dies_mid_query_fails_the_query_with_a_clear_error(spark, tmp
         query.awaitTermination(120)
 
 
+class _Context:
+    """A streaming query's task context, as the stage's task reads it."""
+
+    def __init__(self, batch: int):
+        self.batch = batch
+
+    def getLocalProperty(self, key):
+        return {"sql.streaming.queryId": "q", "streaming.sql.batchId": str(self.batch)}.get(key)
+
+    def partitionId(self):
+        return 0
+
+
+def test_a_task_stages_sparks_small_batches_as_few_and_gives_each_keys_latest_total(monkeypatch):
+    import importlib
+
+    module = importlib.import_module("stretch.spark.stage")
+    client = _job("stage staged batches")
+    try:
+        target = module.EngineStage(jobs.find("stage staged batches"), "in", "out")
+        schema = pa.schema([("user", pa.int64()), ("amount", pa.int64())])  # as Spark hands them
+        out = spark_arrow_schema(target.output_schema())
+        task = target.task(target.input_schema(), out, ["f0"])
+        staged: list[list[int]] = []
+        stage_rows = module.StageTask._stage
+
+        def spy(self, batches):
+            path = stage_rows(self, batches)
+            with pa.memory_map(path) as f:
+                staged.append([b.num_rows for b in pa.ipc.open_stream(f)])
+            return path
+
+        monkeypatch.setattr(module.StageTask, "_stage", spy)
+        rng = np.random.default_rng(11)
+        totals: dict[int, int] = {}
+        for batch_id in range(3):
+            n = module.STAGED_ROWS * 2 + 1234  # Spark's 10 000-row batches, staged as two
+            table = pa.table(
+                {"user": rng.integers(0, 5000, n), "amount": rng.integers(1, 9, n)}, schema=schema
+            )
+            latest = {}
+            for user, amount in zip(table.column("user").to_pylist(), table.column("amount").to_pylist()):
+                totals[user] = latest[user] = totals.get(user, 0) + amount
+            monkeypatch.setattr(module.TaskContext, "get", lambda b=batch_id: _Context(b))
+            got = pa.Table.from_batches(list(task(iter(table.to_batches(max_chunksize=10_000)))), schema=out)
+            assert dict(zip(got.column(0).to_pylist(), got.column(1).to_pylist())) == latest
+            assert got.num_rows == len(latest)  # one row per key
+            assert staged[-1] == [70_000, n - 70_000]  # 7 of Spark's batches, then the other 7
+    finally:
+        client.cancel()
+
+
 @pytest.mark.parametrize("key_type", [pa.int64(), pa.int8(), pa.string(), pa.float64(), pa.timestamp("ms")])
 def test_latest_per_key_keeps_each_keys_last_result_in_emission_order(key_type):
     from stretch.spark.stage_results import latest_per_key as _latest_per_key
@@ -213,6 +266,35 @@ def test_latest_per_key_keeps_each_keys_last_result_in_emission_order(key_type):
         table = pa.table({"k": keys, "position": np.arange(n)})
         last = {k: i for i, k in enumerate(keys.to_pylist())}
         assert _latest_per_key(table, ["k"]).column("position").to_pylist() == sorted(last.values())
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {"k": pa.int64(), "nulls": True},  # null is a key of its own
+        {"k": pa.bool_()},
+        {"k": pa.int64(), "j": pa.string()},
+    ],
+    ids=["nullable", "bool", "two keys"],
+)
+def test_latest_per_key_against_a_plain_python_model(columns):
+    from stretch.spark.stage_results import latest_per_key as _latest_per_key
+
+    nulls = columns.pop("nulls", False)
+    rng = np.random.default_rng(5)
+    for n in (1, 3, 200, 5000):
+        data = {}
+        for name, t in columns.items():
+            raw = [int(v) for v in rng.integers(0, 7, n)]
+            values = [v % 2 == 0 if t == pa.bool_() else str(v) if t == pa.string() else v for v in raw]
+            if nulls:
+                values = [None if v == 3 else v for v in values]
+            data[name] = pa.array(values, t)
+        table = pa.table({**data, "position": np.arange(n)})
+        rows = zip(*(table.column(c).to_pylist() for c in columns))
+        last = {tuple(map(repr, key)): i for i, key in enumerate(rows)}
+        kept = _latest_per_key(table, list(columns)).column("position").to_pylist()
+        assert kept == sorted(last.values())
 
 
 STAGE_JOB_SCRIPT = """
