@@ -20,8 +20,8 @@ took every event; the runs alternate, ``--repeats`` times, medians reported:
 its nodes' checkpoints commit (cluster.forward_log), so records cross the re-key up to a checkpoint
 interval later. The same job on 2 unpinned nodes with and without checkpointing (every
 ``--interval-ms``), alternating: ``rekey_checkpointed_vs_plain`` (events/s as fast as the writer
-goes) and, with the input paced below capacity (``--pace-meps``), each one's tail: from the last
-batch written until the second operator took every event.
+goes) and, with ``--paced-events`` paced below capacity (``--pace-meps``), each one's tail: from
+the last batch written until the second operator took every event.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from stretch.datastream.connectors.channel import ChannelSource
 from stretch.datastream.state import ValueStateDescriptor
 
 REGIONS = 1000
+PACED_BATCH = 4096  # rows a write in the paced runs: the input comes evenly
 OUT = Types.TUPLE([Types.LONG(), Types.LONG(), Types.DOUBLE()])
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # nodes do not have experiments/
@@ -94,18 +95,21 @@ def rekey(events: int, keys: int, repeats: int) -> dict:
     }
 
 
-def checkpointed(events: int, keys: int, repeats: int, interval_ms: int, pace_meps: float) -> dict:
+def checkpointed(
+    events: int, keys: int, repeats: int, interval_ms: int, pace_meps: float, paced_events: int
+) -> dict:
     """The job with and without checkpointing on 2 nodes (see the module's docstring), medians:
     the events/s as fast as the writer goes, and the tail with the input paced at ``pace_meps``
     (below what the nodes do: the tail is then the records' way through, not a backlog)."""
     data = w1(events, keys, seed=3).to_batches(max_chunksize=BATCH)
+    paced = w1(paced_events, keys, seed=4).to_batches(max_chunksize=PACED_BATCH)
     runs: dict[str, list] = {"plain": [], "checkpointed": [], "plain_paced": [], "checkpointed_paced": []}
     for r in range(repeats):
         log(f"checkpointed re-keying, repeat {r + 1} of {repeats} ...")
         runs["plain"].append(_two_nodes(data, None))
         runs["checkpointed"].append(_two_nodes(data, interval_ms))
-        runs["plain_paced"].append(_two_nodes(data, None, pace_meps))
-        runs["checkpointed_paced"].append(_two_nodes(data, interval_ms, pace_meps))
+        runs["plain_paced"].append(_two_nodes(paced, None, pace_meps))
+        runs["checkpointed_paced"].append(_two_nodes(paced, interval_ms, pace_meps))
     meps = {k: [m for m, _t in v] for k, v in runs.items()}
     return {
         "rekey_checkpoint_interval_ms": interval_ms,
@@ -139,10 +143,10 @@ def _two_nodes(data, interval_ms: int | None, pace_meps: float | None = None) ->
         t0 = time.perf_counter()
         sent = 0
         for i, b in enumerate(data):
+            if pace_meps:  # each batch at its time: the last one's write is where the tail starts
+                time.sleep(max(0.0, t0 + sent / (pace_meps * 1e6) - time.perf_counter()))
             writer.write(b, query="w1", batch=i)
             sent += b.num_rows
-            if pace_meps:
-                time.sleep(max(0.0, t0 + sent / (pace_meps * 1e6) - time.perf_counter()))
         written = time.perf_counter()
         while sum(processed(d, "regions") for d in client.describe().values()) < rows:
             time.sleep(0.005)
@@ -161,9 +165,13 @@ def main() -> None:
     parser.add_argument("--checkpointed", action="store_true", help="with and without checkpointing")
     parser.add_argument("--interval-ms", type=int, default=500)
     parser.add_argument("--pace-meps", type=float, default=0.05, help="the paced runs' input rate")
+    parser.add_argument("--paced-events", type=int, default=200_000, help="events of a paced run")
     args = parser.parse_args()
     if args.checkpointed:
-        emit(checkpointed(args.events, args.keys, args.repeats, args.interval_ms, args.pace_meps), args.json)
+        figures = checkpointed(
+            args.events, args.keys, args.repeats, args.interval_ms, args.pace_meps, args.paced_events
+        )
+        emit(figures, args.json)
     else:
         emit(rekey(args.events, args.keys, args.repeats), args.json)
 

@@ -27,6 +27,7 @@ from stretch.cluster.source_plans import channel_stage, recount_producers, uniqu
 from stretch.common.watermark_strategy import WatermarkStrategy
 from stretch.datastream.broadcast_stream import input_side
 from stretch.plan.stages import JobPlan, SinkSpec, Step, walk_steps
+from stretch.runtime.chain import HELD
 from stretch.runtime.event_time import CARRIED
 
 
@@ -128,7 +129,9 @@ def _point(steps: list[Step], head: Step, spec: SinkSpec) -> None:
             step.fn, step.sink = None, spec.id
             if spec.runs_in != "instance":
                 step.kind = "to_sink"
-                step.fn = CARRIED if spec.sink.timed else None  # the records' timestamps go along
+                # a gate entry's records go into the log together (a write each), with their
+                # timestamps in a job with event time
+                step.fn = CARRIED if spec.sink.timed else HELD
             return
         _point(step.children, head, spec)
 

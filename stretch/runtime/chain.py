@@ -31,6 +31,7 @@ class Chain:
         self.functions = [f for r in self.roots for f in r.functions()]
         self.nodes = [n for r in self.roots for n in r.walk()]
         self.chained_sinks = [n for n in self.nodes if isinstance(n, _ToChainedSink)]
+        self.held_sinks = [n for n in self.nodes if isinstance(n, _ToSink) and n.held is not None]
 
     def open(self, runtime_context) -> None:
         for n in self.nodes:
@@ -73,6 +74,8 @@ class Chain:
         """Chained sinks hand on what they hold back (SinkWriter.flush): at the end of a gate
         entry, and (``wait``: until it was taken) before the instance says it reached an epoch's
         position, so nothing it produced before is still on its way then."""
+        for n in self.held_sinks:
+            n.flush()
         for n in self.chained_sinks:
             n.writer.flush(wait)
 
@@ -90,6 +93,8 @@ class Chain:
     def end_txn(self, txn: int, producers: int) -> None:
         """Input transaction ``txn`` ended here: every gate and sink gate the chain feeds learns it,
         once from each of this stage's ``producers`` instances (see runtime.transactions)."""
+        for n in self.held_sinks:  # the transaction's results before its marker
+            n.flush()
         for n in self.nodes:
             if isinstance(n, (_ToGate, _ToSink)):
                 n.gate.append_control(Kind.MARK, producers, txn)
@@ -316,17 +321,29 @@ def _culprit(items: list, f):
     return None
 
 
+HELD = "held"
+"""A ``to_sink`` step's ``fn`` (as is ``CARRIED``, which also keeps the timestamps): the records an
+instance produces from one gate entry go into the sink gate together at the entry's end
+(``Chain.flush``), as a few large batches: a checkpointed cluster job's forward log, whose every
+batch is a write to other nodes (cluster.forward_log)."""
+HOLD_ROWS = 1 << 16  # a held sink hands on what it holds at this many rows, whatever it is doing
+
+
 class _ToSink(_Node):
     """Records into a sink gate (a sink the job runs itself). A sink that carries event time
     (``step.fn == CARRIED``: a checkpointed cluster job's forward log, cluster.forward_log) gets the
-    records' timestamps as a ``__ts`` column and the instance's watermarks, as a gate does."""
+    records' timestamps as a ``__ts`` column and the instance's watermarks, as a gate does; it and
+    a ``HELD`` one hold the records until the end of the gate entry."""
 
     def __init__(self, step, stage_name, outputs):
         super().__init__(step, stage_name, outputs)
         self.gate = outputs.sink_gates[step.sink]
         self.timed = step.fn == CARRIED
+        self.held: list | None = [] if step.fn in (CARRIED, HELD) else None  # (batch, txn)
+        self.held_rows = 0
 
     def control(self, kind, value: int = 0, producer: int | None = None) -> None:
+        self.flush()  # after the records before it
         self.gate.append_control(kind, self.outputs.producer_id if producer is None else producer, value)
 
     def push(self, records: Records) -> None:
@@ -335,7 +352,38 @@ class _ToSink(_Node):
         ts = records.timestamps() if self.timed else None
         if ts is not None:
             batch = batch.append_column(TS_COLUMN, pa.array(ts, pa.int64()))
-        self.gate.append_batch(batch, producer=self.outputs.producer, txn=self.outputs.txn)
+        if self.held is None:
+            self.gate.append_batch(batch, producer=self.outputs.producer, txn=self.outputs.txn)
+            return
+        self.held.append((batch, self.outputs.txn))
+        self.held_rows += batch.num_rows
+        if self.held_rows >= HOLD_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        """What it holds into the sink gate: runs of one schema and one transaction, each as one
+        batch (records with and without timestamps go apart)."""
+        if not self.held:
+            return
+        held, self.held, self.held_rows = self.held, [], 0
+        runs: list[list] = []
+        for batch, txn in held:
+            if runs and runs[-1][0][1] == txn and runs[-1][0][0].schema.equals(batch.schema):
+                runs[-1].append((batch, txn))
+            else:
+                runs.append([(batch, txn)])
+        for run in runs:
+            batches = [b for b, _t in run]
+            batch = (
+                batches[0]
+                if len(batches) == 1
+                else pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+            )
+            self.gate.append_batch(batch, producer=self.outputs.producer, txn=run[0][1])
+
+    def close(self) -> None:
+        self.flush()
+        super().close()
 
 
 class _Assign(_Node):

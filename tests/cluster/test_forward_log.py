@@ -12,6 +12,7 @@ import pytest
 from stretch.cluster import NodeLost, StretchCluster
 from stretch.cluster.forward_log import ForwardLog
 from stretch.cluster.rekey_plans import split_rekeys
+from stretch.runtime.chain import HELD
 from tests.cluster.test_recovery import kill, wait_for
 from tests.cluster.test_rekey import check, clicks, rekeyed_job, run, run_windowed, windowed_job
 from tests.cluster.test_source_plans import plan_of
@@ -30,6 +31,7 @@ def test_a_checkpointed_job_forwards_through_a_log_sent_as_checkpoints_commit_it
     assert sink.runs_in == "job"  # an output channel of the node's job, committed by its checkpoints
     users = plan.stage("users")
     assert [step.kind for step in users.chain] == ["to_sink"] and users.chain[0].sink == sink.id
+    assert users.chain[0].fn == HELD  # a gate entry's records go into the log together: one write
 
 
 @pytest.mark.parametrize("nodes", [2, pytest.param(3, marks=pytest.mark.long)])
