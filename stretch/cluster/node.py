@@ -110,6 +110,8 @@ class NodeServer(flight.FlightServerBase):
         )
         self.node_id = node_id
         self._peer_options = (call_options(secret), tls.client_options() if tls is not None else {})
+        self._peers: dict[str, flight.FlightClient] = {}  # location -> client (``_peer``)
+        self._peers_lock = threading.Lock()
         self.lock = threading.RLock()  # ownership changes and writes take turns
         self.version = -1
         self.owned: np.ndarray | None = None  # bool per key group: owned and ready
@@ -164,11 +166,25 @@ class NodeServer(flight.FlightServerBase):
         or the rows it had queued), fetched straight from it and taken as the ``put`` command
         says: a handoff's bytes cross once, node to node, not through the driver."""
         msg = json.loads(body)
-        options, tls = self._peer_options
-        with flight.FlightClient(msg["from"], **tls) as peer:
+        options = self._peer_options[0]
+        peer = self._peer(msg["from"])
+        try:
             table = peer.do_get(flight.Ticket(msg["ticket"].encode()), options).read_all()
+        except Exception:  # a peer gone or restarted: connect afresh next time
+            with self._peers_lock:
+                self._peers.pop(msg["from"], None)
+            raise
         self._put(msg["put"], table.to_batches())
         return {"ok": True, "bytes": table.nbytes}
+
+    def _peer(self, location: str) -> flight.FlightClient:
+        """A client of the peer node at ``location``, kept: a connection each fetch cost a
+        handoff's move several milliseconds."""
+        with self._peers_lock:
+            peer = self._peers.get(location)
+            if peer is None:
+                peer = self._peers[location] = flight.FlightClient(location, **self._peer_options[1])
+            return peer
 
     def _act_take_shared(self, body: bytes):
         """Rows a writer on this host staged in shared memory (see cluster.shm_transport): taken
@@ -521,6 +537,10 @@ class NodeServer(flight.FlightServerBase):
                 pass
             with self.lock:  # no idleness tick is appending to its channels (node_watermarks)
                 job.close()
+        with self._peers_lock:
+            for peer in self._peers.values():
+                peer.close()
+            self._peers.clear()
         self.shutdown()
 
 
