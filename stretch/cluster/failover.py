@@ -169,35 +169,38 @@ class Failover:
                     offset = outputs.get(job, {}).get(channel)
                     recovery.cut_output(log, offset if offset is not None else 1 << 62)
         held = self._hold_forwarding(True)  # the restored key groups' records go after the dead log's
-        replayed, failed, unfinished = 0, [], {}
-        for target, by_source in parts.items():
-            body = {"version": c.table.version, "parts": list(by_source.values())}
-            c.hook("recover", ",".join(dead), target)
-            try:
-                replayed += c.connection.action(target, "recover", body)["rows_replayed"]
-            except Exception:
-                if not self.dead_among(target):
-                    raise
-                failed.append(target)  # it died restoring: what it had not adopted restores as before
-                adopted = recovery.load_manifest(checkpoints, target)["adopted"]
-                for part in by_source.values():
-                    for kg in part["key_groups"]:
-                        if not any(kg in e["key_groups"] and e["base"] == part["base"] for e in adopted):
-                            unfinished[kg] = part["node"]
-        forwarded = self._send_dead_logs([n for n in dead if n not in failed])
-        report = {
-            "nodes": list(dead),
-            "key_groups": len(origin),
-            "rows_replayed": replayed,
-            "batches_forwarded": forwarded,
-            "version": c.table.version,
-            "elapsed_ms": (time.monotonic() - t0) * 1000,
-        }
-        self.recoveries.append(report)
-        if failed:
-            self.recover(failed, origins=unfinished)
+        try:
+            replayed, failed, unfinished = 0, [], {}
+            for target, by_source in parts.items():
+                body = {"version": c.table.version, "parts": list(by_source.values())}
+                c.hook("recover", ",".join(dead), target)
+                try:
+                    replayed += c.connection.action(target, "recover", body)["rows_replayed"]
+                except Exception:
+                    if not self.dead_among(target):
+                        raise
+                    failed.append(target)  # it died restoring: what it had not adopted restores as before
+                    adopted = recovery.load_manifest(checkpoints, target)["adopted"]
+                    for part in by_source.values():
+                        for kg in part["key_groups"]:
+                            if not any(kg in e["key_groups"] and e["base"] == part["base"] for e in adopted):
+                                unfinished[kg] = part["node"]
+            forwarded = self._send_dead_logs([n for n in dead if n not in failed])
+            report = {
+                "nodes": list(dead),
+                "key_groups": len(origin),
+                "rows_replayed": replayed,
+                "batches_forwarded": forwarded,
+                "version": c.table.version,
+                "elapsed_ms": (time.monotonic() - t0) * 1000,
+            }
+            self.recoveries.append(report)
+            if failed:
+                self.recover(failed, origins=unfinished)
+        finally:
+            if held:
+                self._hold_forwarding(False)
         if held:
-            self._hold_forwarding(False)
             self._close_dead_splits([n for n in dead if n not in failed])
         return report
 

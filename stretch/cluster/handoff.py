@@ -18,6 +18,7 @@ With a checkpoint directory, a node that dies in the middle of a move is restore
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass
 
@@ -187,11 +188,15 @@ class Handoff:
         logged = any(c.jobs.forward_logs.values())
         if logged:  # it sends nothing of theirs before src sent what it committed of them
             connection.action(dst, "forwarding", {"hold": True})
-        rows = connection.action(dst, "adopt", body).get("rows_forwarded", 0)
-        self.in_flight = None
-        if logged:
-            c.hook("forwarded", src, dst)
-            connection.action(src, "forwarded", {})
-            connection.action(dst, "forwarding", {"hold": False})
+        try:
+            rows = connection.action(dst, "adopt", body).get("rows_forwarded", 0)
+            self.in_flight = None
+            if logged:
+                c.hook("forwarded", src, dst)
+                connection.action(src, "forwarded", {})
+        finally:
+            if logged:
+                with contextlib.suppress(Exception):  # dst died: its restore lets go of every hold
+                    connection.action(dst, "forwarding", {"hold": False})
         c.hook("adopted", src, dst)
         return size, rows
