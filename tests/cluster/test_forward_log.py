@@ -51,6 +51,7 @@ def test_a_node_killed_mid_stream_forwards_nothing_twice_and_loses_nothing(nodes
     check(got, rows)
 
 
+@pytest.mark.long  # the default run moves a checkpointed job's key groups in the kill test below
 def test_node_changes_and_rescales_of_a_checkpointed_job_keep_every_row_once(tmp_path):
     """A node joins, the producing operator scales up there, the first node leaves: each move's
     new owner forwards its key groups' records only after the old owner sent what it committed."""

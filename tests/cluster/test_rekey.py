@@ -103,8 +103,10 @@ def test_a_job_keyed_by_user_then_by_region_matches_the_model(nodes, by_function
     check(got, rows)
 
 
-@pytest.mark.parametrize("nodes", NODE_COUNTS)
+@pytest.mark.parametrize("nodes", [pytest.param(n, marks=pytest.mark.long) for n in (1, 2, 3)])
 def test_re_keying_through_node_changes_and_rescales_keeps_every_row_once(nodes, tmp_path):
+    """Long at every node count: the event-time re-key test below makes the same node changes by
+    default."""
     rows = clicks(12000, seed=3)
     with StretchCluster.local(nodes=nodes, directory=tmp_path / "cluster") as cluster:
         changes = []
