@@ -27,9 +27,9 @@ import pyarrow as pa
 
 from stretch.contracts.connectors import Sink, SinkWriter
 from stretch.runtime.batch import TS_COLUMN
+from stretch.runtime.chain import HOLD_ROWS  # rows an instance holds before it sends them anyway
 from stretch.runtime.event_time import MIN_WATERMARK
 
-HOLD_ROWS = 1 << 16  # rows an instance holds before it sends them whatever it is doing
 IN_FLIGHT = 2  # writes an instance may have on their way before it waits for the first
 
 

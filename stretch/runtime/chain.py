@@ -8,6 +8,7 @@ where a key_by happens: it computes each record's key and key group once, here i
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 
 import numpy as np
@@ -339,8 +340,9 @@ class _ToSink(_Node):
         super().__init__(step, stage_name, outputs)
         self.gate = outputs.sink_gates[step.sink]
         self.timed = step.fn == CARRIED
-        self.held: list | None = [] if step.fn in (CARRIED, HELD) else None  # (batch, txn)
+        self.held: list | None = [] if step.fn in (CARRIED, HELD) else None
         self.held_rows = 0
+        self.held_txn = 0  # the input transaction the held records came of
 
     def control(self, kind, value: int = 0, producer: int | None = None) -> None:
         self.flush()  # after the records before it
@@ -355,31 +357,23 @@ class _ToSink(_Node):
         if self.held is None:
             self.gate.append_batch(batch, producer=self.outputs.producer, txn=self.outputs.txn)
             return
-        self.held.append((batch, self.outputs.txn))
+        if self.held and self.held_txn != self.outputs.txn:  # one transaction's results a batch
+            self.flush()
+        self.held.append(batch)
+        self.held_txn = self.outputs.txn
         self.held_rows += batch.num_rows
         if self.held_rows >= HOLD_ROWS:
             self.flush()
 
     def flush(self) -> None:
-        """What it holds into the sink gate: runs of one schema and one transaction, each as one
-        batch (records with and without timestamps go apart)."""
+        """What it holds into the sink gate, a batch per run of one schema (records with and
+        without timestamps go apart)."""
         if not self.held:
             return
         held, self.held, self.held_rows = self.held, [], 0
-        runs: list[list] = []
-        for batch, txn in held:
-            if runs and runs[-1][0][1] == txn and runs[-1][0][0].schema.equals(batch.schema):
-                runs[-1].append((batch, txn))
-            else:
-                runs.append([(batch, txn)])
-        for run in runs:
-            batches = [b for b, _t in run]
-            batch = (
-                batches[0]
-                if len(batches) == 1
-                else pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
-            )
-            self.gate.append_batch(batch, producer=self.outputs.producer, txn=run[0][1])
+        for _schema, run in itertools.groupby(held, key=lambda b: b.schema):
+            table = pa.Table.from_batches(list(run)).combine_chunks()
+            self.gate.append_batch(table.to_batches()[0], producer=self.outputs.producer, txn=self.held_txn)
 
     def close(self) -> None:
         self.flush()
