@@ -19,6 +19,7 @@ instance that has not spoken yet.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from collections import deque
@@ -206,10 +207,6 @@ class _ForwardWriter(SinkWriter):
 def _tables(batches: list) -> list:
     """The batches as few writes as their schemas allow, in order: records with timestamps and
     records without (a processing-time timer's, in a job with event time) go apart."""
-    runs: list[list] = []
-    for batch in batches:
-        if runs and runs[-1][0].schema.equals(batch.schema):
-            runs[-1].append(batch)
-        else:
-            runs.append([batch])
-    return [pa.Table.from_batches(run) if len(run) > 1 else run[0] for run in runs]
+    return [
+        pa.Table.from_batches(list(run)) for _schema, run in itertools.groupby(batches, lambda b: b.schema)
+    ]
