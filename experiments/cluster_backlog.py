@@ -13,7 +13,12 @@ runs of both jobs alternating, ``--backlog-repeats`` times):
 
 - ``max_stall_backlog_ms``: the longest any key group refused rows during the node change (a
   move's release to its adoption), for the job keyed by a field: its old owner stops the key
-  groups at the readers' frontier and forwards the rows of theirs it had queued;
+  groups at the readers' frontier and forwards the rows of theirs it had queued, pre-copied: the
+  state and the queued rows go ahead while the old owner still takes rows of the key groups, and
+  the release ships only the rows taken meanwhile;
+- ``precopy_backlog_max_ms``: the longest pre-copy (writers' rows of its key groups were taken
+  meanwhile, and waited unprocessed as the backlog ahead of them did); ``rows_precopied``: the
+  queued rows that went ahead with the pre-copies;
 - ``handoff_backlog_p50_ms``: a move's release to adoption, the median over the node change's;
 - ``backlog_ms``: the least of the two source nodes' backlogs as the node change began;
 - ``rows_forwarded``: the queued rows that went with the moved key groups;
@@ -165,6 +170,8 @@ def run(at_tail: bool, data, keys: int, backlog_s: float) -> dict:
         "move_p50_ms": median(list(report.step_ms)),
         "backlog_ms": min(at_start[n] for n in sources) * 1000,
         "rows_forwarded": report.rows_forwarded,
+        "rows_precopied": report.rows_precopied,
+        "precopy_max_ms": max(report.precopy_ms, default=0.0),
         "events": int(expected.sum()),
         "lost": int(np.clip(expected - held, 0, None).sum()),
         "duplicated": int(np.clip(held - expected, 0, None).sum()),
@@ -185,6 +192,8 @@ def backlog(keys: int, repeats: int, backlog_s: float) -> dict:
         "handoff_backlog_p50_ms": round(median([r["move_p50_ms"] for r in frontier]), 1),
         "backlog_ms": round(median([r["backlog_ms"] for r in frontier]), 1),
         "rows_forwarded": int(median([r["rows_forwarded"] for r in frontier])),
+        "rows_precopied": int(median([r["rows_precopied"] for r in frontier])),
+        "precopy_backlog_max_ms": round(median([r["precopy_max_ms"] for r in frontier]), 1),
         "max_stall_backlog_barrier_ms": round(median([r["max_stall_ms"] for r in barrier]), 1),
         "backlog_barrier_ms": round(median([r["backlog_ms"] for r in barrier]), 1),
         "stall_barrier_over_frontier": round(

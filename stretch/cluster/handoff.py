@@ -8,7 +8,14 @@ key-group snapshot) with the rows of theirs it took and had not processed, and f
 new owner fetches the state and the rows straight from the old owner (``fetch``: they cross once,
 node to node), loads the state into its live arena, appends the forwarded rows, and only then
 takes writers' rows of them (cluster.node_handoff). Writers that meet a refusal reload the table and
-send again, so a key waits at most for its own step, however much the old owner had queued. A job
+send again, so a key waits at most for its own step, however much the old owner had queued.
+
+Without checkpoints, and unless a job forwards, each move is pre-copied first, as a live migration
+of a virtual machine copies memory before it stops the machine: the old owner copies the state
+and the queued rows out while it still takes writers' rows of the key groups, the new owner loads
+them and works the rows off, and the release that follows ships only the rows taken meanwhile, so
+a writer is refused for that rest, not for the backlog's copy (each move is then its own routing
+version, as a writer's refusal must not come before the new owner is near ready). A job
 that forwards through logs (cluster.forward_log) keeps per key order across the move: the new
 owner holds its forward logs until the old owner sent what its release checkpoint committed.
 
@@ -44,6 +51,9 @@ class HandoffReport:
     steps: int = 0
     step_ms: tuple[float, ...] = ()  # each (source, target) move of each step, release to adoption
     rows_forwarded: int = 0  # rows the old owners had queued, which the new owners processed
+    rows_precopied: int = 0  # of those, the rows that went ahead with a pre-copy
+    # each move's pre-copy, before its release: its key groups' rows were taken, and waited
+    precopy_ms: tuple[float, ...] = ()
 
 
 class Handoff:
@@ -79,19 +89,28 @@ class Handoff:
 
     def _run(self, parts: list[dict[int, str]], t0: float) -> HandoffReport:
         c = self.cluster
-        moved = size = forwarded = 0
+        moved = size = forwarded = ahead = 0
         stalls: list[float] = []
+        precopies: list[float] = []
+        precopy = c.checkpoint_dir is None and not any(c.jobs.forward_logs.values())
         for step in parts:
             c.hook("step", "", "")
-            old = c.table
-            c.table = old.moved(step)
-            if c.checkpoint_dir is not None:  # a restarted driver finds where each key group was
-                moving = {kg: [old.owners[kg], dst] for kg, dst in step.items()}
-                c.files.write(HANDOFF, {"version": c.table.version, "moves": moving})
-            c.store.save(c.table)  # writers refused from now on find the new owners here
-            pairs: dict[tuple[str, str], list[int]] = {}
-            for kg, dst in step.items():
-                pairs.setdefault((old.owners[kg], dst), []).append(kg)
+            if precopy:
+                for (src, dst), kgs in _pairs(step, c.table).items():
+                    p0 = time.monotonic()
+                    pre = self._precopy(src, dst, kgs)
+                    precopies.append((time.monotonic() - p0) * 1000)
+                    c.hook("precopied", src, dst)
+                    self._route({kg: dst for kg in kgs})
+                    s0 = time.monotonic()
+                    shipped, rows = self._move(src, dst, kgs, c.table.version, pre)
+                    stalls.append((time.monotonic() - s0) * 1000)
+                    size, forwarded, moved = size + shipped, forwarded + rows, moved + len(kgs)
+                    ahead += 0 if pre is None else pre["rows"]
+                    self.progress["moved"] = moved
+                continue
+            old = self._route(step)
+            pairs = _pairs(step, old)
             for index, ((src, dst), kgs) in enumerate(pairs.items()):
                 s0 = time.monotonic()
                 try:
@@ -127,7 +146,21 @@ class Handoff:
             steps=len(parts),
             step_ms=tuple(stalls),
             rows_forwarded=forwarded,
+            rows_precopied=ahead,
+            precopy_ms=tuple(precopies),
         )
+
+    def _route(self, step: dict[int, str]):
+        """The next routing version, with ``step`` moved, saved: writers refused from now on find
+        the new owners there. Returns the table before it."""
+        c = self.cluster
+        old = c.table
+        c.table = old.moved(step)
+        if c.checkpoint_dir is not None:  # a restarted driver finds where each key group was
+            moving = {kg: [old.owners[kg], dst] for kg, dst in step.items()}
+            c.files.write(HANDOFF, {"version": c.table.version, "moves": moving})
+        c.store.save(c.table)
+        return old
 
     def _state_bytes_per_key_group(self, moves: dict[int, str]) -> dict[int, float]:
         """Each moving key group's share of its node's state (the nodes' jobs' state bytes over
@@ -144,19 +177,31 @@ class Handoff:
                 shares[kg] = total / len(owned)
         return shares
 
-    def _move(self, src: str, dst: str, kgs: list[int], version: int) -> tuple[int, int]:
-        """Move key groups ``kgs`` from node ``src`` to ``dst``; returns the state bytes shipped and
-        the rows forwarded (those ``src`` had queued: ``dst`` processes them before any newer)."""
-        c = self.cluster
-        connection = c.connection
-        self.in_flight = {"src": src, "dst": dst, "key_groups": kgs, "base": None}
-        c.hook("release", src, dst)
-        released = connection.action(src, "release", {"version": version, "key_groups": kgs, "to": dst})
-        self.in_flight["base"] = released.get("base")
-        c.hook("load", src, dst)
-        size = 0
+    def _precopy(self, src: str, dst: str, kgs: list[int]) -> dict | None:
+        """Copy ``kgs`` from ``src`` to ``dst`` ahead of their release (``src`` still takes their
+        rows): the state and the rows queued, loaded and appended on ``dst``, which processes them
+        and refuses writers' rows of them until the adoption. None if ``src`` cannot (the release
+        does it all); else its id, the state bytes and the rows it shipped."""
+        connection = self.cluster.connection
+        pre = connection.action(src, "precopy", {"key_groups": kgs})
+        if pre["id"] is None:
+            return None
+        size = self._fetch_state(src, dst, pre["parts"])
+        move = f"pre{pre['id']}:{src}"
+        self._fetch_rows(src, dst, pre["forward"], move)
+        operators: dict[str, list[str]] = {}
+        for part in pre["parts"]:
+            operators.setdefault(part["job"], []).append(part["operator"])
+        body = {"key_groups": kgs, "move": move, "operators": operators}
+        rows = connection.action(dst, "preadopt", body)["rows_forwarded"]
+        return {"id": pre["id"], "bytes": size, "rows": rows}
+
+    def _fetch_state(self, src: str, dst: str, parts: list[dict]) -> int:
+        """``dst`` loads the key groups' state ``src`` parked (``parts``); the bytes."""
+        connection = self.cluster.connection
         origin = connection.locations()[src]
-        for part in released["parts"]:
+        size = 0
+        for part in parts:
             command = {
                 "op": "load",
                 "job": part["job"],
@@ -165,6 +210,36 @@ class Handoff:
             }
             fetch = {"from": origin, "ticket": f"snapshot:{part['ticket']}", "put": command}
             size += connection.action(dst, "fetch", fetch)["bytes"]
+        return size
+
+    def _fetch_rows(self, src: str, dst: str, forward: list[dict], move: str) -> None:
+        """``dst`` takes the queued rows ``src`` parked (``forward``), for ``move``'s adoption."""
+        connection = self.cluster.connection
+        origin = connection.locations()[src]
+        for part in forward:
+            command = {"op": "forward", "job": part["job"], "operator": part["operator"], "move": move}
+            connection.action(
+                dst, "fetch", {"from": origin, "ticket": f"forward:{part['ticket']}", "put": command}
+            )
+
+    def _move(
+        self, src: str, dst: str, kgs: list[int], version: int, pre: dict | None = None
+    ) -> tuple[int, int]:
+        """Move key groups ``kgs`` from node ``src`` to ``dst`` (after their pre-copy ``pre``, if
+        one); returns the state bytes shipped and the rows forwarded (those ``src`` had queued:
+        ``dst`` processes them before any newer)."""
+        c = self.cluster
+        connection = c.connection
+        self.in_flight = {"src": src, "dst": dst, "key_groups": kgs, "base": None}
+        c.hook("release", src, dst)
+        body = {"version": version, "key_groups": kgs, "to": dst}
+        if pre is not None:
+            body["precopy"] = pre["id"]
+        released = connection.action(src, "release", body)
+        self.in_flight["base"] = released.get("base")
+        c.hook("load", src, dst)
+        size = self._fetch_state(src, dst, released["parts"])
+        origin = connection.locations()[src]
         for part in released.get("stage", ()):  # the stage transactions' results that cover them
             command = {"op": "stage_parts", "job": part["job"]}
             connection.action(
@@ -172,11 +247,7 @@ class Handoff:
             )
         c.hook("forward", src, dst)
         move = f"{version}:{src}"  # the adoption takes the rows forwarded for this move
-        for part in released.get("forward", ()):  # rows src took and had not processed
-            command = {"op": "forward", "job": part["job"], "operator": part["operator"], "move": move}
-            connection.action(
-                dst, "fetch", {"from": origin, "ticket": f"forward:{part['ticket']}", "put": command}
-            )
+        self._fetch_rows(src, dst, released.get("forward", ()), move)
         c.hook("adopt", src, dst)
         body = {
             "version": version,
@@ -199,4 +270,14 @@ class Handoff:
                 with contextlib.suppress(Exception):  # dst died: its restore lets go of every hold
                     connection.action(dst, "forwarding", {"hold": False})
         c.hook("adopted", src, dst)
+        if pre is not None:
+            size, rows = size + pre["bytes"], rows + pre["rows"]
         return size, rows
+
+
+def _pairs(step: dict[int, str], table) -> dict[tuple[str, str], list[int]]:
+    """The moves of ``step`` (key group -> new owner), by (old owner in ``table``, new owner)."""
+    pairs: dict[tuple[str, str], list[int]] = {}
+    for kg, dst in step.items():
+        pairs.setdefault((table.owners[kg], dst), []).append(kg)
+    return pairs

@@ -28,9 +28,9 @@ Calls (Flight):
   of an output channel's log (see cluster.output_logs), for readers on other hosts;
   ``broadcast:<ticket>``: a job's broadcast states a ``broadcast_fence`` parked (one row per
   broadcast operator).
-- actions (JSON): ``submit`` (a cloudpickled plan), ``own``, ``release``, ``fetch`` (what a
-  ``release`` of a peer parked for this node, fetched straight from the peer and taken as a
-  ``do_put``), ``adopt``, ``status``,
+- actions (JSON): ``submit`` (a cloudpickled plan), ``own``, ``precopy``, ``release``, ``fetch``
+  (what a ``precopy`` or ``release`` of a peer parked for this node, fetched straight from the
+  peer and taken as a ``do_put``), ``preadopt``, ``adopt``, ``status``,
   ``rescale``, ``end``, ``ended_operators``, ``wait``, ``failed``, ``cancel``, ``retire``, ``shutdown``,
   ``take_shared`` (rows a writer on this host staged in shared memory, answered as
   ``do_exchange`` answers); for readers on other hosts
@@ -365,6 +365,14 @@ class NodeServer(flight.FlightServerBase):
             table.set_away(np.flatnonzero(~owned), True)
             table.set_away(np.flatnonzero(owned), False)
         job.align(owned)  # its instances share the key groups here among them
+
+    def _act_precopy(self, body: bytes) -> dict:
+        """Copy key groups out ahead of their release, still taking their rows (cluster.node_handoff)."""
+        return self.handoff.precopy(body)
+
+    def _act_preadopt(self, body: bytes) -> dict:
+        """Process pre-copied key groups, still refusing writers' rows of them (cluster.node_handoff)."""
+        return self.handoff.preadopt(body)
 
     def _act_release(self, body: bytes) -> dict:
         """Give up key groups at the readers' frontier (cluster.node_handoff)."""

@@ -14,6 +14,13 @@ Adopting (``adopt``): the new owner loaded the state (a ``load`` put) and was gi
 to their operators' gates, and only then takes writers' rows of them: the forwarded rows run before
 anything newer, per key in the order the old owner took them.
 
+Pre-copy (``precopy``, for jobs without checkpoints that do not forward), as a live migration of a
+virtual machine copies its memory before it stops it: the node stops the key groups at the
+frontier and copies their state and queued rows out *while it still takes writers' rows of them*
+(they wait, unprocessed, behind the frontier); the new owner loads both and works off those rows
+(``preadopt``). The release then copies only the rows taken meanwhile: writers are refused for that
+short rest, not for the whole backlog.
+
 With checkpointed jobs the old owner first takes a release checkpoint, at the frontier too
 (``NodeCheckpoints.release_checkpoint``): it keeps the forwarded rows with the state, and it is
 where the key groups restore from until the new owner's adoption is in its manifest (which names
@@ -44,15 +51,54 @@ class NodeHandoff:
     def __init__(self, node):
         self.node = node
         self.outgoing: dict[str, pa.Table] = {}  # ticket -> forwarded rows awaiting their do_get
+        # pre-copy id -> the (job, operator)s whose release it holds until the release takes the rest
+        self.precopies: dict[str, set[tuple[str, str]]] = {}
+        self.precopying: np.ndarray | None = None  # bool per key group: stage rows of theirs refused
         # move -> {(job, operator): forwarded rows}, awaiting the adoption of that move
         self.incoming: dict[str, dict[tuple[str, str], list[pa.RecordBatch]]] = {}
 
     # ---- giving key groups away ------------------------------------------------------------------
+    def precopy(self, body: bytes) -> dict:
+        """Copy key groups ``key_groups`` out ahead of their ``release``: stop them at each keyed
+        operator's frontier while the node still takes writers' rows of them, park their state
+        (``snapshot:``) and the rows queued behind the frontier (``forward:``), and forget the
+        state here. Returns the pre-copy's ``id`` for the release, or ``{"id": None}`` when the
+        release must do it all (a job with checkpoints, or that forwards: their moves keep one cut).
+
+        Stage transaction rows of these key groups are refused from now on: a transaction's results
+        come whole from one owner."""
+        node = self.node
+        msg = json.loads(body)
+        kgs = sorted({int(kg) for kg in msg["key_groups"]})
+        with node.lock:
+            jobs = node.running()
+            if at_tail() or node.checkpoints.durable() or any(job.forwards for job in jobs):
+                return {"id": None}
+            if self.precopying is None:
+                self.precopying = np.zeros(node.max_parallelism, dtype=bool)
+            self.precopying[kgs] = True
+            for job in jobs:
+                job.stage.settle(kgs)
+        held, parts, forward = set(), [], []
+        moving = np.asarray(kgs, dtype=np.int64)
+        for job in jobs:
+            for operator in job.keyed:
+                rows = job.release(operator, kgs, hold=True)
+                if rows is None:  # the release stops it (after a barrier)
+                    continue
+                held.add((job.name, operator))
+                KeyedTable(job.arena(operator)).set_away(kgs, True)
+                parts.append(self._park_state(job, operator, moving))
+                forward.extend(self._park_rows(job, operator, rows))
+        pre = node.ticket()
+        self.precopies[pre] = held
+        return {"id": pre, "parts": parts, "forward": forward}
+
     def release(self, body: bytes) -> dict:
         """Give up key groups ``key_groups`` to node ``to``: refuse their rows from now on, stop
         them at each keyed operator's frontier, copy their state out for a ``do_get``
         (``snapshot:<ticket>``) with the rows of theirs queued behind it (``forward:<ticket>``),
-        and forget it here.
+        and forget it here. After a ``precopy`` (its ``id``: ``precopy``), only what it left.
 
         With checkpointed jobs the node first takes a release checkpoint of everything it held,
         these key groups included (its outputs commit there): from that moment until the new owner
@@ -63,9 +109,12 @@ class NodeHandoff:
         node = self.node
         msg = json.loads(body)
         kgs = sorted({int(kg) for kg in msg["key_groups"]})
+        held = self.precopies.pop(msg["precopy"]) if msg.get("precopy") else set()
         with node.lock:  # no write is under way: each either came before this or will be refused
-            held = np.flatnonzero(node.owned).tolist()
+            owned = np.flatnonzero(node.owned).tolist()
             node.owned[kgs] = False
+            if self.precopying is not None:
+                self.precopying[kgs] = False
             node.version = msg["version"]
             jobs = node.running()
             durable = node.checkpoints.durable()
@@ -79,30 +128,20 @@ class NodeHandoff:
                 for job in durable:  # timers leave them alone from here
                     _set_away(job, kgs, True)
                 name = "-".join(filter(None, [f"h{msg['version']}", node.node_id, msg.get("to")]))
-                report, forwarded = node.checkpoints.release_checkpoint(name, held, kgs)
+                report, forwarded = node.checkpoints.release_checkpoint(name, owned, kgs)
                 base = report["path"]
         parts, marks, stage, forward = [], {}, [], []
         moving = np.asarray(kgs, dtype=np.int64)
         for job in jobs:
+            mine = {op for name, op in held if name == job.name}
             try:
-                queued = forwarded.get(job.name, {}) if job in durable else self._stop(job, kgs)
+                queued = forwarded.get(job.name, {}) if job in durable else self._stop(job, kgs, mine)
             finally:
                 unlinger(node, job)
             for operator in job.keyed:
-                table = KeyedTable(job.arena(operator))
-                batches = copy_key_groups(table, moving)
-                description = describe_arena(table.arena)
-                release_key_groups(table, moving)
-                ticket = node.ticket()
-                node.parked[ticket] = batches
-                part = {"job": job.name, "operator": operator, "ticket": ticket, "description": description}
-                parts.append({**part, "bytes": sum(b.nbytes for b in batches)})
-                rows = queued.get(operator)
-                if rows:
-                    ticket = node.ticket()
-                    self.outgoing[ticket] = pa.Table.from_batches(rows)
-                    count = sum(b.num_rows for b in rows)
-                    forward.append({"job": job.name, "operator": operator, "ticket": ticket, "rows": count})
+                if operator not in mine:
+                    parts.append(self._park_state(job, operator, moving))
+                forward.extend(self._park_rows(job, operator, queued.get(operator)))
             marks[job.name] = job.marks_of(kgs)
             records = job.stage.records(kgs)  # their parts completed: settled before the release
             if records.num_rows:
@@ -112,9 +151,31 @@ class NodeHandoff:
             job.stage.forget(node.owned)
         return {"parts": parts, "marks": marks, "base": base, "stage": stage, "forward": forward}
 
-    def _stop(self, job: NodeJob, kgs: list[int]) -> dict[str, list[pa.RecordBatch]]:
+    def _park_state(self, job: NodeJob, operator: str, moving: np.ndarray) -> dict:
+        """Copy the state of key groups ``moving`` of ``operator`` out for a ``do_get`` and forget
+        it here; the part the new owner fetches."""
+        table = KeyedTable(job.arena(operator))
+        batches = copy_key_groups(table, moving)
+        description = describe_arena(table.arena)
+        release_key_groups(table, moving)
+        ticket = self.node.ticket()
+        self.node.parked[ticket] = batches
+        part = {"job": job.name, "operator": operator, "ticket": ticket, "description": description}
+        return {**part, "bytes": sum(b.nbytes for b in batches)}
+
+    def _park_rows(self, job: NodeJob, operator: str, rows) -> list[dict]:
+        """Queued rows of ``operator`` for a ``do_get`` (none: nothing to fetch)."""
+        if not rows:
+            return []
+        ticket = self.node.ticket()
+        self.outgoing[ticket] = pa.Table.from_batches(rows)
+        count = sum(b.num_rows for b in rows)
+        return [{"job": job.name, "operator": operator, "ticket": ticket, "rows": count}]
+
+    def _stop(self, job: NodeJob, kgs: list[int], held=()) -> dict[str, list[pa.RecordBatch]]:
         """Stop ``kgs`` in each keyed operator of a job without checkpoints: at its frontier, the
         rows queued behind it returned; else (``NodeJob.release`` says when) after a barrier.
+        Operators whose release a pre-copy ``held`` return the rows queued since.
 
         A job that re-keys stops them operator after operator, inputs first: once the operator
         forwarding into a channel stopped them here, the channel's moving key groups stop
@@ -122,7 +183,10 @@ class NodeHandoff:
         it took of them is queued before its frontier."""
         queued, behind = {}, []
         for operator in job.keyed:
-            batches = None if at_tail() else job.release(operator, kgs)
+            if operator in held:
+                batches = job.release_rest(operator, kgs)
+            else:
+                batches = None if at_tail() else job.release(operator, kgs)
             if batches is None:
                 behind.append(operator)
                 if job.forwards:
@@ -144,6 +208,25 @@ class NodeHandoff:
         """Rows the old owner of key groups had queued, for the adoption of move ``move``."""
         rows = self.incoming.setdefault(cmd["move"], {}).setdefault((cmd["job"], cmd["operator"]), [])
         rows.extend(batches)
+
+    def preadopt(self, body: bytes) -> dict:
+        """Process key groups ``key_groups`` of the operators a pre-copy moved (``operators``: job ->
+        names; their state is loaded), and the rows forwarded with it (move ``move``), while writers'
+        rows of theirs are still refused here (until ``adopt``, whose rows follow these)."""
+        node = self.node
+        msg = json.loads(body)
+        kgs = sorted({int(kg) for kg in msg["key_groups"]})
+        forwarded = self.incoming.pop(msg["move"], {})
+        taken = 0
+        with node.lock:
+            for job in node.running():
+                operators = msg["operators"].get(job.name, [])
+                for operator in operators:
+                    KeyedTable(job.arena(operator)).set_away(kgs, False)
+                job.take_back(kgs, operators)
+                for operator in operators:
+                    taken += job.append(operator, forwarded.get((job.name, operator), []))
+        return {"ok": True, "rows_forwarded": taken}
 
     def adopt(self, body: bytes) -> dict:
         """Own key groups whose state was loaded: the rows forwarded with them go into the job

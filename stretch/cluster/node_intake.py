@@ -43,7 +43,7 @@ class NodeIntake:
             if cmd["op"] == "write" and cmd["channel"] in job.broadcast:
                 self._broadcast(job, cmd, batch)
                 return OK, []
-            kgs = self._owned_key_groups(job, cmd["channel"], batch)
+            kgs = self._owned_key_groups(job, cmd["channel"], batch, cmd["op"] == "stage")
             if "wm" in cmd:  # the writer's watermark before these rows: they are judged by it here too
                 job.event_time.observe(cmd["channel"], cmd["wm"])
             if cmd["op"] == "stage":
@@ -53,8 +53,11 @@ class NodeIntake:
                 return OK, []
         return job.stage.answer(parts)  # outside the lock: other writers go on meanwhile
 
-    def _owned_key_groups(self, job: NodeJob, channel: str, batch: pa.RecordBatch) -> np.ndarray:
-        """The rows' key groups, all owned and ready here, else the whole part is refused."""
+    def _owned_key_groups(
+        self, job: NodeJob, channel: str, batch: pa.RecordBatch, stage: bool = False
+    ) -> np.ndarray:
+        """The rows' key groups, all owned and ready here, else the whole part is refused (a
+        ``stage`` transaction's also if a pre-copy copies them out: its results come whole)."""
         node = self.node
         route = job.inputs.get(channel)
         if route is None:
@@ -66,6 +69,9 @@ class NodeIntake:
         lingering = node.lingering.get((job.name, channel))
         if lingering is not None:  # a forward into key groups on their way out (NodeHandoff.release)
             owned = owned | lingering
+        precopying = node.handoff.precopying
+        if stage and precopying is not None:
+            owned = owned & ~precopying
         foreign = np.unique(kgs[~owned[kgs]])
         if foreign.size:
             raise flight.FlightServerError(

@@ -256,11 +256,14 @@ class NodeJob:
         return m
 
     # ---- key groups released at the readers' frontier, and taken back ---------------------------
-    def release(self, operator: str, kgs, timeout: float = RELEASE_TIMEOUT) -> list[pa.RecordBatch] | None:
+    def release(
+        self, operator: str, kgs, timeout: float = RELEASE_TIMEOUT, hold: bool = False
+    ) -> list[pa.RecordBatch] | None:
         """Stop processing ``kgs`` in ``operator`` at the readers' frontier of its gate: their
         state here is final as of it once this returns, with the rows of theirs queued behind it
         (which no instance here processes; normalized by ``queued_batch``). The node stopped
-        taking rows of ``kgs`` before.
+        taking rows of ``kgs`` before, unless it ``hold``s the release: then it still takes them,
+        and ``release_rest`` returns those once it stopped (``Rescaler.release``).
 
         None if they cannot stop there, and the caller works off the backlog instead (a barrier):
         a source task feeds the operator (rows of theirs may still be on the way to its gate), the
@@ -274,18 +277,25 @@ class NodeJob:
         if self.feeds.get(operator) is None or left < co.parallelism_of(stage.id):
             return None
         try:
-            released = co.release(operator, kgs, timeout)
+            released = co.release(operator, kgs, timeout, hold)
         except InputEnded:  # what is left of the input is read already: the barrier is short
             return None
-        batches = []
-        for batch in released.batches:
+        return self._queued(operator, released.batches)
+
+    def release_rest(self, operator: str, kgs) -> list[pa.RecordBatch]:
+        """The rows of ``kgs`` appended behind their held ``release`` since it returned."""
+        return self._queued(operator, self.coordinator.release_rest(operator, kgs))
+
+    def _queued(self, operator: str, batches) -> list[pa.RecordBatch]:
+        out = []
+        for batch in batches:
             if txn_of(batch)[0]:
                 raise RuntimeError(
                     f"rows of a stage transaction of job {self.name!r} were queued behind the release of "
                     f"key groups of {operator!r}: its parts should have completed first"
                 )
-            batches.append(queued_batch(batch))
-        return batches
+            out.append(queued_batch(batch))
+        return out
 
     def keepers(self, operator: str, held, moving) -> set[int]:
         """The fewest key groups of ``held`` (this node's) that ``freeze`` must not release, so that

@@ -584,9 +584,13 @@ class Coordinator:
         """
         return self.rescaler.rescale(operator, parallelism, timeout)
 
-    def release(self, operator: str, key_groups, timeout: float | None = None):
+    def release(self, operator: str, key_groups, timeout: float | None = None, hold: bool = False):
         """Stop processing ``key_groups`` from the readers' frontier (see ``Rescaler.release``)."""
-        return self.rescaler.release(operator, key_groups, timeout)
+        return self.rescaler.release(operator, key_groups, timeout, hold)
+
+    def release_rest(self, operator: str, key_groups) -> list:
+        """The records of ``key_groups`` appended since their held release (``Rescaler.rest``)."""
+        return self.rescaler.rest(operator, key_groups)
 
     def own(self, operator: str, key_groups) -> int:
         """Process released ``key_groups`` again (see ``Rescaler.own``)."""

@@ -62,6 +62,8 @@ class Rescaler:
         self._busy: dict[int, threading.Event] = {}  # stage id -> set when its reconfiguration ends
         # stage id -> {released key group: the gate's tail when it was}: no instance owns them
         self.away: dict[int, dict[int, int]] = {}
+        # stage id -> the gate entry a held release copied its records up to (``release(hold=)``)
+        self.held: dict[int, int] = {}
 
     @property
     def busy(self) -> bool:
@@ -131,22 +133,31 @@ class Rescaler:
             self.await_(f"barrier of {operator!r}", "is placed", done, generation, timeout)
             return self._report(operator, epoch, p, p, t0)
 
-    def release(self, operator: str, key_groups, timeout: float | None = None) -> Released:
+    def release(
+        self, operator: str, key_groups, timeout: float | None = None, hold: bool = False
+    ) -> Released:
         """Stop processing ``key_groups`` from the readers' frontier of the operator's gate (a
         cluster node hands them to another node without working off its backlog first).
 
-        The caller has stopped appending records of these key groups. Returns once every instance
-        has passed the position, so their state is final as of it, with the records of these key
-        groups queued behind it, which no instance here processes, in gate order: they go along
-        with the state. The key groups stay away (no instance owns them, whatever the parallelism)
-        until ``own`` takes them back."""
+        Returns once every instance has passed the position, so their state is final as of it,
+        with the records of these key groups queued behind it, which no instance here processes,
+        in gate order: they go along with the state. The key groups stay away (no instance owns
+        them, whatever the parallelism) until ``own`` takes them back.
+
+        The caller has stopped appending records of these key groups, unless it ``hold``s the
+        release: then records of theirs appended from now on stay in the gate, unprocessed, until
+        ``rest`` copies them (a node copies the backlog out while writers still send it rows of the
+        key groups, and refuses them only for the short rest)."""
         self.co.refuse_if_ended("released")
         stage = self._keyed(operator)
         key_groups = sorted({int(k) for k in key_groups})
         co = self.co
         gate = co.gates[stage.input_gate]
         with self.reconfiguring(stage):
+            if stage.id in self.held:
+                raise RuntimeError(f"a release of key groups of {operator!r} is held: its rest comes first")
             placed = self.new_epoch(stage, away=key_groups)
+            pinned = False
             try:
                 self.await_(
                     f"release of key groups of {operator!r}",
@@ -155,10 +166,33 @@ class Rescaler:
                     placed.generation,
                     timeout,
                 )
-                batches = _rows_from(gate, placed.position, np.array(key_groups, dtype=np.uint16))
+                kgs = np.array(key_groups, dtype=np.uint16)
+                batches, end = _rows_from(gate, gate.seq_at(placed.position), placed.position, kgs)
+                if hold:  # the pin moves on to what is not copied yet
+                    gate.advance(gate.pin_slot, end)
+                    self.held[stage.id], pinned = end, True
+            finally:
+                if not pinned:
+                    gate.close_reader(gate.pin_slot)
+        return Released(placed.position, placed.epoch, batches)
+
+    def rest(self, operator: str, key_groups) -> list[pa.RecordBatch]:
+        """The records of ``key_groups`` appended since their held ``release`` copied the gate,
+        in gate order; the caller has stopped appending records of theirs. Lets go of the gate."""
+        stage = self._keyed(operator)
+        gate = self.co.gates[stage.input_gate]
+        with self.reconfiguring(stage):
+            seq = self.held.pop(stage.id, None)
+            if seq is None:
+                raise RuntimeError(f"no release of key groups of {operator!r} is held")
+            try:
+                gone = self.away.setdefault(stage.id, {})
+                gone.update(dict.fromkeys((int(k) for k in key_groups), gate.position))
+                kgs = np.array(sorted({int(k) for k in key_groups}), dtype=np.uint16)
+                batches, _ = _rows_from(gate, seq, 0, kgs)
             finally:
                 gate.close_reader(gate.pin_slot)
-        return Released(placed.position, placed.epoch, batches)
+        return batches
 
     def own(self, operator: str, key_groups) -> int:
         """Process ``key_groups`` again (released before): from a position after every record of
@@ -342,13 +376,14 @@ def spread(parallelism: int, max_parallelism: int, released) -> np.ndarray | Non
     return owners
 
 
-def _rows_from(gate, position: int, key_groups: np.ndarray) -> list[pa.RecordBatch]:
-    """The records of ``key_groups`` in the gate from ``position`` to its tail (pinned), copied,
-    each batch tagged with its input transaction."""
+def _rows_from(gate, first: int, position: int, key_groups: np.ndarray) -> tuple[list[pa.RecordBatch], int]:
+    """The records of ``key_groups`` in the gate from entry ``first`` (from ``position`` in it) to
+    its tail (pinned), copied, each batch tagged with its input transaction; and the tail."""
     out = []
     wanted = np.zeros(1 << 16, dtype=bool)  # a lookup: faster than np.isin over a backlog's rows
     wanted[key_groups] = True
-    for seq in range(gate.seq_at(position), gate.tail):
+    end = gate.tail
+    for seq in range(first, end):
         entry = gate.read(seq)
         if entry.kind is not Kind.DATA:
             continue
@@ -356,4 +391,4 @@ def _rows_from(gate, position: int, key_groups: np.ndarray) -> list[pa.RecordBat
         mine = wanted[batch.column(KG_COLUMN).to_numpy()]
         if mine.any():
             out.append(tagged(batch.filter(pa.array(mine)), entry.arg1))
-    return out
+    return out, end

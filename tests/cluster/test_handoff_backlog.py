@@ -6,6 +6,7 @@ point of a move too (a checkpointed job)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import defaultdict
@@ -110,6 +111,41 @@ def test_a_handoff_under_a_backlog_forwards_the_queued_rows_and_runs_them_first(
     assert backlog.queued_after_release >= 300, backlog.queued_after_release
     assert backlog.release_s() < 0.5, backlog.times
     assert removed.key_groups_moved == leaving
+
+
+def test_rows_taken_during_a_pre_copy_follow_it_in_order(tmp_path):
+    """2 -> 3 nodes under a backlog, without checkpoints: each move is pre-copied (state and queued
+    rows to the new owner while the old owner still takes rows of its key groups), and at the first
+    pre-copy's end more micro-batches are written by the table as it was, so rows of the moving key
+    groups queue on the old owner behind the pre-copy. They go with the release and run after the
+    pre-copied ones and before anything newer: every key's counts and sums equal the model's."""
+    data = batches(15, 30, 30)
+    burst = batches(16, BURST, 60)
+    name = "precopy"
+    written = [*data[:10], *burst, *data[10:]]  # micro-batch i is written[i]
+    during = iter(range(10 + BURST, 10 + BURST + 5))
+    with StretchCluster.local(nodes=2, step=8) as cluster:
+        client = count_sum_job(cost_us=COST_US).execute_async(name, cluster=cluster)
+        writer = client.writer("in")
+        for i in range(10):
+            writer.write(to_batch(written[i], PAIR), query="q", batch=i)
+
+        def meanwhile(at, src, dst):  # rows for the old owner while its key groups are pre-copied
+            if at == "precopied":
+                for i in itertools.islice(during, 1):
+                    writer.write(to_batch(written[i], PAIR), query="q", batch=i)
+
+        cluster._step_hook = Backlog(cluster, client, writer, written, first=10, also=meanwhile)
+        added = cluster.add_node()
+        cluster._step_hook = None
+        for i in [*during, *range(10 + BURST + 5, len(written))]:
+            writer.write(to_batch(written[i], PAIR), query="q", batch=i)
+        writer.close()
+        client.end("in")
+        assert set(client.wait(120).values()) == {"FINISHED"}
+        assert_in_order(outputs(name, ["node-0", "node-1", "node-2"]), written)
+    assert len(added.precopy_ms) == len(added.step_ms) > 1
+    assert added.rows_forwarded > added.rows_precopied > 0, added
 
 
 POINTS = ["release", "load", "forward", "adopt", "adopted"]
