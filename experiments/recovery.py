@@ -79,7 +79,7 @@ def kill_trial(seed: int, n: int, reference: list) -> dict:
         time.sleep(rng.uniform(0.05, 0.4))
         busy = []
         while not busy and not co.done:  # a worker with a task (on a loaded machine they may start late)
-            busy = [w for w in list(co._workers.values()) if w.task is not None and w.pid]
+            busy = [w for w in co.workers.all() if w.task is not None and w.pid]
         victim = rng.choice(busy)
         killed_at = time.time()
         os.kill(victim.pid, signal.SIGKILL)
