@@ -134,7 +134,7 @@ class Coordinator:
         self.requests = ControlRequests(self)
         self.updater = Updater(self)  # live code updates (runtime.updater)
         self.rescaler = Rescaler(self)  # rescales and barriers (runtime.rescaler)
-        self._stage_blobs: dict[int, bytes] = {}  # pickled stages, as workers get them
+        self.stage_blobs: dict[int, bytes] = {}  # pickled stages, as workers get them
 
     # ---- public, thread-safe ------------------------------------------------------------
     def wait_started(self, timeout: float | None = None) -> bool:
@@ -208,7 +208,7 @@ class Coordinator:
             self.restored_from = restore["id"]
         self.channels.pin_inputs(self._positions)  # what a recovery would read again
         self.channels.log_direct_inputs(self.gates)
-        self._stage_blobs = {s.id: user_code.dumps(s) for s in plan.stages}
+        self.stage_blobs = {s.id: user_code.dumps(s) for s in plan.stages}
         self.channels.publisher.create()
         self._server = ControlServer(
             self.socket_path, self._token, self._on_worker_message, self._on_close, self.requests.answer
@@ -264,6 +264,20 @@ class Coordinator:
         self._parallelism.update(plane.parallelism)
         self._stages = {s.id: _StageState() for s in self.plan.stages}
         self._finished_gates = set()
+
+    def rebuild_dataplane(self, restore: dict) -> None:
+        """A recovery's: the dataplane built anew from checkpoint ``restore``, the job's sinks moved
+        onto their new gates (dropping what it had not committed), the old segments closed."""
+        old = self._dataplane
+        try:
+            self._build_dataplane(restore)
+            for runner in self._sink_runners:
+                offset = self.channels.output_offset(runner.spec, restore)
+                runner.replace_gate(self.sink_gates[runner.spec.id], offset, self.config.shutdown_timeout)
+        finally:
+            for seg in old:
+                with contextlib.suppress(Exception):
+                    seg.close()
 
     def spawn_worker(self) -> Worker:
         return self.workers.spawn()
@@ -322,11 +336,11 @@ class Coordinator:
                 self._replenish()
             elif kind == "cancel" and not self.status.is_globally_terminal_state():
                 self.status = JobStatus.CANCELLING
-                self._stop_everything()
+                self.stop_everything()
                 self.status = JobStatus.CANCELED
                 return
             if self.status is JobStatus.FAILING:
-                self._stop_everything()
+                self.stop_everything()
                 self.status = JobStatus.FAILED
                 return
 
@@ -346,7 +360,7 @@ class Coordinator:
             # every worker gets the job once: segments to attach and the stages, so that starting a
             # task (also in a rescale) is a small message to an already warm, attached process
             conn.send(
-                {"op": "prepare", "resources": self.resources, "stages": self._stage_blobs}, fmt=ord("P")
+                {"op": "prepare", "resources": self.resources, "stages": self.stage_blobs}, fmt=ord("P")
             )
             self._assign(w)
             self.updater.worker_ready(w)
@@ -470,18 +484,9 @@ class Coordinator:
         try:
             self.workers.kill_all(self.config.shutdown_timeout)
             self.updater.workers_gone()
-            old = self._dataplane
             latest = self.checkpointer.store.latest()  # at least the run's start
             self.updater.run_code_of(latest, "checkpoint")  # an update after it is undone with the rest
-            try:
-                self._build_dataplane(latest)
-                for runner in self._sink_runners:
-                    offset = self.channels.output_offset(runner.spec, latest)
-                    runner.replace_gate(self.sink_gates[runner.spec.id], offset, self.config.shutdown_timeout)
-            finally:
-                for seg in old:
-                    with contextlib.suppress(Exception):
-                        seg.close()
+            self.rebuild_dataplane(latest)
             for _ in range(len(self._pending) + self.config.spare_workers):
                 self.spawn_worker()
             self.status = JobStatus.RUNNING
@@ -556,7 +561,7 @@ class Coordinator:
         if not self.status.is_globally_terminal_state():
             self.status = JobStatus.FAILING
 
-    def _stop_everything(self) -> None:
+    def stop_everything(self) -> None:
         self._close_gates()
         for w in self.workers.live():
             with contextlib.suppress(OSError):
@@ -654,15 +659,15 @@ class Coordinator:
         return self.updater.update(operator, function, **options)
 
     def stage_blob(self, stage_id: int) -> bytes:
-        return self._stage_blobs[stage_id]
+        return self.stage_blobs[stage_id]
 
     def stage_blobs_changed(self, stage_id: int | None = None) -> None:
         """The plan's stage (None: every stage) has new code: workers that start tasks get it."""
         ids = [s.id for s in self.plan.stages] if stage_id is None else [stage_id]
         for sid in ids:
-            self._stage_blobs[sid] = user_code.dumps(self.plan.stages[sid])
+            self.stage_blobs[sid] = user_code.dumps(self.plan.stages[sid])
         if stage_id is not None:
-            self.in_job_thread(self.updater.send_code, stage_id, self._stage_blobs[stage_id])
+            self.in_job_thread(self.updater.send_code, stage_id, self.stage_blobs[stage_id])
 
     def in_job_thread(self, fn, *args) -> None:
         """Run ``fn(*args)`` in the job's thread, in order with its events."""
@@ -729,7 +734,7 @@ class Coordinator:
         if self.checkpointer is not None:
             self.checkpointer.stop.set()
         if self.status is not JobStatus.FINISHED:
-            self._stop_everything()
+            self.stop_everything()
         self.workers.stop(self.config.shutdown_timeout)
         if self._server is not None:
             self._server.close()
