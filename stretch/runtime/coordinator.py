@@ -1,9 +1,11 @@
 """The coordinator: one job's control plane on this machine (the node engine's head).
 
-It owns the job's shared-memory segments, its control socket and its zygote; it hands stages to
-worker processes, moves end-of-stream markers from finished producers into the gates they fed, and
-turns a worker's failure into a clear error in the user's process. Data never passes through it:
-workers read and write the gates directly.
+It owns the job's shared-memory segments, its control socket and its workers: it starts the job,
+answers for it to other threads (rescales, updates, checkpoints, status) and shuts it down. What its
+thread does meanwhile (hand stages to worker processes, move end-of-stream markers from finished
+producers into the gates they fed, turn a worker's failure into a clear error in the user's process,
+recover from a worker's death) is runtime.job_loop. Data never passes through it: workers read and
+write the gates directly.
 """
 
 from __future__ import annotations
@@ -18,12 +20,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import cloudpickle
-
 from stretch import _shm as shm
 from stretch.common import user_code
 from stretch.common.job_status import JobStatus
-from stretch.errors import JobEnded, JobExecutionError, UserFunctionError
+from stretch.errors import JobEnded, JobExecutionError
 from stretch.plan.stages import JobPlan
 from stretch.runtime.channels import JobChannels
 from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore
@@ -31,7 +31,8 @@ from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.control_socket import ControlServer, running_jobs, runtime_dir
 from stretch.runtime.dataplane import build_dataplane
 from stretch.runtime.elastic_controller import ElasticController, ElasticityConfig
-from stretch.runtime.gate import Gate, Kind
+from stretch.runtime.gate import Gate
+from stretch.runtime.job_loop import JobLoop
 from stretch.runtime.metrics import serve
 from stretch.runtime.requests import ControlRequests
 from stretch.runtime.rescaler import Rescaler
@@ -63,13 +64,6 @@ class EngineConfig:
     preload: tuple[str, ...] = ()  # modules every worker imports ahead of time (see runtime.zygote)
 
 
-@dataclass
-class _StageState:
-    running: set[int] = field(default_factory=set)
-    done: set[int] = field(default_factory=set)
-    finished: bool = False
-
-
 class Coordinator:
     """Runs one job: call ``run()`` in a dedicated thread; everything else is thread-safe."""
 
@@ -85,7 +79,6 @@ class Coordinator:
         self.checkpoint_failures_in_a_row = 0  # since the last complete one
         self.recoveries_in_a_row = 0  # since the last complete checkpoint
         self.last_checkpoint_error: str | None = None
-        self._positions: dict[int, int] = {}  # source stage id -> position to restart at
         self.job_name = job_name
         self.job_id = secrets.token_hex(16)
         self.status = JobStatus.CREATED
@@ -93,18 +86,12 @@ class Coordinator:
         self.started_at = time.time()
         self.finished_at: float | None = None
         self.output_complete_at: float | None = None  # monotonic: every stage and sink has ended
-        self._events: queue.Queue = queue.Queue()
         self._done = threading.Event()
         self._started = threading.Event()
         self._token = secrets.token_hex(32)
-        # (stage id, instance index, start epoch, code version, gate position): tasks waiting for a worker
-        self._pending: list[tuple[int, int, int, int, int]] = []
-        self._stages = {s.id: _StageState() for s in plan.stages}
         self._parallelism: dict[int, int] = {}  # stage id -> current parallelism
         self._stopping = False  # set before segments close: waiters must stop touching them
         self.final_status: dict | None = None  # describe() as the job ended, kept after its segments go
-        self._sinks_done: set[int] = set()
-        self._finished_gates: set[int] = set()
         self._segments: list = []
         self.gates: dict[int, Gate] = {}
         self.sink_gates: dict[int, Gate] = {}
@@ -134,7 +121,8 @@ class Coordinator:
         self.requests = ControlRequests(self)
         self.updater = Updater(self)  # live code updates (runtime.updater)
         self.rescaler = Rescaler(self)  # rescales and barriers (runtime.rescaler)
-        self._stage_blobs: dict[int, bytes] = {}  # pickled stages, as workers get them
+        self.loop = JobLoop(self)  # the job thread's events, and recovery (runtime.job_loop)
+        self.stage_blobs: dict[int, bytes] = {}  # pickled stages, as workers get them
 
     # ---- public, thread-safe ------------------------------------------------------------
     def wait_started(self, timeout: float | None = None) -> bool:
@@ -148,16 +136,16 @@ class Coordinator:
         return self._done.is_set()
 
     def cancel(self) -> None:
-        self._events.put(("cancel",))
+        self.loop.events.put(("cancel",))
 
     def sink_finished(self, sink: int, error: BaseException | None = None) -> None:
-        self._events.put(("sink_done", sink, error))
+        self.loop.events.put(("sink_done", sink, error))
 
     # ---- the job thread -----------------------------------------------------------------
     def run(self) -> None:
         try:
             self._start()
-            self._loop()
+            self.loop.run()
         except BaseException as e:
             if self.error is None:
                 self.error = e
@@ -206,17 +194,21 @@ class Coordinator:
         self._build_dataplane(restore)
         if restore is not None:
             self.restored_from = restore["id"]
-        self.channels.pin_inputs(self._positions)  # what a recovery would read again
+        self.channels.pin_inputs(self.loop.positions)  # what a recovery would read again
         self.channels.log_direct_inputs(self.gates)
-        self._stage_blobs = {s.id: user_code.dumps(s) for s in plan.stages}
+        self.stage_blobs = {s.id: user_code.dumps(s) for s in plan.stages}
         self.channels.publisher.create()
         self._server = ControlServer(
-            self.socket_path, self._token, self._on_worker_message, self._on_close, self.requests.answer
+            self.socket_path,
+            self._token,
+            self.loop.on_worker_message,
+            self.loop.on_close,
+            self.requests.answer,
         )
         if cfg.metrics is not None:
             self._metrics = serve(self, *cfg.metrics)
         self._write_info()
-        for _ in range(len(self._pending) + cfg.spare_workers):
+        for _ in range(len(self.loop.pending) + cfg.spare_workers):
             self.spawn_worker()
         for sink in plan.sinks:
             if sink.runs_in == "job" or (sink.runs_in == "reader" and cfg.checkpointing):
@@ -260,13 +252,28 @@ class Coordinator:
         self._dataplane = plane.segments
         self.control, self.resources = plane.control, plane.resources
         self.gates, self.sink_gates, self.arenas = plane.gates, plane.sink_gates, plane.arenas
-        self._pending, self._positions = plane.pending, plane.positions
         self._parallelism.update(plane.parallelism)
-        self._stages = {s.id: _StageState() for s in self.plan.stages}
-        self._finished_gates = set()
+        self.loop.restart(plane.pending, plane.positions)
+
+    def rebuild_dataplane(self, restore: dict) -> None:
+        """A recovery's: the dataplane built anew from checkpoint ``restore``, the job's sinks moved
+        onto their new gates (dropping what it had not committed), the old segments closed."""
+        old = self._dataplane
+        try:
+            self._build_dataplane(restore)
+            for runner in self._sink_runners:
+                offset = self.channels.output_offset(runner.spec, restore)
+                runner.replace_gate(self.sink_gates[runner.spec.id], offset, self.config.shutdown_timeout)
+        finally:
+            for seg in old:
+                with contextlib.suppress(Exception):
+                    seg.close()
 
     def spawn_worker(self) -> Worker:
         return self.workers.spawn()
+
+    def idle_workers(self) -> list[Worker]:
+        return self.workers.idle()
 
     def _write_info(self) -> None:
         info = {
@@ -283,233 +290,6 @@ class Coordinator:
         tmp = self.info_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(info))
         tmp.replace(self.info_path)
-
-    # ---- events ---------------------------------------------------------------------------
-    def _on_worker_message(self, conn, msg) -> None:
-        self._events.put(("msg", conn, msg))
-
-    def _on_close(self, conn) -> None:
-        self._events.put(("closed", conn))
-
-    def _loop(self) -> None:
-        while True:
-            if self._finished():
-                self.output_complete_at = time.monotonic()
-                self.status = JobStatus.FINISHED
-                return
-            self.rates.tick(self)
-            try:
-                event = self._events.get(timeout=InstanceRates.EVERY)
-            except queue.Empty:
-                continue
-            kind = event[0]
-            if kind == "msg":
-                self._handle(event[1], event[2])
-            elif kind == "closed":
-                self._worker_gone(event[1])
-            elif kind == "fail":
-                self._fail(event[1])
-            elif kind == "sink_done":
-                if event[2] is not None:
-                    self._fail(event[2])
-                self._sinks_done.add(event[1])
-            elif kind in ("call", "epoch"):
-                event[1](*event[2])
-            elif kind == "end_channel":
-                self.channels.end(event[1])
-                event[2].set()
-            elif kind == "replenish" and self.status is JobStatus.RUNNING:
-                self._replenish()
-            elif kind == "cancel" and not self.status.is_globally_terminal_state():
-                self.status = JobStatus.CANCELLING
-                self._stop_everything()
-                self.status = JobStatus.CANCELED
-                return
-            if self.status is JobStatus.FAILING:
-                self._stop_everything()
-                self.status = JobStatus.FAILED
-                return
-
-    def _finished(self) -> bool:
-        return all(s.finished for s in self._stages.values()) and len(self._sinks_done) == len(
-            self.plan.sinks
-        )
-
-    def _handle(self, conn, msg) -> None:
-        """A message of one of the job's own workers (requests from outside: ``runtime.requests``)."""
-        op = msg.get("op")
-        if op == "hello":
-            w = self.workers.of(conn)
-            if w is None:
-                return
-            w.conn = conn
-            # every worker gets the job once: segments to attach and the stages, so that starting a
-            # task (also in a rescale) is a small message to an already warm, attached process
-            conn.send(
-                {"op": "prepare", "resources": self.resources, "stages": self._stage_blobs}, fmt=ord("P")
-            )
-            self._assign(w)
-            self.updater.worker_ready(w)
-        elif op == "user_metrics":
-            w = self.workers.of(conn)
-            if w is not None and w.task == (msg["stage"], msg["index"]):  # not a late one of an ended task
-                self.user_metrics[(self.plan.stages[msg["stage"]].name, msg["index"])] = msg["metrics"]
-        elif op == "update_checked":
-            w = self.workers.of(conn)
-            if w is not None:
-                self.updater.checked(w, msg)
-                if self.status is JobStatus.RUNNING:
-                    self._assign(w)
-        elif op in ("done", "stopped", "failed"):
-            w = self.workers.of(conn)
-            if w is None:  # a worker of an attempt that a recovery ended
-                return
-            w.task = None
-            self.user_metrics.pop((self.plan.stages[msg["stage"]].name, msg["index"]), None)
-            if op == "failed":
-                self._fail(_job_error(msg["error"], self.plan.stages[msg["stage"]].name))
-            elif op == "done" and msg.get("retired"):
-                self._stages[msg["stage"]].running.discard(msg["index"])  # its worker rejoins the pool
-                self._check_finished(msg["stage"])  # the other instances may have ended before it
-            elif op == "done":
-                self.instance_done(msg["stage"], msg["index"])
-            if self.status is JobStatus.RUNNING:
-                self._assign(w)
-
-    def _assign(self, w: Worker) -> None:
-        if not self._pending or w.conn is None:
-            return
-        stage_id, index, epoch, code, start = self._pending.pop(0)
-        if not self._pending and self.recoveries and "running_at" not in self.recoveries[-1]:
-            self.recoveries[-1]["running_at"] = time.time()  # every task of the new attempt is handed out
-        w.task = (stage_id, index)
-        self._stages[stage_id].running.add(index)
-        w.conn.send(
-            {
-                "op": "run",
-                "stage": stage_id,
-                "index": index,
-                "epoch": epoch,
-                "code": code,  # the version in force where it starts reading
-                "position": self._positions.get(stage_id, 0),
-                "start": start,  # a keyed instance's: the gate position it reads from
-            }
-        )
-
-    def idle_workers(self) -> list[Worker]:
-        return self.workers.idle()
-
-    def instance_done(self, stage_id: int, index: int) -> None:
-        st = self._stages[stage_id]
-        st.running.discard(index)
-        st.done.add(index)
-        self._check_finished(stage_id)
-
-    def _check_finished(self, stage_id: int) -> None:
-        """A stage ends when as many instances as its parallelism ended and none still runs (an
-        instance a rescale removed may report after the others ended)."""
-        st = self._stages[stage_id]
-        if len(st.done) >= self._parallelism[stage_id] and not st.running and not st.finished:
-            st.finished = True
-            self._producer_finished(stage_id)
-
-    def _producer_finished(self, stage_id: int) -> None:
-        """A stage ended: every gate and sink whose producers have all ended gets end-of-stream."""
-        done = {s for s, st in self._stages.items() if st.finished}
-        for gate_id, producers in self.plan.gate_producers.items():
-            if gate_id not in self._finished_gates and set(producers) <= done:
-                self._finished_gates.add(gate_id)
-                self.gates[gate_id].append_control(Kind.END_OF_STREAM)
-        for sink in self.plan.sinks:
-            key = -1 - sink.id
-            if key not in self._finished_gates and set(sink.producers) <= done:
-                self._finished_gates.add(key)
-                if sink.runs_in == "instance":
-                    self._sinks_done.add(sink.id)
-                else:
-                    self.sink_gates[sink.id].append_control(Kind.END_OF_STREAM)
-
-    def _worker_gone(self, conn) -> None:
-        w = self.workers.of(conn)
-        if w is None:
-            return
-        w.exited = True
-        if self.updater.worker_died(w):
-            pass
-        elif w.task is not None and self.status is JobStatus.RUNNING:
-            stage = self.plan.stages[w.task[0]]
-            message = f"worker {w.pid} running operator {stage.name!r} exited unexpectedly"
-            limit = self.config.checkpoint.max_recoveries_in_a_row
-            if self.checkpointer is None:
-                self._fail(JobExecutionError(message))
-            elif self.recoveries_in_a_row >= limit:  # it would only die again: a crash loop
-                self._fail(
-                    JobExecutionError(
-                        f"{message}; the job gives up: {limit} recoveries in a row without a completed "
-                        "checkpoint in between"
-                    )
-                )
-            else:
-                self.recoveries_in_a_row += 1
-                self._recover(message)
-
-    # ---- recovery ---------------------------------------------------------------------------
-    def _recover(self, reason: str) -> None:
-        """A worker died: restart every task from the latest complete checkpoint.
-
-        Every worker is killed and every gate, arena and the control block are built anew; the
-        state comes from the checkpoint's key-group files, sources restart at its positions, and
-        the sinks drop what they had not committed. Readers of the output thus see each result
-        exactly once. Input channel gates and logs, which outside writers use, are kept.
-        """
-        t0 = time.monotonic()
-        self.status = JobStatus.RESTARTING
-        self.generation += 1  # a checkpoint or rescale under way gives up and lets go
-        while not self.exclusive.acquire(timeout=0.05):
-            self._refuse_epochs()
-        try:
-            self.workers.kill_all(self.config.shutdown_timeout)
-            self.updater.workers_gone()
-            old = self._dataplane
-            latest = self.checkpointer.store.latest()  # at least the run's start
-            self.updater.run_code_of(latest, "checkpoint")  # an update after it is undone with the rest
-            try:
-                self._build_dataplane(latest)
-                for runner in self._sink_runners:
-                    offset = self.channels.output_offset(runner.spec, latest)
-                    runner.replace_gate(self.sink_gates[runner.spec.id], offset, self.config.shutdown_timeout)
-            finally:
-                for seg in old:
-                    with contextlib.suppress(Exception):
-                        seg.close()
-            for _ in range(len(self._pending) + self.config.spare_workers):
-                self.spawn_worker()
-            self.status = JobStatus.RUNNING
-            self.recoveries.append(
-                {
-                    "reason": reason,
-                    "checkpoint": latest["id"],
-                    "elapsed_ms": (time.monotonic() - t0) * 1000,
-                    "at": time.time(),
-                }
-            )
-        finally:
-            self.exclusive.release()
-
-    def _refuse_epochs(self) -> None:
-        """While recovering: answer requests to place epochs (their callers hold the turn we wait for)."""
-        kept = []
-        while True:
-            try:
-                event = self._events.get_nowait()
-            except queue.Empty:
-                break
-            if event[0] == "epoch":
-                event[2][0].put(RuntimeError("the job is recovering from a failure; retry"))
-            else:
-                kept.append(event)
-        for event in kept:
-            self._events.put(event)
 
     # ---- checkpoints (see runtime.checkpointing) ------------------------------------------
     def trigger_checkpoint(self) -> dict:
@@ -529,8 +309,11 @@ class Coordinator:
         return self._parallelism[stage_id]
 
     def stage_finished(self, stage_id: int) -> bool:
-        st = self._stages[stage_id]
-        return st.finished or (self.plan.stages[stage_id].kind == "source" and 0 in st.done)
+        return self.loop.stage_finished(stage_id)
+
+    def instance_done(self, stage_id: int, index: int) -> None:
+        """In the job thread: instance ``index`` of the stage ended (see ``JobLoop.instance_done``)."""
+        self.loop.instance_done(stage_id, index)
 
     @property
     def sink_runners(self) -> list[SinkRunner]:
@@ -548,15 +331,9 @@ class Coordinator:
                 f"the last: {self.last_checkpoint_error}"
             )
             failure.__cause__ = error
-            self._events.put(("fail", failure))
+            self.loop.events.put(("fail", failure))
 
-    def _fail(self, error: BaseException) -> None:
-        if self.error is None:
-            self.error = error
-        if not self.status.is_globally_terminal_state():
-            self.status = JobStatus.FAILING
-
-    def _stop_everything(self) -> None:
+    def stop_everything(self) -> None:
         self._close_gates()
         for w in self.workers.live():
             with contextlib.suppress(OSError):
@@ -605,7 +382,7 @@ class Coordinator:
     def place_epoch(self, fn, ticket: queue.Queue, *args) -> None:
         """Run ``fn(ticket, *args)`` (placing an epoch) in the job thread, in order with its events;
         a recovery answers it with an error on ``ticket`` instead."""
-        self._events.put(("epoch", fn, (ticket, *args)))
+        self.loop.events.put(("epoch", fn, (ticket, *args)))
 
     def set_parallelism(
         self, stage_id: int, parallelism: int, added: list[tuple[int, int, int, int]]
@@ -613,17 +390,11 @@ class Coordinator:
         """In the job thread: the operator runs ``parallelism`` instances from now on; ``added``
         (index, start epoch, code version, gate position) are the instances to start."""
         self._parallelism[stage_id] = parallelism
-        tasks = [(stage_id, *task) for task in added]
-        self._pending[:0] = tasks
-        idle = self.idle_workers()
-        for w in idle[: len(tasks)]:
-            self._assign(w)
-        for _ in range(len(tasks) - len(idle)):
-            self.spawn_worker()
+        self.loop.start_tasks([(stage_id, *task) for task in added])
 
     def replenish(self) -> None:
         """Refill the warm pool (after a rescale took workers from it)."""
-        self._events.put(("replenish",))
+        self.loop.events.put(("replenish",))
 
     def ended_as(self) -> str:
         """How the job ended or is ending, as its errors say it: "job 'x' has finished"."""
@@ -658,19 +429,19 @@ class Coordinator:
         return self.updater.update(operator, function, **options)
 
     def stage_blob(self, stage_id: int) -> bytes:
-        return self._stage_blobs[stage_id]
+        return self.stage_blobs[stage_id]
 
     def stage_blobs_changed(self, stage_id: int | None = None) -> None:
         """The plan's stage (None: every stage) has new code: workers that start tasks get it."""
         ids = [s.id for s in self.plan.stages] if stage_id is None else [stage_id]
         for sid in ids:
-            self._stage_blobs[sid] = user_code.dumps(self.plan.stages[sid])
+            self.stage_blobs[sid] = user_code.dumps(self.plan.stages[sid])
         if stage_id is not None:
-            self.in_job_thread(self.updater.send_code, stage_id, self._stage_blobs[stage_id])
+            self.in_job_thread(self.updater.send_code, stage_id, self.stage_blobs[stage_id])
 
     def in_job_thread(self, fn, *args) -> None:
         """Run ``fn(*args)`` in the job's thread, in order with its events."""
-        self._events.put(("call", fn, args))
+        self.loop.events.put(("call", fn, args))
 
     @property
     def stopping(self) -> bool:
@@ -678,17 +449,6 @@ class Coordinator:
 
     def live_workers(self) -> list[Worker]:
         return self.workers.live()
-
-    def _replenish(self) -> None:
-        """Keep the warm pool at its size (spares are forked from the zygote, ready in milliseconds)."""
-        missing = (
-            self.config.spare_workers
-            + len(self._pending)
-            - len(self.workers.idle())
-            - self.workers.starting()
-        )
-        for _ in range(max(missing, 0)):
-            self.spawn_worker()
 
     def state_location(self, operator) -> dict:
         """Where another process reads an operator's keyed state (queryable state)."""
@@ -713,7 +473,7 @@ class Coordinator:
     def end_channel(self, name: str) -> None:
         """A writer ended input channel ``name``; handled in the job thread, in order with the rest."""
         done = threading.Event()
-        self._events.put(("end_channel", name, done))
+        self.loop.events.put(("end_channel", name, done))
         while not done.wait(0.05):
             if self._stopping or self.status in (JobStatus.FAILING, JobStatus.CANCELLING) or self.done:
                 raise RuntimeError(
@@ -733,7 +493,7 @@ class Coordinator:
         if self.checkpointer is not None:
             self.checkpointer.stop.set()
         if self.status is not JobStatus.FINISHED:
-            self._stop_everything()
+            self.stop_everything()
         self.workers.stop(self.config.shutdown_timeout)
         if self._server is not None:
             self._server.close()
@@ -772,31 +532,3 @@ class Coordinator:
         with contextlib.suppress(FileNotFoundError):
             self.info_path.unlink()
         self.updater.close()
-
-
-def _job_error(report: dict, operator: str) -> BaseException:
-    """Rebuild a worker's failure as the exception the user sees."""
-    cause = None
-    if report.get("exception"):
-        with contextlib.suppress(Exception):
-            cause = cloudpickle.loads(report["exception"])
-    message = report["message"]
-    if "user_traceback" in report:
-        err: BaseException = UserFunctionError(
-            f"{message}\n\nUser code traceback (worker process):\n{report['user_traceback']}"
-        )
-    elif report["type"] in ("TypeError", "ValueError", "KeyError", "IndexError", "OverflowError"):
-        err = {
-            "TypeError": TypeError,
-            "ValueError": ValueError,
-            "KeyError": KeyError,
-            "IndexError": IndexError,
-            "OverflowError": OverflowError,
-        }[report["type"]](message)
-    else:
-        err = JobExecutionError(
-            f"operator {operator!r} failed: {report['type']}: {message}\n{report['traceback']}"
-        )
-    if cause is not None:
-        err.__cause__ = cause
-    return err
