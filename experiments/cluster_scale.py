@@ -6,8 +6,10 @@ A rolling count+sum over W1 events (vectorized ``sum``, keyed by the int64 key) 
 ``StretchCluster.local(nodes=2)``; a writer streams W1 batches into it (each a micro-batch of one
 query, so replays would be dropped per key group) while the nodes go 2 -> 3 -> 2. Reported:
 
-- ``handoff_p50_ms``/``handoff_p99_ms``: one step's move between two nodes (release, barrier,
-  snapshot, ship, load, adopt), ``max_stall_ms``: the longest any key group refused rows;
+- ``handoff_p50_ms``/``handoff_p99_ms``: one step's move between two nodes (release at the
+  frontier, snapshot, ship, load, adopt: after its pre-copy, only what the key groups took during
+  it), ``max_stall_ms``: the longest any key group refused rows; ``precopy_p99_ms``: a move's
+  pre-copy (its key groups' rows were taken meanwhile, and waited);
 - ``moved_fraction`` on 2 -> 3 (ideal 1/3), ``bytes_moved`` per node change, ``state_mb``;
 - ``lost``/``duplicated``: per key, the count the cluster holds against the events written;
 - ``bytes_moved_ratio``: the bytes a node change shipped over the logical bytes (as Arrow: key
@@ -122,14 +124,31 @@ def plot(added, removed, path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot(range(len(added.step_ms)), added.step_ms, "o-", label="2 -> 3 (add a node)")
-    ax.plot(range(len(removed.step_ms)), removed.step_ms, "s-", label="3 -> 2 (remove a node)")
-    ax.set_xlabel("step (one routing version: at most 8 key groups, about 4 MB of state)")
-    ax.set_ylabel("move: release to adoption (ms)")
-    ax.set_title("key-group handoff under a steady W1 load")
-    ax.legend()
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for report, marker, label in (
+        (added, "o", "2 -> 3 (add a node)"),
+        (removed, "s", "3 -> 2 (remove a node)"),
+    ):
+        line = ax.plot(range(len(report.step_ms)), report.step_ms, marker + "-", label=f"{label}: refused")[0]
+        if report.precopy_ms:
+            ax.plot(
+                range(len(report.precopy_ms)),
+                report.precopy_ms,
+                marker + ":",
+                color=line.get_color(),
+                alpha=0.6,
+                label=f"{label}: pre-copy (rows taken)",
+            )
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("move (one routing version: at most 8 key groups, about 4 MB of state)")
+    ax.set_ylabel("ms (log)")
+    ax.set_title("key-group handoff, steady W1 load: each move's pre-copy, then its refusal")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -240,6 +259,7 @@ def main() -> None:
             "handoff_p50_ms": round(float(np.percentile(steps, 50)), 2),
             "handoff_p99_ms": round(float(np.percentile(steps, 99)), 2),
             "max_stall_ms": round(max(added.max_stall_ms, removed.max_stall_ms), 2),
+            "precopy_p99_ms": round(float(np.percentile(added.precopy_ms + removed.precopy_ms, 99)), 2),
             "add_node_ms": round(added.elapsed_ms, 1),
             "remove_node_ms": round(removed.elapsed_ms, 1),
             "moved_fraction": round(added.key_groups_moved / cluster.max_parallelism, 4),
