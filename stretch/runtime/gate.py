@@ -186,14 +186,21 @@ class Gate:
 
     def seq_at(self, position: int) -> int:
         """The entry that holds ``position`` (the tail if it is the next entry's): where a reader
-        that starts there opens its cursor. Entries from there to the tail must not be reclaimed."""
-        seq = self.tail
-        while seq > 0:
-            s = self._slots[(seq - 1) % self.slot_capacity]
-            if s[0] != seq - 1 or s[8] + max(int(s[7]), 1) <= position:
-                break
-            seq -= 1
-        return seq
+        that starts there opens its cursor. Entries from there to the tail must not be reclaimed.
+
+        A binary search over the entries still in the ring (their ends grow with their sequence
+        numbers): an epoch placed at the readers' frontier under a backlog looks for a position
+        hundreds of entries behind the tail."""
+        tail = self.tail
+        lo, hi = max(0, tail - self.slot_capacity), tail
+        while lo < hi:
+            mid = (lo + hi) // 2
+            s = self._slots[mid % self.slot_capacity]
+            if s[0] == mid and s[8] + max(int(s[7]), 1) > position:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     @property
     def closed(self) -> bool:

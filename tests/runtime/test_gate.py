@@ -408,6 +408,29 @@ def test_positions_count_rows_and_name_the_entry_that_holds_them(make_gate):
     assert g.end_position == g.start_of(end_seq) == position
 
 
+def test_seq_at_finds_the_entry_of_a_position_after_the_ring_wrapped(make_gate):
+    """seq_at searches the entries still in the ring: checked against a plain list of every
+    entry's (seq, start, end), for every position of the live entries, while a reader keeps a few
+    entries behind the tail and the ring wraps many times."""
+    g = make_gate(slots=8, readers=2)
+    g.open_reader(0, 0)
+    rng = random.Random(7)
+    entries, position = [], 0
+    for b in range(60):
+        if b % 4 == 3:
+            seq, rows = g.append_control(Kind.WATERMARK, 0, b), 0
+        else:
+            rows = rng.randrange(0, 30)
+            seq = g.append_batch(_batch(_rows(0, b, rows, rng)))
+        entries.append((seq, position, position + max(rows, 1)))
+        position += max(rows, 1)
+        live = entries[-rng.randrange(1, 7) :]  # the reader lets the others go
+        g.advance(0, live[0][0])
+        for seq, start, end in live:
+            assert {g.seq_at(p) for p in range(start, end)} == {seq}
+        assert g.seq_at(position) == g.tail
+
+
 def test_a_nudge_wakes_a_waiting_reader_without_an_entry(make_gate):
     g = make_gate()
     since = g.wake_count()
