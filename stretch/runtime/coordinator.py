@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import secrets
 import shutil
 import threading
@@ -378,11 +377,6 @@ class Coordinator:
         this was called: an epoch at the gate's tail, with the current ownership (a node hands key
         groups away behind it)."""
         return self.rescaler.barrier(operator, timeout)
-
-    def place_epoch(self, fn, ticket: queue.Queue, *args) -> None:
-        """Run ``fn(ticket, *args)`` (placing an epoch) in the job thread, in order with its events;
-        a recovery answers it with an error on ``ticket`` instead."""
-        self.loop.events.put(("epoch", fn, (ticket, *args)))
 
     def set_parallelism(
         self, stage_id: int, parallelism: int, added: list[tuple[int, int, int, int]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -37,6 +38,7 @@ class JobLoop:
     def __init__(self, coordinator):
         self.co = coordinator
         self.events: queue.Queue = queue.Queue()  # what the job thread handles, in order
+        self.lock = threading.RLock()  # held while one event is handled, or an epoch placed (``place``)
         # (stage id, instance index, start epoch, code version, gate position): tasks waiting for a worker
         self.pending: list[tuple[int, int, int, int, int]] = []
         self.positions: dict[int, int] = {}  # source stage id -> position to restart at
@@ -57,47 +59,69 @@ class JobLoop:
     def on_close(self, conn) -> None:
         self.events.put(("closed", conn))
 
+    def place(self, fn, *args):
+        """``fn(*args)`` (placing an epoch) in the caller's thread, between two events of the job
+        thread: a rescale, update or release need not wait for the job thread to be scheduled,
+        which on busy cores takes milliseconds. A recovery under way refuses it (its caller may
+        hold the turn the recovery waits for, ``Coordinator.exclusive``)."""
+        while not self.lock.acquire(timeout=0.002):
+            if self.co.status is JobStatus.RESTARTING:
+                return RuntimeError("the job is recovering from a failure; retry")
+        try:
+            return fn(*args)
+        finally:
+            self.lock.release()
+
     # ---- the job thread -----------------------------------------------------------------
     def run(self) -> None:
         """Handle events until the job finishes, fails or is cancelled."""
         co = self.co
         while True:
-            if self._finished():
-                co.output_complete_at = time.monotonic()
-                co.status = JobStatus.FINISHED
-                return
-            co.rates.tick(co)
+            with self.lock:
+                if self._finished():
+                    co.output_complete_at = time.monotonic()
+                    co.status = JobStatus.FINISHED
+                    return
+                co.rates.tick(co)
             try:
                 event = self.events.get(timeout=InstanceRates.EVERY)
             except queue.Empty:
                 continue
-            kind = event[0]
-            if kind == "msg":
-                self._handle(event[1], event[2])
-            elif kind == "closed":
-                self._worker_gone(event[1])
-            elif kind == "fail":
-                self._fail(event[1])
-            elif kind == "sink_done":
-                if event[2] is not None:
-                    self._fail(event[2])
-                self._sinks_done.add(event[1])
-            elif kind in ("call", "epoch"):
-                event[1](*event[2])
-            elif kind == "end_channel":
-                co.channels.end(event[1])
-                event[2].set()
-            elif kind == "replenish" and co.status is JobStatus.RUNNING:
-                self._replenish()
-            elif kind == "cancel" and not co.status.is_globally_terminal_state():
-                co.status = JobStatus.CANCELLING
-                co.stop_everything()
-                co.status = JobStatus.CANCELED
-                return
-            if co.status is JobStatus.FAILING:
-                co.stop_everything()
-                co.status = JobStatus.FAILED
-                return
+            with self.lock:
+                if self._dispatch(event):
+                    return
+
+    def _dispatch(self, event) -> bool:
+        """Handle one event; True once the job ended (failed or cancelled)."""
+        co = self.co
+        kind = event[0]
+        if kind == "msg":
+            self._handle(event[1], event[2])
+        elif kind == "closed":
+            self._worker_gone(event[1])
+        elif kind == "fail":
+            self._fail(event[1])
+        elif kind == "sink_done":
+            if event[2] is not None:
+                self._fail(event[2])
+            self._sinks_done.add(event[1])
+        elif kind == "call":
+            event[1](*event[2])
+        elif kind == "end_channel":
+            co.channels.end(event[1])
+            event[2].set()
+        elif kind == "replenish" and co.status is JobStatus.RUNNING:
+            self._replenish()
+        elif kind == "cancel" and not co.status.is_globally_terminal_state():
+            co.status = JobStatus.CANCELLING
+            co.stop_everything()
+            co.status = JobStatus.CANCELED
+            return True
+        if co.status is JobStatus.FAILING:
+            co.stop_everything()
+            co.status = JobStatus.FAILED
+            return True
+        return False
 
     def _finished(self) -> bool:
         return all(s.finished for s in self._stages.values()) and len(self._sinks_done) == len(
@@ -266,8 +290,7 @@ class JobLoop:
         t0 = time.monotonic()
         co.status = JobStatus.RESTARTING
         co.generation += 1  # a checkpoint or rescale under way gives up and lets go
-        while not co.exclusive.acquire(timeout=0.05):
-            self._refuse_epochs()
+        co.exclusive.acquire()  # a caller that holds it and places an epoch meanwhile is refused (place)
         try:
             co.workers.kill_all(co.config.shutdown_timeout)
             co.updater.workers_gone()
@@ -287,21 +310,6 @@ class JobLoop:
             )
         finally:
             co.exclusive.release()
-
-    def _refuse_epochs(self) -> None:
-        """While recovering: answer requests to place epochs (their callers hold the turn we wait for)."""
-        kept = []
-        while True:
-            try:
-                event = self.events.get_nowait()
-            except queue.Empty:
-                break
-            if event[0] == "epoch":
-                event[2][0].put(RuntimeError("the job is recovering from a failure; retry"))
-            else:
-                kept.append(event)
-        for event in kept:
-            self.events.put(event)
 
 
 def _job_error(report: dict, operator: str) -> BaseException:

@@ -12,7 +12,6 @@ at its barrier); a live update does (the checkpoint records the code version).
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -212,13 +211,11 @@ class Rescaler:
         away: list[int] | None = None,
         own: list[int] | None = None,
     ) -> Placed:
-        """Place the next epoch of ``stage``'s operator (in the job's thread): a new parallelism,
+        """Place the next epoch of ``stage``'s operator (``JobLoop.place``): a new parallelism,
         a new code version, key groups no instance processes (``away``, the gate's entries from
         there pinned) or processes again (``own``), or none of these (a barrier, ``at_tail``);
         raises why it could not."""
-        ticket: queue.Queue = queue.Queue()
-        self.co.place_epoch(self._place_into, ticket, stage.id, parallelism, code, at_tail, away, own)
-        placed = ticket.get()
+        placed = self.co.loop.place(self._place, stage.id, parallelism, code, at_tail, away, own)
         if isinstance(placed, BaseException):
             raise placed
         return placed
@@ -289,14 +286,7 @@ class Rescaler:
             "state_bytes_copied": 0,
         }
 
-    # ---- in the job's thread --------------------------------------------------------------------
-    def _place_into(self, ticket: queue.Queue, *args) -> None:
-        try:
-            ticket.put(self._place(*args))
-        except BaseException as e:
-            ticket.put(e)
-            raise
-
+    # ---- between two events of the job thread (JobLoop.place) ----------------------------------
     def _place(self, stage_id: int, parallelism: int | None, code: int | None, at_tail: bool, away, own):
         co = self.co
         if co.status is not JobStatus.RUNNING:
