@@ -381,20 +381,24 @@ def test_default_gate_size_is_32_mib_or_an_eighth_of_the_free_shared_memory(
             g.segment.close()
 
 
+def _append_entry(g, b: int, control: bool, max_rows: int, rng) -> tuple[int, int]:
+    """A watermark (``control``) or a batch of up to ``max_rows`` rows: its sequence number and
+    how many positions it takes (a control record one)."""
+    if control:
+        return g.append_control(Kind.WATERMARK, 0, b), 1
+    rows = rng.randrange(0, max_rows)
+    return g.append_batch(_batch(_rows(0, b, rows, rng))), max(rows, 1)
+
+
 def test_positions_count_rows_and_name_the_entry_that_holds_them(make_gate):
     g = make_gate(slots=16, readers=2)
     g.open_reader(0, 0)
     rng = random.Random(3)
     expected, position = [], 0
     for b in range(10):
-        if b % 3 == 2:
-            seq = g.append_control(Kind.WATERMARK, 0, b)
-            rows = 0
-        else:
-            rows = rng.randrange(0, 40)
-            seq = g.append_batch(_batch(_rows(0, b, rows, rng)))
-        expected.append((seq, position, position + max(rows, 1)))
-        position += max(rows, 1)
+        seq, size = _append_entry(g, b, b % 3 == 2, 40, rng)
+        expected.append((seq, position, position + size))
+        position += size
     assert g.position == position
     for seq, start, end in expected:
         assert g.start_of(seq) == start
@@ -417,13 +421,9 @@ def test_seq_at_finds_the_entry_of_a_position_after_the_ring_wrapped(make_gate):
     rng = random.Random(7)
     entries, position = [], 0
     for b in range(60):
-        if b % 4 == 3:
-            seq, rows = g.append_control(Kind.WATERMARK, 0, b), 0
-        else:
-            rows = rng.randrange(0, 30)
-            seq = g.append_batch(_batch(_rows(0, b, rows, rng)))
-        entries.append((seq, position, position + max(rows, 1)))
-        position += max(rows, 1)
+        seq, size = _append_entry(g, b, b % 4 == 3, 30, rng)
+        entries.append((seq, position, position + size))
+        position += size
         live = entries[-rng.randrange(1, 7) :]  # the reader lets the others go
         g.advance(0, live[0][0])
         for seq, start, end in live:
