@@ -2,7 +2,8 @@
 
 Every change to a running job goes through one queue, handled in order by the job's thread: its
 workers' messages and exits, cancels and failures, sinks that ended, and calls other threads make
-in it (placing an epoch, sending new code). Here tasks are handed to workers, a stage's end moves
+in it (sending new code). An epoch is placed by the thread that asks for it, between two events
+(``place``): the job thread may wait milliseconds for a core. Here tasks are handed to workers, a stage's end moves
 end-of-stream markers into the gates it fed, a worker's failure becomes the user's error, and a
 worker's death restarts the job from its latest checkpoint. The Coordinator owns the job (its
 segments, socket and workers); this is its thread at work.
