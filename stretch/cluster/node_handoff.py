@@ -220,11 +220,9 @@ class NodeHandoff:
         taken = 0
         with node.lock:
             for job in node.running():
-                operators = msg["operators"].get(job.name, [])
-                for operator in operators:
+                for operator in msg["operators"].get(job.name, []):
                     KeyedTable(job.arena(operator)).set_away(kgs, False)
-                job.take_back(kgs, operators)
-                for operator in operators:
+                    job.take_back(kgs, [operator])
                     taken += job.append(operator, forwarded.get((job.name, operator), []))
         return {"ok": True, "rows_forwarded": taken}
 
