@@ -32,8 +32,8 @@ I_BARRIER_AT_NS = 16  # CLOCK_MONOTONIC time it read that barrier (it stands sti
 I_CODE = 17  # the code version the instance runs (it passed that version's epoch)
 I_CODE_AT_NS = 18  # CLOCK_MONOTONIC time it switched to that version
 I_CLAIM = 19  # the gate position up to which it has committed to read under its epoch (runtime.frontier)
-I_RATE = 20  # its recent reading time per gate position, in ns/1024 (0: not known yet)
-I_ENTRY_END = 21  # the end position of the gate entry it reads (others may read up to it: runtime.frontier)
+I_RATE = 20  # its recent reading time per position of pace, in ns/1024 (0: not known yet)
+I_PACE = 21  # its claim as a position of pace: its share of the entry it reads (runtime.frontier)
 I_WORDS = 24
 # Instance states.
 FREE, RUNNING, DONE = 0, 1, 2
@@ -204,9 +204,10 @@ class ControlBlock:
         r.store64(self.position_word(op, epoch), position)
         r.store64(self.epoch_word(op), epoch)
         r.max64(self.op_word(op, O_PLACING), epoch)
-        futex = self.op_word(op, O_SWITCH_FUTEX)
-        r.fetch_add32(futex, 1)
-        r.wake32(futex)
+        for word in (O_SWITCH_FUTEX, O_PROGRESS):  # those at the position, those keeping pace
+            futex = self.op_word(op, word)
+            r.fetch_add32(futex, 1)
+            r.wake32(futex)
 
     def position(self, op: int, epoch: int) -> int:
         return self.segment.region.load64(self.position_word(op, epoch))

@@ -15,28 +15,32 @@ places P at or past all of them. So either the coordinator sees an instance's cl
 instance sees the placement; then it waits the microseconds until P is fixed and reads no further
 than P. No instance ever has to undo what it read.
 
-A per-record function reads a whole run of its rows in one call (its keys' state is then loaded
-and written back once a run), yet it claims that run piece by piece from inside the call, so a
-claim never runs far ahead of what the instance has processed.
+A per-record function reads all its rows of a batch (a run, or rows scattered among others') in
+one call (its keys' state is then loaded and written back once a batch), yet it claims them piece
+by piece from inside the call, so a claim never runs far ahead of what the instance has processed.
 
 The frontier is only as close to every instance as the instances are to each other. Under a
 backlog, a reader that runs faster than another (its key groups hold fewer rows, or it got more
 CPU) would read on to the gate's tail, and an epoch placed there would wait for the slower one to
 work off the whole gate. So an instance reads ahead of another by at most ``LEAD_NS`` of the other's
 work (from the rate each one publishes): under a backlog the slowest instance sets the operator's
-pace in any case. A batch is laid out by key group, so the instances of one operator read the same
-entry at once, each in its own run of rows, far apart in positions though not in time: an instance
-may always read to the end of the entry another one reads. The frontier thus stays within the
-larger of ``LEAD_NS`` and one entry's work of every instance.
+pace in any case. How far apart two instances are is measured by their *pace*, not their gate
+positions: a batch is laid out by key group, so instances that read the same entry at the same
+moment are far apart in positions (each in its own run of rows) though not in time. An instance's
+pace through an entry is the share of its own rows of the entry it has claimed, spread over the
+entry's positions; outside an entry, and for rows not laid out in runs, it is the position itself.
+The frontier thus stays within ``LEAD_NS`` and one run of rows of every instance.
 """
 
 from __future__ import annotations
+
+import time
 
 from stretch.runtime import control_block as cbk
 
 UNSET = -1  # an epoch's position while the coordinator places it
 NEVER = 1 << 62  # the position of a placement withdrawn (nothing was left to read)
-LEAD_NS = 4_000_000
+LEAD_NS = 1_000_000
 """How far, in the other's work, an instance may read ahead of another instance of its operator."""
 
 
@@ -51,59 +55,104 @@ class Frontier:
         self._region = control.segment.region
         self._claim = control.instance_word(op, index, cbk.I_CLAIM)
         self._rate = control.instance_word(op, index, cbk.I_RATE)
-        self._entry_end = control.instance_word(op, index, cbk.I_ENTRY_END)
+        self._pace = control.instance_word(op, index, cbk.I_PACE)
+        self._start, self._n, self._spans, self._own = 0, 0, None, 0  # the entry read (``reading``)
+        self.waited_ns = 0  # time spent waiting for slower instances (not reading: not in its rate)
         self._placing = control.op_word(op, cbk.O_PLACING)
         self._futex = control.op_word(op, cbk.O_SWITCH_FUTEX)
         self._progress = control.op_word(op, cbk.O_PROGRESS)
         self._waiting_ahead = control.op_word(op, cbk.O_WAITING_AHEAD)
 
     def publish_rate(self, ns_per_position: float) -> None:
-        """This instance's recent reading time per gate position (others pace themselves by it)."""
+        """This instance's recent reading time per position of pace (others pace themselves by it)."""
         self._region.store64(self._rate, max(1, int(ns_per_position * 1024)))
 
-    def reading(self, end: int) -> None:
-        """This instance reads the gate entry that ends at ``end`` (others may read up to there)."""
-        self._region.store64(self._entry_end, end)
+    def reading(self, start: int, n: int, spans=None) -> None:
+        """This instance reads the gate entry of positions [start, start + n), its own rows in
+        ``spans`` (row ranges of the entry), or all rows alike (None)."""
+        self._start, self._n, self._spans = start, n, spans
+        self._own = sum(b - a for a, b in spans) if spans is not None else n
 
-    def lead_limit(self, here: int, instances: int) -> int | None:
-        """The furthest position this instance, at ``here``, may read to and stay within LEAD_NS
-        (or the entry it reads) of every instance of its epoch (``instances`` of them) that is
-        behind it (no further than that entry while its pace is not known yet); None if none is
-        behind."""
+    def pace(self, position: int) -> int:
+        """``position`` of the entry read, as the share of this instance's own rows before it spread
+        over the entry's positions (an entry without rows of its own is read at once); elsewhere
+        ``position`` itself. Instances that read in step have the same pace."""
+        start, n = self._start, self._n
+        if self._spans is None or not start <= position < start + n:
+            return position
+        if not self._own:
+            return start + n
+        row = position - start
+        done = sum(min(max(row - a, 0), b - a) for a, b in self._spans)
+        return start + n * done // self._own
+
+    def position_at(self, pace: int) -> int:
+        """The furthest position of the entry read whose pace is at most ``pace`` (``pace`` itself
+        past the entry)."""
+        start, n = self._start, self._n
+        if self._spans is None or not start <= pace < start + n:
+            return pace
+        left = (pace - start) * self._own // n  # own rows up to there
+        for a, b in self._spans:
+            if left <= b - a:
+                return start + a + left
+            left -= b - a
+        return start + n
+
+    def lead_limit(self, at: int, instances: int) -> int | None:
+        """The furthest position this instance, at pace ``at``, may read to and stay within
+        LEAD_NS of every instance of its epoch (``instances`` of them) behind it in pace (of its work
+        at this one's rate while its own is not known yet); None if none is behind. One that has passed
+        this instance's next epoch's position is not behind."""
         r, cb, op = self._region, self.control, self.op
+        own_rate = r.load64(self._rate)
         limit = None
         for j in range(instances):
-            if j == self.index:
+            if j == self.index or r.load64(cb.instance_word(op, j, cbk.I_EPOCH)) > self.epoch:
                 continue
-            claim = r.load64(cb.instance_word(op, j, cbk.I_CLAIM))
-            if claim >= here:
+            pace = r.load64(cb.instance_word(op, j, cbk.I_PACE))
+            if pace >= at:
                 continue
-            rate = r.load64(cb.instance_word(op, j, cbk.I_RATE))
-            reach = claim + LEAD_NS * 1024 // rate if rate > 0 else claim
-            reach = max(reach, r.load64(cb.instance_word(op, j, cbk.I_ENTRY_END)))
+            rate = r.load64(cb.instance_word(op, j, cbk.I_RATE)) or own_rate  # not known yet: as this one's
+            reach = pace + LEAD_NS * 1024 // rate if rate > 0 else pace
             limit = reach if limit is None else min(limit, reach)
-        return limit
+        return None if limit is None else self.position_at(limit)
 
     def keep_up(self, here: int, instances: int, waiting, need: int | None = None) -> int | None:
-        """``lead_limit``, once it is past ``here`` (at ``need`` or past, if given: an instance
-        that reads whole batches): waits while this instance is as far ahead of a slower one as it
-        may be. ``waiting()`` is called meanwhile (it raises to stop)."""
+        """``lead_limit`` at ``here``, once it is past ``here`` (at ``need`` or past, if given: an
+        instance that reads whole batches): waits while this instance is as far ahead of a slower
+        one as it may be. ``waiting()`` is called meanwhile (it raises to stop). Its pace is
+        published as ``here``'s, so two instances never each wait for the other."""
         need = here + 1 if need is None else need
-        limit = self.lead_limit(here, instances)
+        at = self.pace(here)
+        r = self._region
+        r.store64(self._pace, at)
+        limit = self._limit(at, instances)
         if limit is None or limit >= need:
             return limit
-        r = self._region
         r.fetch_add32(self._waiting_ahead, 1)
+        t0 = time.perf_counter_ns()
         try:
             while True:
                 seen = r.load32(self._progress)
-                limit = self.lead_limit(here, instances)
+                limit = self._limit(at, instances)
                 if limit is None or limit >= need:
                     return limit
                 waiting()
                 r.wait32(self._progress, seen, 0.005)
         finally:
             r.fetch_add32(self._waiting_ahead, 0xFFFFFFFF)
+            self.waited_ns += time.perf_counter_ns() - t0
+
+    def _limit(self, at: int, instances: int) -> int | None:
+        """``lead_limit``, but never short of the next epoch's position once it is placed: every
+        instance reads up to there in any case, and the sooner the slowest does, the sooner the
+        epoch is in force."""
+        limit = self.lead_limit(at, instances)
+        if limit is None or self._region.load64(self._placing) <= self.epoch:
+            return limit
+        placed = self._region.load64(self.control.position_word(self.op, self.epoch + 1))
+        return limit if placed in (UNSET, NEVER) else max(limit, placed)
 
     def claim(self, end: int, waiting) -> int | None:
         """Commit to reading up to gate position ``end`` under the current epoch, unless the next
@@ -112,6 +161,7 @@ class Frontier:
         None. ``waiting()`` is called while a placement is under way (it raises to stop)."""
         r = self._region
         r.store64(self._claim, end)
+        r.store64(self._pace, self.pace(end))
         if r.load32(self._waiting_ahead):  # instances ahead wait for this one to go on
             r.fetch_add32(self._progress, 1)
             r.wake32(self._progress)
@@ -151,5 +201,5 @@ def withdraw(control, op: int, epoch: int) -> None:
 def start_claim(control, op: int, instance: int, position: int) -> None:
     """An instance added at ``position`` has committed to nothing before it."""
     region = control.segment.region
-    region.store64(control.instance_word(op, instance, cbk.I_ENTRY_END), position)
+    region.store64(control.instance_word(op, instance, cbk.I_PACE), position)
     region.store64(control.instance_word(op, instance, cbk.I_CLAIM), position)

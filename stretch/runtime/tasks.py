@@ -230,8 +230,10 @@ class KeyedInstanceTask(Task):
     new epoch (ownership, code) at the gate position where the coordinator placed it
     (``runtime.frontier``). It reads a batch in pieces of about ``PIECE_NS`` of work, committing
     to each piece before it reads it, so that an epoch placed meanwhile applies within a piece. A
-    per-record function gets a whole run of its rows a call instead (its keys' state then moves
-    once a run), and the run's pieces are claimed from inside the call (``ProcessOperator.go_on``)."""
+    per-record function gets all its rows of a batch (a run, or its rows picked out of a batch not
+    laid out, such as the backlog written while one instance read) in one call instead (its keys'
+    state then moves once a batch), and the call's pieces are claimed from inside it
+    (``ProcessOperator.go_on``)."""
 
     retired = False  # set when a rescale removed this instance (it ended at the epoch's position)
     _parts = None
@@ -291,6 +293,7 @@ class KeyedInstanceTask(Task):
         self.frontier = Frontier(cb, op, index, epoch)
         self.whole = stage.operator.kind in IN_ORDER  # read across keys in order: whole batches
         self.all_mine = False  # every row of the entry it reads is its own (_owns_every_row)
+        self._mine = None  # which rows of the entry are its own, when they are scattered
         self._piece = _FIRST_PIECE
         self._rate = 0.0  # ns per gate position read, recently (Frontier.publish_rate)
         marks = MarkCounter()
@@ -399,16 +402,21 @@ class KeyedInstanceTask(Task):
         kgs = batch.column(KG_COLUMN).to_numpy()
         runs = laid_out(batch)
         self._busy = 0  # ns spent processing this entry's pieces (not waiting between them)
-        self.frontier.reading(entry.end)
         rows_in = 0
-        lo = first = here - start
-        judged_at = None
+        lo = here - start
+        judged_at = paced_from = None
         while True:
             epoch = self.frontier.epoch
             if judged_at != epoch:  # under this epoch's ownership
                 self.all_mine, judged_at = self._owns_every_row(kgs, runs), epoch
+                scattered = not (runs or self.everything or self.whole or self.all_mine)
+                self._mine = self.owners[kgs] == self.a.index if scattered else None  # its rows
+                mine = spans(kgs, self.ranges) if runs and not (self.everything or self.whole) else None
+                self.frontier.reading(start, n, mine)
+                if paced_from is None:
+                    paced_from = self.frontier.pace(start + lo)
             x, y = self._next_piece(kgs, runs, lo, n)
-            in_call = self._claims_in_call(runs)  # a whole run, its pieces claimed inside the call
+            in_call = self._claims_in_call()  # a whole run, its pieces claimed inside the call
             reach = x if in_call else y
             stop = self._bound(start + lo, start + max(reach, lo + (n == 0)), paced=True) - start
             if self.retired:
@@ -424,8 +432,9 @@ class KeyedInstanceTask(Task):
             if lo >= max(n, 1):
                 break
         busy = self._busy
-        if n > first:
-            self._rate = 0.75 * self._rate + 0.25 * busy / (n - first) if self._rate else busy / (n - first)
+        if rows_in:  # ns per position of pace (runtime.frontier), of this entry
+            rate = busy / max(start + n - paced_from, 1)
+            self._rate = 0.75 * self._rate + 0.25 * rate if self._rate else rate
             self.frontier.publish_rate(self._rate)
         stats = self.stats
         stats[cbk.I_RECORDS_IN] += rows_in
@@ -437,8 +446,8 @@ class KeyedInstanceTask(Task):
     def _owns_every_row(self, kgs: np.ndarray, runs: bool) -> bool:
         """Whether every row of an entry not laid out in runs is this instance's, though it does
         not own every key group: a node's only instance, whose key groups of other nodes are
-        released (no rows of theirs come). It then reads the entry as if it owned everything: in
-        one call, claimed from inside it, not in small pieces each filtered for its own rows."""
+        released (no rows of theirs come). It then reads the entry as if it owned everything,
+        without picking its rows out."""
         if runs or self.everything or not len(kgs):
             return False
         return bool((self.owners[kgs] == self.a.index).all())
@@ -449,13 +458,17 @@ class KeyedInstanceTask(Task):
         order). (n, n): nothing of its own is left."""
         if self.whole:
             return lo, n
-        piece = n if self._claims_in_call(runs) else self._piece
+        in_call = self._claims_in_call()
+        piece = n if in_call else self._piece
         if runs and not self.everything:
             for a, b in spans(kgs, self.ranges):
                 if b > lo:
                     x = max(a, lo)
                     return x, min(b, x + piece)
             return n, n
+        if in_call and self._mine is not None:  # its rows of the rest, wherever they are
+            own = np.flatnonzero(self._mine[lo:])
+            return (lo + int(own[0]), n) if own.size else (n, n)
         return lo, min(n, lo + piece)
 
     def _process(self, entry, kgs: np.ndarray, runs: bool, x: int, y: int) -> tuple[int, int]:
@@ -463,7 +476,7 @@ class KeyedInstanceTask(Task):
         it processed, and the row it reached (before y if it stopped early)."""
         batch = entry.batch if (x, y) == (0, entry.batch.num_rows) else entry.batch.slice(x, y - x)
         part = writable(kgs[x:y])
-        t0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
+        t0, cpu0, waited = time.perf_counter_ns(), time.thread_time_ns(), self.frontier.waited_ns
         chain, operator = self.chain, self.operator
         in_call = False
         if self.fused:
@@ -476,23 +489,28 @@ class KeyedInstanceTask(Task):
                 chain.push(out)
             n = operator.rows_in
         else:
-            in_call = self._claims_in_call(runs)
+            in_call = self._claims_in_call()
+            sel = None  # where its rows are among [x, y), if not all of them
+            if runs or self.everything or self.all_mine:
+                own, own_kgs = batch, part
+            elif in_call:
+                sel = np.flatnonzero(self._mine[x:y])
+                own, own_kgs = batch.take(sel), part[sel]
+            else:
+                own, own_kgs = _own_rows(batch, part, self.owners, self.a.index)
             if in_call:  # its claims go on piece by piece from inside the call, its results too
-                operator.go_on, operator.emit = self._claimer(entry.start + x, y - x), chain.push
-            own, own_kgs = (
-                (batch, part)
-                if runs or self.everything or self.all_mine
-                else _own_rows(batch, part, self.owners, self.a.index)
-            )
+                go_on = self._claimer(entry.start + x, y - x, sel)
+                operator.go_on, operator.emit = go_on, chain.push
             n = own.num_rows
             if n:
                 chain.push(operator.process(own, own_kgs))
                 if in_call and operator.stopped_at is not None:
                     n = operator.stopped_at
-                    y = x + n
+                if in_call and go_on.reached is not None:  # as far as it claimed: to y, or an epoch
+                    y = go_on.reached - entry.start
             if in_call:
                 operator.go_on = operator.emit = None
-        self._busy += time.perf_counter_ns() - t0
+        self._busy += time.perf_counter_ns() - t0 - (self.frontier.waited_ns - waited)  # not its waits
         if not self.whole and not in_call:  # about PIECE_NS of work a piece, from this one's (CPU
             # time: not the time others ran meanwhile, which would keep pieces small on a busy
             # machine)
@@ -508,31 +526,40 @@ class KeyedInstanceTask(Task):
         """Whether its operator takes its claims from inside a call (``ProcessOperator.go_on``)."""
         self.claiming_operator = not self.fused and hasattr(self.operator, "go_on")
 
-    def _claims_in_call(self, runs: bool) -> bool:
-        """Whether it reads a whole run of a batch's rows a call (claimed from inside the call)."""
-        return self.claiming_operator and not self.whole and (runs or self.everything or self.all_mine)
+    def _claims_in_call(self) -> bool:
+        """Whether it reads all its rows of a batch (or of a run) in one call, claimed from inside
+        the call: its keys' state then moves once a batch, not once a piece."""
+        return self.claiming_operator and not self.whole
 
-    def _claimer(self, first: int, rows: int):
-        """``ProcessOperator.go_on`` for a call over gate positions [first, first + rows): claims
-        the next piece, about ``PIECE_NS`` of work (sized by CPU time, as pieces are), after the
-        records done; answers up to which record the call may go (not past the records done once
-        the next epoch applies there)."""
+    def _claimer(self, first: int, rows: int, sel: np.ndarray | None = None):
+        """``ProcessOperator.go_on`` for a call over gate positions [first, first + rows), whose
+        records are at ``sel`` among them (all of them if None): claims the next piece, about
+        ``PIECE_NS`` of work (sized by CPU time, as pieces are), after the records done; answers up
+        to which record the call may go (not past the records done once the next epoch applies
+        there). Its ``reached`` is the position its last answer claimed up to."""
         clock = [time.thread_time_ns(), 0]
+        count = rows if sel is None else len(sel)
+
+        def at(k: int) -> int:  # the position of the call's k-th record (past the last: the end)
+            return first + (k if sel is None else int(sel[k]) if k < count else rows)
 
         def go_on(done: int) -> int:
             now = time.thread_time_ns()
             if done > clock[1]:
                 self._size_piece(done - clock[1], now - clock[0])
             clock[0], clock[1] = now, done
-            here = first + done
-            end = first + min(rows, done + self._piece)
+            here = first if go_on.reached is None else go_on.reached  # all before it is done
+            end = at(min(count, done + self._piece))
             if self.instances > 1:
                 limit = self.frontier.keep_up(here, self.instances, self._waiting)
                 if limit is not None:
                     end = min(end, limit)
             position = self.frontier.claim(end, self._waiting)
-            return (end if position is None else max(here, min(position, end))) - first
+            bound = end if position is None else max(here, min(position, end))
+            go_on.reached = bound
+            return bound - first if sel is None else int(np.searchsorted(sel, bound - first))
 
+        go_on.reached = None
         return go_on
 
     def _own(self, owners: np.ndarray, parallelism: int) -> None:
