@@ -221,26 +221,34 @@ def backlog_case(rescales: int, min_work_s: float = 2.0) -> dict:
     progress = Progress(client)
     progress.start()
     time.sleep(1.5)  # the gate fills; spare workers settle
-    reports, steps, work_left = [], [], []
+    reports, steps, work_left, spans = [], [], [], []
     for i in range(rescales):
         p = BACKLOG_SCHEDULE[i % len(BACKLOG_SCHEDULE)]
         now = time.monotonic()
         work_left.append((events - progress.processed()) / max(progress.rate(now - 0.4, now), 1.0))
+        if spans:  # the previous parallelism, from 200 ms after its rescale to this one
+            spans[-1] = (*spans[-1][:2], now)
         report = client.rescale(OPERATOR, p)
         reports.append(report)
+        done = now + report.elapsed_ms / 1000
+        spans.append((p, done + 0.2, None))
         if (report.old_parallelism, p) == (1, 2):
-            steps.append((now, now + report.elapsed_ms / 1000))
+            steps.append((now, done))
         time.sleep(0.4)
     progress.stop.set()
     progress.join()
     client.cancel()
     ratios = [progress.rate(done, done + 0.2) / max(progress.rate(t - 0.2, t), 1.0) for t, done in steps]
+    settled = {
+        p: float(np.median([progress.rate(a, b) for q, a, b in spans if q == p and b])) for p in (1, 2)
+    }
     return {
         "elapsed_ms": sorted(r.elapsed_ms for r in reports),
         "queued": [r.queued for r in reports],
         "copied": sum(r.state_bytes_copied for r in reports),
         "min_work_left_s": min(work_left),
         "scaleup_ratios": ratios,
+        "settled_p2_over_p1": settled[2] / max(settled[1], 1.0),
         "timeline": (progress.samples, [(t, p) for (t, _), p in zip(steps, [2] * len(steps))]),
     }
 
@@ -411,6 +419,9 @@ def backlog_result(rescales: int) -> dict:
         "backlog_queued_p50": int(np.median(behind["queued"])),
         "throughput_after_scaleup_ratio": round(float(np.median(behind["scaleup_ratios"])), 2),
         "throughput_after_scaleup_ratio_min": round(min(behind["scaleup_ratios"]), 2),
+        # the most that ratio can be here: parallelism 2 over 1, each settled (200 ms on) before the
+        # next rescale, on the same cores in the same run
+        "settled_p2_over_p1": round(behind["settled_p2_over_p1"], 2),
         "baseline_backlog_p50_ms": round(float(np.median(base)), 1),
         "backlog_state_bytes_copied": behind["copied"],
         "backlog_plot": str(path),
