@@ -92,7 +92,7 @@ class Frontier:
         start, n = self._start, self._n
         if self._spans is None or not start <= pace < start + n:
             return pace
-        left = (pace - start) * self._own // n  # own rows up to there
+        left = ((pace - start + 1) * self._own - 1) // n  # the most own rows read at that pace
         for a, b in self._spans:
             if left <= b - a:
                 return start + a + left

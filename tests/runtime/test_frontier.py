@@ -79,3 +79,36 @@ def test_readers_switch_exactly_at_each_placed_position(shm_prefix, forked, tmp_
                     assert read_under[e] <= placed[e + 1]
     finally:
         cb.close()
+
+
+def test_pace_is_the_share_of_an_instances_own_rows_and_maps_back_to_positions(shm_prefix):
+    """Two instances that read a batch laid out by key group, each its own run, have the same pace
+    when each has read the same share of its run, though a run apart in positions; ``position_at``
+    inverts ``pace`` within the entry; outside the entry, and for rows not in runs, pace is the
+    position."""
+    cb = ControlBlock.create(shm_prefix, 1, 128)
+    try:
+        start, n = 1000, 400
+        first = frontier.Frontier(cb, OP, 0, epoch=0)
+        second = frontier.Frontier(cb, OP, 1, epoch=0)
+        first.reading(start, n, [(0, 100)])  # rows 0..99 of the entry are its own
+        second.reading(start, n, [(100, 160), (300, 400)])  # two runs, 160 rows
+        for share in (0.0, 0.25, 0.5, 0.75):
+            a, k = start + round(100 * share), round(160 * share)  # k of the second's 160 rows
+            b = start + (100 + k if k < 60 else 300 + k - 60)
+            assert first.pace(a) == second.pace(b) == start + round(n * share)
+        for f in (first, second):
+            paces = [f.pace(p) for p in range(start, start + n)]
+            assert paces == sorted(paces) and paces[0] == start
+            for p in range(start, start + n):  # the furthest position not past a pace is at least p
+                assert f.pace(f.position_at(f.pace(p))) == f.pace(p)
+            assert f.pace(start + n) == start + n and f.pace(start - 5) == start - 5
+        nothing = frontier.Frontier(cb, OP, 2, epoch=0)
+        nothing.reading(start, n, [])  # no rows of its own: done with the entry at once
+        assert nothing.pace(start) == start + n
+        scattered = frontier.Frontier(cb, OP, 3, epoch=0)
+        scattered.reading(start, n, None)
+        assert [scattered.pace(p) for p in (start, start + 7)] == [start, start + 7]
+        assert scattered.position_at(start + 7) == start + 7
+    finally:
+        cb.close()
