@@ -15,7 +15,10 @@ of a virtual machine copies memory before it stops the machine: the old owner co
 and the queued rows out while it still takes writers' rows of the key groups, the new owner loads
 them and works the rows off, and the release that follows ships only the rows taken meanwhile, so
 a writer is refused for that rest, not for the backlog's copy (each move is then its own routing
-version, as a writer's refusal must not come before the new owner is near ready). A job
+version, as a writer's refusal must not come before the new owner is near ready). A move that
+fails after its pre-copy and before its routing version is saved is abandoned (``_abandon``): the
+old owner takes its key groups back, from the state the new owner reached, and lets go of its
+gates; once the version is saved the move goes forward. A job
 that forwards through logs (cluster.forward_log) keeps per key order across the move: the new
 owner holds its forward logs until the old owner sent what its release checkpoint committed.
 
@@ -100,8 +103,7 @@ class Handoff:
                     p0 = time.monotonic()
                     pre = self._precopy(src, dst, kgs)
                     precopies.append((time.monotonic() - p0) * 1000)
-                    c.hook("precopied", src, dst)
-                    self._route({kg: dst for kg in kgs})
+                    self._route_precopied(src, dst, kgs, pre)
                     s0 = time.monotonic()
                     shipped, rows = self._move(src, dst, kgs, c.table.version, pre)
                     stalls.append((time.monotonic() - s0) * 1000)
@@ -162,6 +164,27 @@ class Handoff:
         c.store.save(c.table)
         return old
 
+    def _route_precopied(self, src: str, dst: str, kgs: list[int], pre: dict | None) -> None:
+        """The routing version that makes a pre-copied move real. Saving it is the point of no
+        return: a failure before (the driver's, or its store's) abandons the pre-copy, after it the
+        release and the adoption go forward."""
+        c = self.cluster
+        old = c.table
+        try:
+            c.hook("precopied", src, dst)
+            self._route({kg: dst for kg in kgs})
+        except BaseException as e:
+            try:
+                saved = c.store.load()
+            except Exception:
+                saved = None  # not readable: not saved either
+            if saved is not None and saved.version > old.version:
+                raise  # saved: writers may send there already, the move must be made
+            c.table = old
+            if pre is not None:
+                self._abandon(src, dst, kgs, pre, e)
+            raise
+
     def _state_bytes_per_key_group(self, moves: dict[int, str]) -> dict[int, float]:
         """Each moving key group's share of its node's state (the nodes' jobs' state bytes over
         the key groups the node owns): what cuts a node change into steps of similar size."""
@@ -183,18 +206,53 @@ class Handoff:
         and refuses writers' rows of them until the adoption. None if ``src`` cannot (the release
         does it all); else its id, the state bytes and the rows it shipped."""
         connection = self.cluster.connection
-        pre = connection.action(src, "precopy", {"key_groups": kgs})
+        try:
+            pre = connection.action(src, "precopy", {"key_groups": kgs})
+        except BaseException as e:  # src may have pre-copied them all the same
+            self._abandon(src, dst, kgs, {"id": None, "move": "", "operators": {}}, e)
+            raise
         if pre["id"] is None:
             return None
-        size = self._fetch_state(src, dst, pre["parts"])
         move = f"pre{pre['id']}:{src}"
-        self._fetch_rows(src, dst, pre["forward"], move)
         operators: dict[str, list[str]] = {}
         for part in pre["parts"]:
             operators.setdefault(part["job"], []).append(part["operator"])
-        body = {"key_groups": kgs, "move": move, "operators": operators}
-        rows = connection.action(dst, "preadopt", body)["rows_forwarded"]
-        return {"id": pre["id"], "bytes": size, "rows": rows}
+        done = {"id": pre["id"], "move": move, "operators": operators}
+        try:
+            size = self._fetch_state(src, dst, pre["parts"])
+            self._fetch_rows(src, dst, pre["forward"], move)
+            body = {"key_groups": kgs, "move": move, "operators": operators}
+            rows = connection.action(dst, "preadopt", body)["rows_forwarded"]
+        except BaseException as e:
+            self._abandon(src, dst, kgs, done, e)
+            raise
+        return {**done, "bytes": size, "rows": rows}
+
+    def _abandon(self, src: str, dst: str, kgs: list[int], pre: dict, failure: BaseException) -> None:
+        """Undo the pre-copy ``pre`` of a move that will not be made (``failure`` came before its
+        routing version was saved), so that ``src`` does not pin its gates and hold the key groups
+        away for good: ``dst`` gives back what it pre-adopted (the state it reached and the rows it
+        had not processed, fetched straight to ``src``) or drops what it had not, and ``src`` takes
+        the key groups back, those rows (else its own copy of what it pre-copied) and the rows it
+        took since going in first. A ``dst`` that is gone or refuses leaves ``src`` its own copy."""
+        connection = self.cluster.connection
+        back, returned = f"un{pre['move']}", []
+        if pre["move"]:
+            try:
+                body = {"key_groups": kgs, "move": pre["move"], "operators": pre["operators"]}
+                given = connection.action(dst, "unpreadopt", body)
+                self._fetch_state(dst, src, given["parts"])
+                self._fetch_rows(dst, src, given["forward"], back)
+                returned = given["returned"]
+            except Exception:
+                returned = []  # what src loaded of it is dropped: src goes on from its own copy
+        try:
+            body = {"id": pre["id"], "key_groups": kgs, "move": back, "returned": returned}
+            connection.action(src, "unprecopy", body)
+        except Exception as e:  # src is gone (its key groups with it) or broken: the failure says so
+            note = getattr(failure, "add_note", None)  # Python 3.11+
+            if note is not None:
+                note(f"and {src} could not take back key groups {kgs[:8]} of the abandoned move: {e!r}")
 
     def _fetch_state(self, src: str, dst: str, parts: list[dict]) -> int:
         """``dst`` loads the key groups' state ``src`` parked (``parts``); the bytes."""
@@ -255,6 +313,7 @@ class Handoff:
             "marks": released["marks"],
             "base": released.get("base"),
             "move": move,
+            "precopy": None if pre is None else pre["move"],  # made: nothing of it is undone
         }
         logged = any(c.jobs.forward_logs.values())
         if logged:  # it sends nothing of theirs before src sent what it committed of them

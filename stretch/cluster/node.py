@@ -30,7 +30,8 @@ Calls (Flight):
   broadcast operator).
 - actions (JSON): ``submit`` (a cloudpickled plan), ``own``, ``precopy``, ``release``, ``fetch``
   (what a ``precopy`` or ``release`` of a peer parked for this node, fetched straight from the
-  peer and taken as a ``do_put``), ``preadopt``, ``adopt``, ``status``,
+  peer and taken as a ``do_put``), ``preadopt``, ``adopt``, ``unprecopy`` and ``unpreadopt`` (a
+  pre-copied move abandoned), ``status``,
   ``rescale``, ``end``, ``ended_operators``, ``wait``, ``failed``, ``cancel``, ``retire``, ``shutdown``,
   ``take_shared`` (rows a writer on this host staged in shared memory, answered as
   ``do_exchange`` answers); for readers on other hosts
@@ -374,6 +375,14 @@ class NodeServer(flight.FlightServerBase):
         """Process pre-copied key groups, still refusing writers' rows of them (cluster.node_handoff)."""
         return self.handoff.preadopt(body)
 
+    def _act_unprecopy(self, body: bytes) -> dict:
+        """Take back pre-copied key groups whose move was abandoned (cluster.node_handoff)."""
+        return self.handoff.unprecopy(body)
+
+    def _act_unpreadopt(self, body: bytes) -> dict:
+        """Give back, or drop, what an abandoned move pre-adopted here (cluster.node_handoff)."""
+        return self.handoff.unpreadopt(body)
+
     def _act_release(self, body: bytes) -> dict:
         """Give up key groups at the readers' frontier (cluster.node_handoff)."""
         return self.handoff.release(body)
@@ -406,6 +415,7 @@ class NodeServer(flight.FlightServerBase):
             "node": self.node_id,
             "version": self.version,
             "key_groups": np.flatnonzero(self.owned).tolist() if self.owned is not None else [],
+            "precopies": sorted(self.handoff.precopies),  # each pins its operators' gates until released
             "jobs": {name: j.client.describe() for name, j in self.jobs.items()},
         }
 

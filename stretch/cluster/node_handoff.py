@@ -21,6 +21,12 @@ frontier and copies their state and queued rows out *while it still takes writer
 (``preadopt``). The release then copies only the rows taken meanwhile: writers are refused for that
 short rest, not for the whole backlog.
 
+A pre-copied move the driver gives up before its routing version is saved is undone
+(``unpreadopt``, ``unprecopy``): the new owner stops the key groups it pre-adopted and gives back
+the state they reached with the rows it had not processed, or drops what it loaded if it processed
+none; the old owner takes them back, those rows (else its own copy of the state and of the rows it
+pre-copied) and the rows it held since going in first, and lets go of its gates.
+
 With checkpointed jobs the old owner first takes a release checkpoint, at the frontier too
 (``NodeCheckpoints.release_checkpoint``): it keeps the forwarded rows with the state, and it is
 where the key groups restore from until the new owner's adoption is in its manifest (which names
@@ -35,6 +41,7 @@ key selector function, a broadcast operator's keyed input), the operator works t
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -45,17 +52,31 @@ from stretch.state.keyed_table import KeyedTable
 from stretch.state.snapshot import copy_key_groups, describe_arena, release_key_groups
 
 
+@dataclass
+class Precopy:
+    """What a pre-copy took out of the node, kept until its release: if the move is abandoned
+    (``unprecopy``), the node takes the key groups back from this copy of their state and rows."""
+
+    key_groups: list[int]
+    held: set[tuple[str, str]] = field(default_factory=set)  # (job, operator)s whose release it holds
+    state: dict[tuple[str, str], tuple[dict, list]] = field(default_factory=dict)  # description, batches
+    rows: dict[tuple[str, str], list[pa.RecordBatch]] = field(default_factory=dict)  # queued, in order
+    tickets: list[str] = field(default_factory=list)  # parked for the new owner, perhaps never fetched
+
+
 class NodeHandoff:
     """Key groups leaving and joining ``node`` (a NodeServer)."""
 
     def __init__(self, node):
         self.node = node
         self.outgoing: dict[str, pa.Table] = {}  # ticket -> forwarded rows awaiting their do_get
-        # pre-copy id -> the (job, operator)s whose release it holds until the release takes the rest
-        self.precopies: dict[str, set[tuple[str, str]]] = {}
+        # pre-copy id -> what it took, and whose release it holds until the release takes the rest
+        self.precopies: dict[str, Precopy] = {}
         self.precopying: np.ndarray | None = None  # bool per key group: stage rows of theirs refused
         # move -> {(job, operator): forwarded rows}, awaiting the adoption of that move
         self.incoming: dict[str, dict[tuple[str, str], list[pa.RecordBatch]]] = {}
+        # pre-copied move -> the (job, operator)s that processed its rows here: undone by ``unpreadopt``
+        self.preadopted: dict[str, set[tuple[str, str]]] = {}
 
     # ---- giving key groups away ------------------------------------------------------------------
     def precopy(self, body: bytes) -> dict:
@@ -79,20 +100,80 @@ class NodeHandoff:
             self.precopying[kgs] = True
             for job in jobs:
                 job.stage.settle(kgs)
-        held, parts, forward = set(), [], []
+        pre, parts, forward = node.ticket(), [], []
+        record = self.precopies[pre] = Precopy(kgs)
         moving = np.asarray(kgs, dtype=np.int64)
-        for job in jobs:
-            for operator in job.keyed:
-                rows = job.release(operator, kgs, hold=True)
-                if rows is None:  # the release stops it (after a barrier)
-                    continue
-                held.add((job.name, operator))
-                KeyedTable(job.arena(operator)).set_away(kgs, True)
-                parts.append(self._park_state(job, operator, moving))
-                forward.extend(self._park_rows(job, operator, rows))
-        pre = node.ticket()
-        self.precopies[pre] = held
+        try:
+            for job in jobs:
+                for operator in job.keyed:
+                    rows = job.release(operator, kgs, hold=True)
+                    if rows is None:  # the release stops it (after a barrier)
+                        continue
+                    key = (job.name, operator)
+                    record.held.add(key)
+                    record.rows[key] = rows
+                    KeyedTable(job.arena(operator)).set_away(kgs, True)
+                    part = self._park_state(job, operator, moving)
+                    record.state[key] = (part["description"], self.node.parked[part["ticket"]])
+                    parked = self._park_rows(job, operator, rows)
+                    record.tickets += [part["ticket"], *(p["ticket"] for p in parked)]
+                    parts.append(part)
+                    forward.extend(parked)
+        except BaseException:  # what it held so far is processed here again
+            self._take_back(self.precopies.pop(pre), {}, set())
+            raise
         return {"id": pre, "parts": parts, "forward": forward}
+
+    def unprecopy(self, body: bytes) -> dict:
+        """Take back key groups ``key_groups`` whose pre-copy (``id``; else the one of these key
+        groups) the driver abandoned before it made the move: they are processed here again, from
+        the state and with the rows the new owner gave back (its ``unpreadopt``, forwarded here for
+        move ``move``) for the operators it ``returned``, else from this node's own copy; then the
+        rows taken since the pre-copy, before any newer. Lets go of the gates it pinned, and takes
+        stage rows of theirs again."""
+        msg = json.loads(body)
+        pre = msg.get("id")
+        if pre is None:
+            wanted = {int(kg) for kg in msg["key_groups"]}
+            pre = next((p for p, r in self.precopies.items() if wanted & set(r.key_groups)), None)
+        record = self.precopies.pop(pre, None) if pre is not None else None
+        given = self.incoming.pop(msg.get("move", ""), {})
+        if record is None:
+            return {"ok": True, "taken_back": False}
+        returned = {(job, operator) for job, operator in msg.get("returned", ())}
+        rows = self._take_back(record, given, returned)
+        return {"ok": True, "taken_back": True, "rows": rows}
+
+    def _take_back(self, record: Precopy, given: dict, returned: set) -> int:
+        """Process the key groups of a pre-copy here again (see ``unprecopy``); the rows appended.
+        Under the node's lock: no writer's row of theirs goes in between the ones appended here."""
+        node, kgs, appended = self.node, record.key_groups, 0
+        moving = np.asarray(kgs, dtype=np.int64)
+        for ticket in record.tickets:  # what the new owner never fetched
+            node.parked.pop(ticket, None)
+            self.outgoing.pop(ticket, None)
+        with node.lock:
+            for job in node.running():
+                for operator in job.keyed:
+                    key = (job.name, operator)
+                    if key not in record.held:
+                        continue
+                    rest = job.release_rest(operator, kgs)  # lets go of the gate
+                    table = KeyedTable(job.arena(operator))
+                    if key in returned:  # loaded from the new owner, with the rows it had left
+                        first = given.get(key, [])
+                    else:
+                        if key in record.state:  # copied out (else still here)
+                            release_key_groups(table, moving)  # whatever of theirs was loaded since
+                            description, batches = record.state[key]
+                            node.load_into(job, operator, description, batches)
+                        first = record.rows[key]
+                    table.set_away(kgs, False)
+                    job.take_back(kgs, [operator])
+                    appended += job.append(operator, [*first, *rest])
+            if self.precopying is not None:
+                self.precopying[kgs] = False
+        return appended
 
     def release(self, body: bytes) -> dict:
         """Give up key groups ``key_groups`` to node ``to``: refuse their rows from now on, stop
@@ -109,7 +190,7 @@ class NodeHandoff:
         node = self.node
         msg = json.loads(body)
         kgs = sorted({int(kg) for kg in msg["key_groups"]})
-        held = self.precopies.pop(msg["precopy"]) if msg.get("precopy") else set()
+        held = self.precopies.pop(msg["precopy"]).held if msg.get("precopy") else set()
         with node.lock:  # no write is under way: each either came before this or will be refused
             owned = np.flatnonzero(node.owned).tolist()
             node.owned[kgs] = False
@@ -218,13 +299,45 @@ class NodeHandoff:
         kgs = sorted({int(kg) for kg in msg["key_groups"]})
         forwarded = self.incoming.pop(msg["move"], {})
         taken = 0
+        done = self.preadopted.setdefault(msg["move"], set())
         with node.lock:
             for job in node.running():
                 for operator in msg["operators"].get(job.name, []):
                     KeyedTable(job.arena(operator)).set_away(kgs, False)
                     job.take_back(kgs, [operator])
                     taken += job.append(operator, forwarded.get((job.name, operator), []))
+                    done.add((job.name, operator))
         return {"ok": True, "rows_forwarded": taken}
+
+    def unpreadopt(self, body: bytes) -> dict:
+        """Undo the pre-copy of key groups ``key_groups`` (move ``move``, operators ``operators``:
+        job -> names) that the driver abandoned: their rows were never taken here from writers.
+        Operators that processed its rows (``preadopt``) stop the key groups at their frontier and
+        park the state they reached with the rows they had not processed, for the old owner
+        (``returned``: it goes on from there, and nothing they processed is processed twice); the
+        others drop the state loaded here and the rows forwarded."""
+        node = self.node
+        msg = json.loads(body)
+        kgs = sorted({int(kg) for kg in msg["key_groups"]})
+        moving = np.asarray(kgs, dtype=np.int64)
+        self.incoming.pop(msg["move"], None)
+        done = self.preadopted.pop(msg["move"], set())
+        parts, forward, returned = [], [], []
+        for job in node.running():
+            for operator in msg["operators"].get(job.name, []):
+                table = KeyedTable(job.arena(operator))
+                if (job.name, operator) not in done:
+                    table.set_away(kgs, True)
+                    release_key_groups(table, moving)
+                    continue
+                rows = None if at_tail() else job.release(operator, kgs)
+                if rows is None:  # the release cannot stop them there: processed to the gate's tail
+                    barrier(job, [operator])
+                table.set_away(kgs, True)
+                parts.append(self._park_state(job, operator, moving))
+                forward.extend(self._park_rows(job, operator, rows))
+                returned.append([job.name, operator])
+        return {"parts": parts, "forward": forward, "returned": returned}
 
     def adopt(self, body: bytes) -> dict:
         """Own key groups whose state was loaded: the rows forwarded with them go into the job
@@ -235,6 +348,7 @@ class NodeHandoff:
         msg = json.loads(body)
         kgs = sorted({int(kg) for kg in msg["key_groups"]})
         forwarded = self.incoming.pop(msg.get("move", ""), {})
+        self.preadopted.pop(msg.get("precopy", ""), None)  # the move is made: nothing to undo
         with node.lock:
             for job_name, entries in msg.get("marks", {}).items():
                 job = node.job(job_name)
