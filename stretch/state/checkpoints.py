@@ -13,6 +13,7 @@ with ``spark.read.format("stretch").option("checkpoint", path).option("state", o
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import pyarrow as pa
 
@@ -37,7 +38,7 @@ def read_checkpoint(
     operator: str,
     checkpoint: int | None = None,
     job: str | None = None,
-    key_groups=None,
+    key_groups: Iterable[int] | None = None,
 ) -> pa.Table:
     """A keyed operator's state in a checkpoint: one row per key (key group, key, one column per
     declared state), as a running job's state reads give it.
