@@ -22,8 +22,10 @@ from stretch.errors import UpdateRefused
 from stretch.runtime import control_socket as cs
 from stretch.runtime.code_update import check
 from stretch.runtime.gate import GateClosed
+from stretch.runtime.keyed_instance import KeyedInstanceTask
 from stretch.runtime.outputs import StepError, exception_text
-from stretch.runtime.tasks import Assignment, Stopped, _Attached, make_task
+from stretch.runtime.source_task import SourceTask
+from stretch.runtime.task import Assignment, Stopped, Task, _Attached
 from stretch.runtime.user_metrics import REPORT_PERIOD, snapshot
 from stretch.state.key_groups import warm_up as warm_key_groups
 from stretch.state.keyed_table import KeyedTable
@@ -196,3 +198,9 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
             reply({"op": "failed", **tag, "error": failure_report(e)}, cs.PICKLE)
     sock.close()
     return 0
+
+
+def make_task(assignment: Assignment, attached: _Attached, should_stop) -> Task:
+    if assignment.stage.kind == "source":
+        return SourceTask(assignment, attached, should_stop)
+    return KeyedInstanceTask(assignment, attached, should_stop)

@@ -1,30 +1,25 @@
-"""What a worker runs: a source task, or one instance of a keyed operator reading its gate."""
+"""One instance of a keyed operator, reading its gate at the frontier of its epochs."""
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from stretch.contracts.metrics import MetricGroup
-from stretch.plan.stages import IN_ORDER, StageSpec
+from stretch.plan.stages import IN_ORDER
 from stretch.runtime import control_block as cbk
-from stretch.runtime.batch import KG_COLUMN, Records
+from stretch.runtime.batch import KG_COLUMN
 from stretch.runtime.broadcast_board import BroadcastBoard
 from stretch.runtime.chain import Chain
-from stretch.runtime.channel_source import read_channel
 from stretch.runtime.checkpointing import Barrier, broadcast_file, snapshot_file, write_snapshot_or_report
 from stretch.runtime.code_update import load_version, updated_step
-from stretch.runtime.control_block import ControlBlock
 from stretch.runtime.event_time import (
     MAX_WATERMARK,
     MIN_WATERMARK,
     WatermarkTracker,
     judge_of,
-    mark_of,
     producer_id,
 )
 from stretch.runtime.frontier import Frontier
@@ -32,196 +27,13 @@ from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.key_group_runs import laid_out, owned_ranges, owns_all, spans
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
 from stretch.runtime.operators.broadcast import SAVER_GROUP
-from stretch.runtime.outputs import Outputs, open_function
-from stretch.runtime.resources import JobResources
+from stretch.runtime.outputs import open_function
 from stretch.runtime.state_dir import write_private
-from stretch.runtime.transactions import MarkCounter, round_of, txn_of
-from stretch.state.arena import Arena
+from stretch.runtime.task import Stopped, Task
+from stretch.runtime.transactions import MarkCounter
 from stretch.state.keyed_table import KeyedTable, writable
 from stretch.state.snapshot import copy_key_groups
 from stretch.state.timers import EVENT, PROCESSING
-
-
-@dataclass
-class Assignment:
-    """A task for a worker: which stage, which instance, and the job's segments."""
-
-    resources: JobResources
-    stage: StageSpec
-    index: int = 0
-    epoch: int = 0
-    position: int = 0  # where a source restarts: the position its checkpoint recorded (Source.advance)
-    start: int = 0  # the gate position where a keyed instance starts reading (runtime.frontier)
-    code: int = 0  # a keyed operator's code version where the instance starts reading (live updates)
-
-
-class Stopped(Exception):
-    """The coordinator asked the task to stop."""
-
-
-class _Attached:
-    """Lazily attached segments of one job, shared by the tasks a worker runs."""
-
-    def __init__(self, resources: JobResources):
-        self.resources = resources
-        self._gates: dict[str, Gate] = {}
-        self.control = ControlBlock.attach(resources.control, resources.n_keyed, resources.max_parallelism)
-        self._arenas: dict[str, Arena] = {}
-        self._tables: dict[str, KeyedTable] = {}
-        self._boards: dict[str, BroadcastBoard] = {}
-
-    def attach_all(self) -> None:
-        """Map every segment of the job now (spare workers do it before they are needed)."""
-        for name in (
-            *self.resources.gates.values(),
-            *self.resources.sink_gates.values(),
-            *self.resources.channels.values(),
-        ):
-            self.gate(name)
-        self.populate()
-
-    def populate(self) -> None:
-        """Keep an idle worker's page tables covering the live state (it grows while we idle)."""
-        for name in self.resources.arenas.values():
-            if name not in self._tables:
-                self._tables[name] = KeyedTable(self.arena(name))
-            self._tables[name].populate()
-
-    def gate(self, name: str) -> Gate:
-        g = self._gates.get(name)
-        if g is None:
-            g = self._gates[name] = Gate.attach(name)
-        return g
-
-    def board(self, name: str) -> BroadcastBoard:
-        b = self._boards.get(name)
-        if b is None:
-            b = self._boards[name] = BroadcastBoard.attach(name)
-        return b
-
-    def arena(self, name: str) -> Arena:
-        a = self._arenas.get(name)
-        if a is None:
-            a = self._arenas[name] = Arena.attach(name)
-        return a
-
-
-class Task:
-    def __init__(self, assignment: Assignment, attached: _Attached, should_stop):
-        self.a = assignment
-        self.stage = assignment.stage
-        self.res = assignment.resources
-        self.attached = attached
-        self.should_stop = should_stop
-        self.op_index = self.res.keyed_index.get(self.stage.id, -1)
-        self._records_out = 0
-        self.metrics = MetricGroup()  # the user functions' metrics, which the worker reports
-
-    def outputs(self, producer: int) -> Outputs:
-        gates = {g: self.attached.gate(n) for g, n in self.res.gates.items()}
-        sink_gates = {s: self.attached.gate(n) for s, n in self.res.sink_gates.items()}
-        outputs = Outputs(gates, sink_gates, self.res.sinks, producer, self._count_out)
-        if self.res.dead_letter_sink is not None:
-            outputs.dead_letter_gate = sink_gates[self.res.dead_letter_sink]
-        return outputs
-
-    def channel_gate(self, name: str) -> Gate:
-        """An input channel's gate."""
-        return self.attached.gate(self.res.channels[name])
-
-    def read_channel(self, name: str):
-        """A ChannelSource's batches (see ``runtime.channel_source``)."""
-        return read_channel(self, name)
-
-    def _count_out(self, n: int) -> None:
-        self._records_out += n
-
-
-class SourceTask(Task):
-    """Reads a source and pushes its batches through the chain into gates and sinks.
-
-    Its position is what the source counts (``Source.advance``: items read, or records). At a
-    checkpoint it records the position and waits until the coordinator has put the barrier behind
-    its output; restarted from a checkpoint, a seekable source starts at the position, and any
-    other is read again and skipped that many items.
-    """
-
-    def run(self) -> None:
-        if self.a.code != self.stage.code_version:  # restarted after a live update of a step
-            self.stage = load_version(self.res.code, self.stage.id, self.a.code)
-        outputs = self.outputs(producer=1)
-        outputs.producer_id = producer_id(self.stage.id, 0)
-        chain = Chain(self.stage.chain, self.stage.name, outputs)
-        chain.open(self._context())
-        source_type = getattr(self.stage.source, "type_info", None)
-        position = self.position = self.a.position
-        source = self.stage.source
-        skip = 0 if source.seekable else position
-        barrier = Barrier(self.attached.control, self.stage.id) if self.res.checkpoints else None
-        reader = source.create_reader(self)
-        open_txn = 0  # no checkpoint barrier inside a stage transaction (runtime.transactions)
-        cb = self.attached.control
-        code_word = cb.stage_word(self.stage.id, cbk.S_CODE)
-        try:
-            for item in reader:
-                if self.should_stop():
-                    raise Stopped()
-                if cb.load(code_word) > self.stage.code_version:  # a live update of a chained step
-                    self._update(cb.load(code_word), chain)
-                if item is None:  # the source waits for input: time passes all the same
-                    chain.tick()
-                elif skip:
-                    skip -= 1
-                    continue
-                else:
-                    if isinstance(item, list):
-                        chain.push(Records(items=item, type_info=source_type))
-                    elif (mark := mark_of(item)) is not False:  # the channel's watermark, from outside
-                        if mark is None:
-                            chain.emit(Kind.IDLE)
-                        else:
-                            chain.emit(Kind.WATERMARK, mark)
-                    else:
-                        txn, end = txn_of(item)
-                        chain.outputs.txn, chain.outputs.round = txn, round_of(item)
-                        chain.outputs.judge = judge_of(item)
-                        if end:
-                            chain.end_txn(txn, 1)
-                            open_txn = 0
-                        else:
-                            chain.push(Records(batch=item))
-                            open_txn = txn
-                    position = source.advance(position, item)
-                if open_txn:
-                    continue
-                if barrier is not None and not barrier.source_reached(position, self.should_stop):
-                    raise Stopped()
-        finally:
-            close = getattr(reader, "close", None)
-            if close is not None:
-                close()
-        if barrier is not None:
-            barrier.record_position(position)
-        chain.finish()  # a bounded input ended: its watermark goes to the maximum
-        chain.close()
-
-    def _context(self) -> InstanceRuntimeContext:
-        """What the chained steps of a source see: one instance, no keyed state."""
-        return InstanceRuntimeContext(
-            self.stage.name,
-            0,
-            lambda: 1,
-            self.stage.max_parallelism,
-            metrics=self.metrics,
-            job_parameters=self.res.job_parameters,
-        )
-
-    def _update(self, version: int, chain: Chain) -> None:
-        """Between two items: the chained step of the new code version takes over."""
-        self.stage = load_version(self.res.code, self.stage.id, version)
-        chain.update_step(updated_step(self.stage), self._context())
-        cb = self.attached.control
-        cb.signal(cb.stage_word(self.stage.id, cbk.S_CODE_DONE), version)
 
 
 class KeyedInstanceTask(Task):
@@ -293,9 +105,9 @@ class KeyedInstanceTask(Task):
         self.frontier = Frontier(cb, op, index, epoch)
         self.whole = stage.operator.kind in IN_ORDER  # read across keys in order: whole batches
         self.all_mine = False  # every row of the entry it reads is its own (_owns_every_row)
-        self._mine = None  # which rows of the entry are its own, when they are scattered
+        self._mine = None  # the rows of the entry that are its own, when they are scattered
         self._piece = _FIRST_PIECE
-        self._rate = 0.0  # ns per gate position read, recently (Frontier.publish_rate)
+        self._rate = 0.0  # ns per position of pace read, recently (Frontier.publish_rate)
         marks = MarkCounter()
         seq = gate.cursor(index)
         here = self.a.start  # the gate position it reads from
@@ -410,13 +222,13 @@ class KeyedInstanceTask(Task):
             if judged_at != epoch:  # under this epoch's ownership
                 self.all_mine, judged_at = self._owns_every_row(kgs, runs), epoch
                 scattered = not (runs or self.everything or self.whole or self.all_mine)
-                self._mine = self.owners[kgs] == self.a.index if scattered else None  # its rows
+                self._mine = np.flatnonzero(self.owners[kgs] == self.a.index) if scattered else None
                 mine = spans(kgs, self.ranges) if runs and not (self.everything or self.whole) else None
                 self.frontier.reading(start, n, mine)
                 if paced_from is None:
                     paced_from = self.frontier.pace(start + lo)
             x, y = self._next_piece(kgs, runs, lo, n)
-            in_call = self._claims_in_call()  # a whole run, its pieces claimed inside the call
+            in_call = self._claims_in_call()  # all its rows of the batch, claimed inside the call
             reach = x if in_call else y
             stop = self._bound(start + lo, start + max(reach, lo + (n == 0)), paced=True) - start
             if self.retired:
@@ -467,8 +279,8 @@ class KeyedInstanceTask(Task):
                     return x, min(b, x + piece)
             return n, n
         if in_call and self._mine is not None:  # its rows of the rest, wherever they are
-            own = np.flatnonzero(self._mine[lo:])
-            return (lo + int(own[0]), n) if own.size else (n, n)
+            i = int(np.searchsorted(self._mine, lo))
+            return (int(self._mine[i]), n) if i < self._mine.size else (n, n)
         return lo, min(n, lo + piece)
 
     def _process(self, entry, kgs: np.ndarray, runs: bool, x: int, y: int) -> tuple[int, int]:
@@ -494,7 +306,8 @@ class KeyedInstanceTask(Task):
             if runs or self.everything or self.all_mine:
                 own, own_kgs = batch, part
             elif in_call:
-                sel = np.flatnonzero(self._mine[x:y])
+                mine = self._mine
+                sel = mine[np.searchsorted(mine, x) : np.searchsorted(mine, y)] - x
                 own, own_kgs = batch.take(sel), part[sel]
             else:
                 own, own_kgs = _own_rows(batch, part, self.owners, self.a.index)
@@ -707,9 +520,3 @@ def _own_rows(batch, kgs: np.ndarray, owners: np.ndarray, index: int):
         return batch, kgs
     sel = np.flatnonzero(mine)
     return batch.take(sel), kgs[sel]
-
-
-def make_task(assignment: Assignment, attached: _Attached, should_stop) -> Task:
-    if assignment.stage.kind == "source":
-        return SourceTask(assignment, attached, should_stop)
-    return KeyedInstanceTask(assignment, attached, should_stop)
