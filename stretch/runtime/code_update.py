@@ -210,20 +210,41 @@ class CodeHistory:
             self.current[stage.id] = 0
 
     def _save(self, stage: StageSpec, version: int, source: str) -> None:
-        write_private(self.dir / f"{stage.id}-{version}.pkl", user_code.dumps(stage))
-        entry = {"version": version, "at": time.time(), "source": source, "fingerprint": fingerprint(stage)}
-        self.entries.setdefault(stage.name, []).append(entry)
-        write_private(self.dir / "history.json", json.dumps(self.entries))
+        self.write(dataclasses.replace(stage, code_version=version), user_code.dumps(stage), source)
+        self.save_index()
 
     def next_version(self, stage: StageSpec) -> int:
         return self.entries[stage.name][-1]["version"] + 1
 
-    def add(self, stage: StageSpec, source: str) -> StageSpec:
-        """Record ``stage`` as its operator's next code version; returns it numbered."""
-        stage = dataclasses.replace(stage, code_version=self.next_version(stage))
-        self._save(stage, stage.code_version, source)
-        self.current[stage.id] = stage.code_version
-        return stage
+    def numbered(self, stage: StageSpec) -> StageSpec:
+        """``stage`` as its operator's next code version."""
+        return dataclasses.replace(stage, code_version=self.next_version(stage))
+
+    def write(self, stage: StageSpec, blob: bytes, source: str) -> None:
+        """Save a numbered ``stage`` (pickled as ``blob``) as a version file that instances can
+        load, and note it in the history; ``save_index`` writes the history out (an update does
+        that once its switch is done, so the file write stays off the switch's path)."""
+        write_private(self._file(stage), blob)
+        entry = {
+            "version": stage.code_version,
+            "at": time.time(),
+            "source": source,
+            "fingerprint": fingerprint(stage),
+        }
+        versions = self.entries.setdefault(stage.name, [])
+        versions[:] = [e for e in versions if e["version"] != stage.code_version] + [entry]
+
+    def unwrite(self, stage: StageSpec) -> None:
+        """Forget a version ``write`` saved that never ran (its check refused it)."""
+        versions = self.entries.get(stage.name, [])
+        versions[:] = [e for e in versions if e["version"] != stage.code_version]
+        self._file(stage).unlink(missing_ok=True)
+
+    def save_index(self) -> None:
+        write_private(self.dir / "history.json", json.dumps(self.entries))
+
+    def _file(self, stage: StageSpec) -> Path:
+        return self.dir / f"{stage.id}-{stage.code_version}.pkl"
 
     def versions(self, stages: list[StageSpec]) -> dict[str, int]:
         """Operator name -> the version it runs (what a checkpoint records)."""

@@ -425,13 +425,13 @@ class Coordinator:
     def stage_blob(self, stage_id: int) -> bytes:
         return self.stage_blobs[stage_id]
 
-    def stage_blobs_changed(self, stage_id: int | None = None) -> None:
-        """The plan's stage (None: every stage) has new code: workers that start tasks get it."""
+    def stage_blobs_changed(self, stage_id: int | None = None, blob: bytes | None = None) -> None:
+        """The plan's stage (None: every stage) has new code (pickled as ``blob``, if given):
+        workers that start tasks get it (a task started with older code loads the version it is
+        told to run)."""
         ids = [s.id for s in self.plan.stages] if stage_id is None else [stage_id]
         for sid in ids:
-            self.stage_blobs[sid] = user_code.dumps(self.plan.stages[sid])
-        if stage_id is not None:
-            self.in_job_thread(self.updater.send_code, stage_id, self.stage_blobs[stage_id])
+            self.stage_blobs[sid] = blob if blob is not None else user_code.dumps(self.plan.stages[sid])
 
     def in_job_thread(self, fn, *args) -> None:
         """Run ``fn(*args)`` in the job's thread, in order with its events."""

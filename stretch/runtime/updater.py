@@ -78,17 +78,26 @@ class Updater:
             generation = co.generation  # a recovery from now on bumps it: this update is undone
             co.refuse_if_ended("updated")
             stage = co.plan.stages[stage.id]  # the latest version
-            new = swapped_stage(stage, function, output_type, step)
+            new = self.history.numbered(swapped_stage(stage, function, output_type, step))
+            blob = _pickled(new, operator)
+            ticket = self._start_check(stage, blob)
+            source = source or _source_of(function)
+            early = not dry_run and not drop_orphaned  # the version file is written during the check
+            if early:
+                self.history.write(new, blob, source)
             try:
-                blob = user_code.dumps(new)
-            except Exception as e:
-                raise UpdateRefused(
-                    f"the new code of {operator!r} does not pickle: {type(e).__name__}: {e}"
-                ) from e
-            checked = self._check_in_spare(stage, blob)
+                checked = self._checked(stage, ticket)
+                if not dry_run and co.stage_finished(stage.id):
+                    raise InputEnded(
+                        f"operator {operator!r} has read all its input: nothing is left to update"
+                    )
+            except BaseException:
+                if early:
+                    self.history.unwrite(new)
+                raise
             report = {
                 "operator": operator,
-                "version": self.history.next_version(stage),  # an undone update's number is not reused
+                "version": new.code_version,  # an undone update's number is not reused
                 "states_added": checked["added"],
                 "states_orphaned": checked["orphaned"],
             }
@@ -101,28 +110,34 @@ class Updater:
                     "dry_run": True,
                     "queued": 0,
                 }
-            if co.stage_finished(stage.id):
-                raise InputEnded(f"operator {operator!r} has read all its input: nothing is left to update")
             if drop_orphaned:
                 new = dataclasses.replace(new, drop_states=tuple(checked["orphaned"]))
-            new = self.history.add(new, source or _source_of(function))
-            co.plan.stages[stage.id] = new
-            co.stage_blobs_changed(new.id)
+                blob = _pickled(new, operator)
+                self.history.write(new, blob, source)
+            old_blob = co.stage_blob(stage.id)
+            self._run(new, blob)
             try:
                 if stage.kind == "keyed":
                     epoch, done_at, queued = self._switch_keyed(new, generation, timeout)
                 else:
                     epoch, done_at, queued = self._switch_source(new, generation, timeout)
             except InputEnded:  # nothing left to read where the new code could start: undone
-                co.plan.stages[stage.id] = stage
-                self.history.current[stage.id] = stage.code_version
-                co.stage_blobs_changed(stage.id)
+                self._run(stage, old_blob)
                 raise
+            finally:  # off the switch's path: the history, and the spares' parked tasks
+                self.history.save_index()
+                co.in_job_thread(self.send_code, stage.id, co.stage_blob(stage.id))
             report.update(epoch=epoch, elapsed_ms=(done_at - t0) / 1e6, queued=queued)
             report["checkpoint"] = co.checkpointer.trigger()["id"] if co.checkpointer else None
             report["dry_run"] = False
             self.reports.append({**report, "at": time.time()})
             return report
+
+    def _run(self, stage, blob: bytes) -> None:
+        """The plan runs ``stage`` (pickled as ``blob``) from now on."""
+        self.co.plan.stages[stage.id] = stage
+        self.history.current[stage.id] = stage.code_version
+        self.co.stage_blobs_changed(stage.id, blob)
 
     def _switch_keyed(self, stage, generation: int, timeout) -> tuple[int, int, int]:
         """An epoch with the new code version, at the readers' frontier of the operator's gate;
@@ -160,12 +175,17 @@ class Updater:
         in_effect = f"is in effect (version {stage.code_version})"
         self.co.rescaler.await_(f"update of {stage.name!r}", in_effect, switched, generation, timeout)
 
-    def _check_in_spare(self, stage, blob: bytes) -> dict:
-        """Run ``code_update.check`` of the new code in a spare worker; refused updates raise."""
+    def _start_check(self, stage, blob: bytes) -> tuple[int, queue.Queue]:
+        """Have a spare worker run ``code_update.check`` of the new code; ``_checked`` awaits it."""
         co = self.co
         cid = next(self._ids)
         ticket = self._checks[cid] = queue.Queue()
         co.in_job_thread(self.dispatch_check, cid, co.stage_blob(stage.id), blob)
+        return cid, ticket
+
+    def _checked(self, stage, check: tuple[int, queue.Queue]) -> dict:
+        """The spare worker's answer; a refused update raises."""
+        co, (cid, ticket) = self.co, check
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -225,6 +245,13 @@ class Updater:
         for w in self.co.live_workers():
             with contextlib.suppress(OSError):
                 w.conn.send({"op": "code", "stage": stage_id, "blob": blob}, fmt=ord("P"))
+
+
+def _pickled(stage, operator: str) -> bytes:
+    try:
+        return user_code.dumps(stage)
+    except Exception as e:
+        raise UpdateRefused(f"the new code of {operator!r} does not pickle: {type(e).__name__}: {e}") from e
 
 
 def _source_of(function) -> str:

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from stretch import channels
-from stretch.common import Types
+from stretch.common import Types, user_code
 from stretch.datastream import (
     AggregateFunction,
     CoMapFunction,
@@ -238,6 +238,10 @@ def test_refused_updates_change_nothing_and_a_dry_run_only_checks():
         job.client.update("nope", Doubling())
     dry = job.client.update("count", Orphaning(), dry_run=True)
     assert dry.dry_run and dry.states_orphaned == ["total"] and dry.states_added == []
+    saved = job.client._coordinator.updater.history.dir  # a refused version leaves no file behind
+    assert sorted(p.name for p in saved.iterdir() if p.suffix == ".pkl") == sorted(
+        f"{s.id}-0.pkl" for s in job.client._coordinator.plan.stages
+    )
     job.writer.write(records[500:])
     out = job.finish()
     assert {o[2] for o in out} == {"v1"}
@@ -494,7 +498,9 @@ def test_a_restore_with_the_scripts_older_code_refuses_unless_told(tmp_path):
         return StageSpec(1, "count", "keyed", 2, 128, [], operator=OperatorSpec("process", fn))
 
     first = CodeHistory(tmp_path, [stage(Counting())], restore=False)
-    first.add(stage(Doubling()), "tests:Doubling")
+    doubling = first.numbered(stage(Doubling()))
+    first.write(doubling, user_code.dumps(doubling), "tests:Doubling")
+    first.save_index()
     again = CodeHistory(tmp_path, [stage(Counting())], restore=True)  # the old script, restored
     with pytest.raises(UpdateRefused, match=r"ran code version 1 at the checkpoint .* tests:Doubling"):
         again.at_checkpoint(stage(Counting()), 1, "refuse")
