@@ -27,6 +27,8 @@ from stretch.runtime.batch import KG_COLUMN
 from stretch.runtime.gate import Kind
 from stretch.runtime.transactions import tagged
 
+BEHIND_WAIT_S = 30.0  # how long placing an epoch waits for instances still on the oldest kept one
+
 
 @dataclass(frozen=True)
 class Placed:
@@ -40,6 +42,15 @@ class Placed:
     position: int
     queued: int
     generation: int  # the coordinator's at placing: a recovery after it restarts the job
+
+
+class EpochsBehind(RuntimeError):
+    """An instance still reads an epoch whose table slot the next epoch would take: ``new_epoch``
+    waits for ``instances`` of operator ``op`` to reach ``epoch``."""
+
+    def __init__(self, op: int, instances: range, epoch: int):
+        super().__init__("instances are too many epochs behind; retry later")
+        self.op, self.instances, self.epoch = op, instances, epoch
 
 
 @dataclass(frozen=True)
@@ -215,7 +226,13 @@ class Rescaler:
         a new code version, key groups no instance processes (``away``, the gate's entries from
         there pinned) or processes again (``own``), or none of these (a barrier, ``at_tail``);
         raises why it could not."""
-        placed = self.co.loop.place(self._place, stage.id, parallelism, code, at_tail, away, own)
+        deadline = time.monotonic() + BEHIND_WAIT_S
+        while True:
+            placed = self.co.loop.place(self._place, stage.id, parallelism, code, at_tail, away, own)
+            if not isinstance(placed, EpochsBehind) or time.monotonic() > deadline:
+                break
+            with contextlib.suppress(ValueError):  # a recovery released the block: placing says so
+                self.co.control.wait_epochs(placed.op, placed.instances, placed.epoch, 0.05)
         if isinstance(placed, BaseException):
             raise placed
         return placed
@@ -297,7 +314,7 @@ class Rescaler:
         old = co.parallelism_of(stage_id)
         epoch = cb.epoch(op) + 1
         if epoch - min(int(cb.instances(op)[i, cbk.I_EPOCH]) for i in range(old)) >= cbk.TABLE_RING:
-            return RuntimeError("instances are too many epochs behind; retry later")
+            return EpochsBehind(op, range(old), epoch - cbk.TABLE_RING + 1)
         new = old if parallelism is None else parallelism
         gone = self.away.setdefault(stage_id, {})  # released key group -> the gate's tail then
         released = sorted((set(gone) - set(own or ())) | set(away or ()))

@@ -408,3 +408,61 @@ def test_key_groups_left_after_a_release_are_spread_over_every_instance():
     reading.join(60)
     assert client.wait(60).name == "FINISHED"
     assert by_key(out) == sequential(records)
+
+
+class StallsOnKey(Busy):
+    """Busy; on key 0 it stalls while the file ``flag`` exists (one instance stops reading)."""
+
+    def __init__(self, flag: str):
+        super().__init__(cost_us=5.0)
+        self.flag = flag
+
+    def process_element(self, value, ctx):
+        while value[0] == 0 and os.path.exists(self.flag):
+            open(self.flag + ".seen", "w").close()
+            time.sleep(0.01)
+        yield from super().process_element(value, ctx)
+
+
+def test_an_epoch_waits_for_an_instance_still_on_the_oldest_kept_epoch(tmp_path):
+    """Epochs placed one after another (as a node's key-group moves are) while one instance is
+    stuck: once the ring of kept epochs is full, the next waits for it instead of failing."""
+    from stretch.runtime import control_block as cbk
+
+    flag = tmp_path / "stall"
+    flag.touch()
+    rng = random.Random(10)
+    records = [(rng.randrange(KEYS), rng.randrange(1000)) for _ in range(6_000)]
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    env.from_source(ChannelSource("in", PAIR), None, "in").key_by(0).process(StallsOnKey(str(flag))).name(
+        "busy"
+    ).sink_to(ChannelSink("out"))
+    client = env.execute_async("epochs behind")
+    co = client._coordinator
+    stage = co.plan.stage("busy")
+    out, reading = _reader(client)
+    writer = channels.open_writer(client, "in")
+    writer.write(records)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "stall.seen").exists():
+        assert time.monotonic() < deadline, "key 0 never reached its instance"
+        time.sleep(0.01)
+    placed: list = []
+
+    def place() -> None:
+        for _ in range(cbk.TABLE_RING + 2):
+            with co.rescaler.reconfiguring(stage):
+                placed.append(co.rescaler.new_epoch(stage).epoch)
+
+    placing = threading.Thread(target=place)
+    placing.start()
+    placing.join(1.0)
+    assert placing.is_alive() and len(placed) == cbk.TABLE_RING - 1, placed  # waits for the stuck one
+    flag.unlink()
+    placing.join(30)
+    assert not placing.is_alive() and len(placed) == cbk.TABLE_RING + 2
+    writer.end()
+    reading.join(60)
+    assert client.wait(60).name == "FINISHED"
+    assert by_key(out) == sequential(records)
