@@ -107,8 +107,8 @@ def test_a_move_abandoned_after_its_pre_copy_is_taken_back_by_its_old_owner(tmp_
         assert not feeder.is_alive(), "writers stalled: a gate of the old owner is still pinned"
         assert not errors, errors
 
-        # the same node change again, once the backlog is worked off (many moves in a row under
-        # one can meet "instances are too many epochs behind", which is not what this test is about)
+        # the same node change again, once the backlog is worked off (the test of many epochs in a
+        # row under one is tests/runtime/test_rescaler.py's)
         expected = reference([r for records in written[: later[-1] + 1] for r in records])
         wait_for(lambda: _state(client) == expected)  # each key's count and sum: the model's
         removed = cluster.remove_node("node-1")
