@@ -389,13 +389,29 @@ class StretchCluster:
 
     def _add_node(self) -> HandoffReport:
         node_id = self.membership.new_id()
-        self.membership.join(node_id)
-        self.connection.action(
-            node_id,
-            "own",
-            {"version": self.table.version, "key_groups": [], "max_parallelism": self.max_parallelism},
-        )
-        return self.handoff.run(plan_add_node(self.table, node_id))
+        try:
+            self.membership.join(node_id)
+            self.connection.action(
+                node_id,
+                "own",
+                {"version": self.table.version, "key_groups": [], "max_parallelism": self.max_parallelism},
+            )
+            return self.handoff.run(plan_add_node(self.table, node_id))
+        except BaseException:
+            if not self.table.key_groups_of(node_id):  # it got nothing: as if it was never added
+                self._withdraw(node_id)
+            raise
+
+    def _withdraw(self, node_id: str) -> None:
+        """Take a node that holds no key group out of the cluster again, and stop it."""
+        with contextlib.suppress(Exception):
+            self.sources.leaving(node_id)
+        with contextlib.suppress(Exception):
+            self.membership.leave(node_id)
+        if node_id in self.nodes:
+            self.membership.stop(node_id)
+        else:
+            self.launcher.stop(node_id)  # it failed to start, or died: reaped all the same
 
     def remove_node(self, node: str) -> HandoffReport:
         """Hand a node's key groups to the others, then stop it."""

@@ -101,6 +101,45 @@ def test_add_and_remove_nodes_under_a_steady_stream_lose_and_duplicate_nothing(t
         assert sorted(c for c, _ in seen) == list(range(1, expected[key][0] + 1)), key
 
 
+def test_a_node_change_that_fails_before_any_move_takes_its_new_node_out_again(tmp_path):
+    """add_node fails before the new node got a key group: the cluster is as before (no empty node
+    left running, nothing of it in /dev/shm), and the next add_node and the job go on exactly."""
+    data = batches(3, 30, 40)
+    with StretchCluster.local(nodes=2, directory=tmp_path / "cluster", step=8) as cluster:
+        client = count_sum_job().execute_async("failed-add", cluster=cluster)
+        writer = client.writer("in")
+        for i in range(15):
+            writer.write(to_batch(data[i], PAIR), query="q", batch=i)
+
+        added = []
+
+        def fail(point, src, dst):
+            if point == "step":
+                added.append(cluster.launcher.pids()["node-2"])
+                raise RuntimeError("the node change fails before its first move")
+
+        cluster._step_hook = fail
+        with pytest.raises(RuntimeError, match="before its first move"):
+            cluster.add_node()
+        cluster._step_hook = None
+        assert cluster.nodes == ["node-0", "node-1"]
+        assert set(cluster.launcher.pids()) == {"node-0", "node-1"}
+        assert not os.path.exists(f"/proc/{added[0]}")
+        assert not [p for p in os.listdir("/dev/shm") if f"-{added[0]}-" in p]
+        assert cluster.add_node().key_groups_moved == 42
+        for i in range(15, 30):
+            writer.write(to_batch(data[i], PAIR), query="q", batch=i)
+        writer.close()
+        client.end("in")
+        assert set(client.wait(120).values()) == {"FINISHED"}
+        got = outputs("failed-add", cluster.nodes)
+    last: dict[str, tuple[int, int]] = {}
+    for key, count, total in got:
+        last[key] = max(last.get(key, (0, 0)), (count, total))
+    assert last == reference([r for records in data for r in records])
+    assert len(got) == sum(len(records) for records in data)
+
+
 def test_nodes_refuse_rows_of_key_groups_they_do_not_own_and_callers_without_the_secret(tmp_path):
     with StretchCluster.local(nodes=2, directory=tmp_path / "cluster") as cluster:
         client = count_sum_job().execute_async("refusals", cluster=cluster)
