@@ -140,7 +140,7 @@ def cluster_latency_job(cluster, name: str, parallelism: int):
 
 
 def paced_latency(job, seconds: float, keys: int, warmup: float) -> list[float]:
-    """Per-window latency (ms) as windows.latency_run measures it, the input paced at event-time
+    """Per-window latency (ms) as windows.window_latencies measures it, the input paced at event-time
     speed, for ``job`` (single_latency_job or cluster_latency_job), started and settled first."""
     write, end_input, wait, readers = job
     data = w2(int(seconds * 1_000_000), keys, seed=3)
