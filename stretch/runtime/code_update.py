@@ -210,7 +210,8 @@ class CodeHistory:
             self.current[stage.id] = 0
 
     def _save(self, stage: StageSpec, version: int, source: str) -> None:
-        self.write(dataclasses.replace(stage, code_version=version), user_code.dumps(stage), source)
+        stage = dataclasses.replace(stage, code_version=version)
+        self.record(stage, self.write(stage, user_code.dumps(stage), source))
         self.save_index()
 
     def next_version(self, stage: StageSpec) -> int:
@@ -220,25 +221,27 @@ class CodeHistory:
         """``stage`` as its operator's next code version."""
         return dataclasses.replace(stage, code_version=self.next_version(stage))
 
-    def write(self, stage: StageSpec, blob: bytes, source: str) -> None:
-        """Save a numbered ``stage`` (pickled as ``blob``) as a version file that instances can
-        load, and note it in the history; ``save_index`` writes the history out (an update does
-        that once its switch is done, so the file write stays off the switch's path)."""
+    def write(self, stage: StageSpec, blob: bytes, source: str) -> dict:
+        """Save a numbered ``stage`` (pickled as ``blob``) as the version file instances load;
+        returns its history entry, for ``record`` once the version is checked (an update writes
+        the file while a spare checks the code)."""
         write_private(self._file(stage), blob)
-        entry = {
+        return {
             "version": stage.code_version,
             "at": time.time(),
             "source": source,
             "fingerprint": fingerprint(stage),
         }
-        versions = self.entries.setdefault(stage.name, [])
-        versions[:] = [e for e in versions if e["version"] != stage.code_version] + [entry]
 
     def unwrite(self, stage: StageSpec) -> None:
-        """Forget a version ``write`` saved that never ran (its check refused it)."""
-        versions = self.entries.get(stage.name, [])
-        versions[:] = [e for e in versions if e["version"] != stage.code_version]
+        """Remove the file of a version ``write`` saved that will not run (its check refused it)."""
         self._file(stage).unlink(missing_ok=True)
+
+    def record(self, stage: StageSpec, entry: dict) -> None:
+        """Note a written version in the history; ``save_index`` writes the history out (an
+        update does that once its switch is done, off the switch's path)."""
+        versions = self.entries.setdefault(stage.name, [])
+        versions[:] = [e for e in versions if e["version"] != stage.code_version] + [entry]
 
     def save_index(self) -> None:
         write_private(self.dir / "history.json", json.dumps(self.entries))

@@ -83,8 +83,7 @@ class Updater:
             ticket = self._start_check(stage, blob)
             source = source or _source_of(function)
             early = not dry_run and not drop_orphaned  # the version file is written during the check
-            if early:
-                self.history.write(new, blob, source)
+            entry = self.history.write(new, blob, source) if early else None
             try:
                 checked = self._checked(stage, ticket)
                 if not dry_run and co.stage_finished(stage.id):
@@ -113,7 +112,8 @@ class Updater:
             if drop_orphaned:
                 new = dataclasses.replace(new, drop_states=tuple(checked["orphaned"]))
                 blob = _pickled(new, operator)
-                self.history.write(new, blob, source)
+                entry = self.history.write(new, blob, source)
+            self.history.record(new, entry)
             old_blob = co.stage_blob(stage.id)
             self._run(new, blob)
             try:

@@ -499,7 +499,7 @@ def test_a_restore_with_the_scripts_older_code_refuses_unless_told(tmp_path):
 
     first = CodeHistory(tmp_path, [stage(Counting())], restore=False)
     doubling = first.numbered(stage(Doubling()))
-    first.write(doubling, user_code.dumps(doubling), "tests:Doubling")
+    first.record(doubling, first.write(doubling, user_code.dumps(doubling), "tests:Doubling"))
     first.save_index()
     again = CodeHistory(tmp_path, [stage(Counting())], restore=True)  # the old script, restored
     with pytest.raises(UpdateRefused, match=r"ran code version 1 at the checkpoint .* tests:Doubling"):
