@@ -9,7 +9,9 @@ each key, its key group, the layout in runs of key groups (a stable counting sor
 scatter pass per 8-byte column), and the copy into a gate (Arrow IPC, into shared memory). Each
 stage is timed alone over the same batches, medians of ``--repeats``, and given with the bytes it
 reads and writes per event; beside them, the copy bandwidth of this machine measured the same way,
-for a working set the size of one batch (the cache) and for 512 MiB (memory). A stage near the
+for a working set the size of one batch (the cache) and for 512 MiB (memory), and the numba
+loop's ns per event (throughput.py's peer, its best pass): ``sum_p2_meps >= 0.5x`` that loop needs
+the producer, one thread, at or under twice the loop's time per event. A stage near the
 copy bandwidth is bound by memory traffic; one far below it by its instructions.
 """
 
@@ -20,6 +22,7 @@ import time
 
 import numpy as np
 from _common import emit, log, median, w1
+from throughput import NumbaLoop
 
 from stretch import _shm as shm
 from stretch.runtime.gate import Gate
@@ -112,6 +115,11 @@ def main() -> None:
         gate.close()
         shm.unlink_prefix(prefix)
     ns["key_group"] = ns["hash_and_key_group"] - ns["hash"]
+    peer_data = w1(args.events, args.keys)  # the numba loop's ns per event over the same events: the peer
+    keys, values = peer_data.column("f0").to_numpy(), peer_data.column("f2").to_numpy()
+    peer = NumbaLoop(len(keys), args.keys)
+    peer.run(keys[:1000], values[:1000])  # compiled outside the timing
+    numba_ns = min(peer.run(keys, values) for _ in range(args.repeats)) * 1e9 / len(keys)
     batch_bytes = batches[0].nbytes
     cache_gbps = copy_gbps(batch_bytes, args.repeats)
     memory_gbps = copy_gbps(512 << 20, args.repeats)
@@ -137,6 +145,7 @@ def main() -> None:
         )
     producer = ns["keyed_by_field"] + ns["gate_append"]
     log(f"layout outside its kernels (Arrow wrapping) {ns['layout'] - ns['layout_kernels']:.2f} ns/event")
+    log(f"numba loop (best of {args.repeats} passes) {numba_ns:.2f} ns/event")
     log(f"producer total {producer:.2f} ns/event (keyed_by_field {ns['keyed_by_field']:.2f} + append)")
     log(
         f"copy bandwidth: {cache_gbps:.1f} GB/s over {batch_bytes >> 10} KiB, {memory_gbps:.1f} GB/s over 512 MiB"
@@ -148,6 +157,8 @@ def main() -> None:
             "stages": table,
             "keyed_by_field_ns_per_event": round(ns["keyed_by_field"], 2),
             "producer_ns_per_event": round(producer, 2),
+            "numba_loop_ns_per_event": round(numba_ns, 2),
+            "producer_over_half_numba_loop": round(producer / (2 * numba_ns), 2),
             "cache_copy_gbps": round(cache_gbps, 2),
             "memory_copy_gbps": round(memory_gbps, 2),
             "batch_bytes": batch_bytes,
