@@ -248,6 +248,7 @@ class Updater:
 
 
 def _pickled(stage, operator: str) -> bytes:
+    """The stage as workers get it; code that does not pickle is refused, not a failure."""
     try:
         return user_code.dumps(stage)
     except Exception as e:
