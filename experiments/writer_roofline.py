@@ -33,6 +33,16 @@ from stretch.state.key_groups import LayoutScratch, hashes_of, key_groups_of
 
 MAX_PARALLELISM = 128
 ROWS = 65_536
+LAYOUT_BYTES = 2 * 2 + 4 + 2 + 3 * (8 + 4 + 8)
+BYTES_PER_EVENT = {  # read + written, per event
+    "hash": 8 + 8,  # the key in, its uint64 hash out
+    "key_group": 8 + 2,  # the hash in, the uint16 key group out
+    # the counting sort: key groups read twice, places (int32) and sorted key groups written;
+    # then each 8-byte column read, places read, the column written at its place
+    "layout": LAYOUT_BYTES,
+    "layout_kernels": LAYOUT_BYTES,  # the same, the numba kernels alone (no wrapping for Arrow)
+    "gate_append": 2 * (3 * 8 + 2),  # the laid-out batch and its key groups read and written
+}
 
 
 def copy_gbps(nbytes: int, repeats: int) -> float:
@@ -75,7 +85,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
 
-    batches = w1(args.events, args.keys).to_batches(max_chunksize=ROWS)
+    data = w1(args.events, args.keys)
+    batches = data.to_batches(max_chunksize=ROWS)
     events = sum(b.num_rows for b in batches)
     kgs = [key_groups_of(b.column(0), MAX_PARALLELISM) for b in batches]
     stamped = [keyed_by_field(b, 0, MAX_PARALLELISM, runs=True) for b in batches]
@@ -85,21 +96,13 @@ def main() -> None:
     try:
         for b in stamped:  # a lap of the ring first, as a running job's gate has had
             gate.append_batch(b)
-        stages = {
-            # name: (the stage on one batch, bytes read + written per event)
-            "hash": (lambda b: hashes_of(b.column(0)), 8 + 8),  # key in, uint64 hash out
-            "hash_and_key_group": (lambda b: key_groups_of(b.column(0), MAX_PARALLELISM), 8 + 8 + 8 + 2),
-            # counting sort: kgs read twice, places (int32) and sorted kgs written; then each
-            # 8-byte column read, places read, the column written at its place
-            "layout": (
-                lambda i: in_runs(batches[i], kgs[i], MAX_PARALLELISM),
-                2 * 2 + 4 + 2 + 3 * (8 + 4 + 8),
-            ),
-            # the same, the numba kernels alone (the rest is wrapping the columns for Arrow)
-            "layout_kernels": (lambda i: layout_kernels(batches[i], kgs[i], scratch), None),
-            "keyed_by_field": (lambda b: keyed_by_field(b, 0, MAX_PARALLELISM, runs=True), None),
-            # the laid-out batch (3 x 8 bytes and the 2-byte key group) read and written into the gate
-            "gate_append": (gate.append_batch, 2 * (3 * 8 + 2)),
+        stages = {  # the stage on one batch
+            "hash": lambda b: hashes_of(b.column(0)),
+            "hash_and_key_group": lambda b: key_groups_of(b.column(0), MAX_PARALLELISM),
+            "layout": lambda i: in_runs(batches[i], kgs[i], MAX_PARALLELISM),
+            "layout_kernels": lambda i: layout_kernels(batches[i], kgs[i], scratch),
+            "keyed_by_field": lambda b: keyed_by_field(b, 0, MAX_PARALLELISM, runs=True),
+            "gate_append": gate.append_batch,
         }
         inputs = {
             "layout": range(len(batches)),
@@ -108,15 +111,14 @@ def main() -> None:
         }
         runs: dict[str, list[float]] = {name: [] for name in stages}
         for _ in range(args.repeats):  # stages alternate, so a noisy moment hits them all alike
-            for name, (stage, _) in stages.items():
+            for name, stage in stages.items():
                 runs[name].append(timed_ns(inputs.get(name, batches), stage, events))
         ns = {name: median(v) for name, v in runs.items()}
     finally:
         gate.close()
         shm.unlink_prefix(prefix)
     ns["key_group"] = ns["hash_and_key_group"] - ns["hash"]
-    peer_data = w1(args.events, args.keys)  # the numba loop's ns per event over the same events: the peer
-    keys, values = peer_data.column("f0").to_numpy(), peer_data.column("f2").to_numpy()
+    keys, values = data.column("f0").to_numpy(), data.column("f2").to_numpy()  # the peer: same events
     peer = NumbaLoop(len(keys), args.keys)
     peer.run(keys[:1000], values[:1000])  # compiled outside the timing
     numba_ns = min(peer.run(keys, values) for _ in range(args.repeats)) * 1e9 / len(keys)
@@ -124,13 +126,7 @@ def main() -> None:
     cache_gbps = copy_gbps(batch_bytes, args.repeats)
     memory_gbps = copy_gbps(512 << 20, args.repeats)
     table = {}
-    for name, bytes_per_event in (
-        ("hash", 16),
-        ("key_group", 10),
-        ("layout", stages["layout"][1]),
-        ("layout_kernels", stages["layout"][1]),
-        ("gate_append", stages["gate_append"][1]),
-    ):
+    for name, bytes_per_event in BYTES_PER_EVENT.items():
         achieved = bytes_per_event / ns[name]  # bytes per ns = GB/s
         table[name] = {
             "ns_per_event": round(ns[name], 2),
