@@ -86,10 +86,12 @@ _GC_PAUSE_MIN = 2048  # records; below this, pausing the collector costs more th
 
 @contextlib.contextmanager
 def gc_paused(n: int) -> Iterator[None]:
-    """Pause the cyclic GC while building many small acyclic objects.
+    """Pause the cyclic GC while ``n`` records are built or run through user functions.
 
     Building 1M Rows (or tuples) otherwise triggers dozens of full collections that scan every
-    object built so far; pausing is a 5x speedup there. Nothing created here forms a cycle.
+    object built so far; pausing is a 5x speedup there. A batch's per-record calls likewise spend
+    a tenth of their time in collections that find the batch's records and results all alive.
+    Cycles a user function makes are collected after the batch, so they last one batch at most.
     """
     if n < _GC_PAUSE_MIN or not gc.isenabled():
         yield

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stretch.common.records import gc_paused
 from stretch.plan.stages import IN_ORDER
 from stretch.runtime import control_block as cbk
 from stretch.runtime.batch import KG_COLUMN
@@ -197,16 +198,19 @@ class KeyedInstanceTask(Task):
         """Process the rows of a data entry from ``here`` on, in pieces, switching epochs where
         they were placed; returns the position reached (the entry's end unless retired). Rows
         taken again elsewhere are judged late by the watermark they first met, if lower
-        (event_time.JUDGE_KEY)."""
+        (event_time.JUDGE_KEY). The cyclic collector waits for the entry's end (gc_paused): a
+        collection inside a per-record call, which finds the batch's records and results all
+        alive, would stall this instance and so, through the frontier's lead, the others."""
         judge = judge_of(entry.batch)
         now = self.operator.watermark
-        if judge is None or judge >= now:
-            return self._rows(entry, here)
-        self.operator.watermark = judge
-        try:
-            return self._rows(entry, here)
-        finally:
-            self.operator.watermark = now
+        with gc_paused(entry.batch.num_rows):
+            if judge is None or judge >= now:
+                return self._rows(entry, here)
+            self.operator.watermark = judge
+            try:
+                return self._rows(entry, here)
+            finally:
+                self.operator.watermark = now
 
     def _rows(self, entry, here: int) -> int:
         batch, start = entry.batch, entry.start

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stretch.common.records import gc_paused
 from stretch.runtime import control_block as cbk
 from stretch.runtime.batch import Records
 from stretch.runtime.chain import Chain
@@ -52,7 +53,8 @@ class SourceTask(Task):
                     continue
                 else:
                     if isinstance(item, list):
-                        chain.push(Records(items=item, type_info=source_type))
+                        with gc_paused(len(item)):  # the collector runs between batches
+                            chain.push(Records(items=item, type_info=source_type))
                     elif (mark := mark_of(item)) is not False:  # the channel's watermark, from outside
                         if mark is None:
                             chain.emit(Kind.IDLE)
@@ -66,7 +68,8 @@ class SourceTask(Task):
                             chain.end_txn(txn, 1)
                             open_txn = 0
                         else:
-                            chain.push(Records(batch=item))
+                            with gc_paused(item.num_rows):
+                                chain.push(Records(batch=item))
                             open_txn = txn
                     position = source.advance(position, item)
                 if open_txn:
