@@ -65,7 +65,7 @@ def layout_kernels(batch, kgs: np.ndarray, scratch: LayoutScratch) -> None:
     n = len(kgs)
     scratch.fit(n, batch.num_columns)
     places = scratch.places[:n]
-    _k.key_group_places(kgs, np.int64(MAX_PARALLELISM), places, scratch.kgs[:n])
+    _k.key_group_places(kgs, np.int64(MAX_PARALLELISM), np.int64(n), places, scratch.kgs[:n])
     for i, column in enumerate(batch.columns):
         _k.scatter_words(np.frombuffer(column.buffers()[1], np.int64, n), places, scratch.words[i][:n])
 

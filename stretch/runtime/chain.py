@@ -19,6 +19,7 @@ from stretch.plan.stages import KeySpec, Step
 from stretch.runtime.batch import TS_COLUMN, Records, resolve_field, split_outputs, take
 from stretch.runtime.event_time import CARRIED, MAX_WATERMARK, WatermarkGenerator, judged, timestamps_of
 from stretch.runtime.gate import Kind
+from stretch.runtime.key_group_runs import block_rows
 from stretch.runtime.outputs import NO_KEY, Outputs, StepError, call_of, open_function, per_record
 from stretch.runtime.routing import keyed_by_field, keyed_by_selector, not_null
 
@@ -473,6 +474,10 @@ class _ToGate(_Node):
         """Lay the batch out in runs of key groups: when several instances read the gate."""
         return self.key.runs and self.gate.instance_readers() > 1
 
+    def _block(self) -> int:
+        """The rows of a block of the layout (key_group_runs): about BLOCK_NS of the readers' work."""
+        return block_rows(self.gate.read_ns_per_row, self.key.max_parallelism)
+
     def push(self, records: Records) -> None:
         key = self.key
         if key.field is not None:
@@ -480,7 +485,12 @@ class _ToGate(_Node):
             if not len(records):
                 return
             batch = keyed_by_field(
-                records.data_batch(), key.field, key.max_parallelism, records.timestamps(), self._runs()
+                records.data_batch(),
+                key.field,
+                key.max_parallelism,
+                records.timestamps(),
+                self._runs(),
+                self._block(),
             )
         else:
             items = records.items()
@@ -504,6 +514,7 @@ class _ToGate(_Node):
                 self.operator,
                 records.timestamps(),
                 self._runs(),
+                self._block(),
             )
         self.outputs.count_out(batch.num_rows)
         if self.outputs.judge is not None:

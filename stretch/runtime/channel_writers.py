@@ -16,6 +16,7 @@ from stretch.contracts.connectors import SinkWriter
 from stretch.runtime.batch import TS_COLUMN, resolve_field
 from stretch.runtime.event_time import mark_batch
 from stretch.runtime.gate import Gate, GateClosed, Kind
+from stretch.runtime.key_group_runs import block_rows
 from stretch.runtime.routing import keyed_by_field
 from stretch.runtime.transactions import end_marker, tagged
 from stretch.state.key_groups import warm_up as warm_key_groups
@@ -124,7 +125,8 @@ class ChannelAppender:
         if self._key_field is not None:  # straight into a keyed gate: no watermarks made here
             _refuse_null_keys(batch, self._key_field, self.name)
             runs = self._runs and self._gate.instance_readers() > 1
-            batch = keyed_by_field(batch, self._key_field, self._max_parallelism, runs=runs)
+            block = block_rows(self._gate.read_ns_per_row, self._max_parallelism) if runs else 0
+            batch = keyed_by_field(batch, self._key_field, self._max_parallelism, runs=runs, block=block)
         elif txn or round is not None:
             batch = tagged(batch, txn, round)
         try:

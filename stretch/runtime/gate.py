@@ -67,6 +67,7 @@ _H_MAGIC, _H_SLOTS, _H_DATA, _H_READERS = 0, 8, 16, 24
 _H_LOCK = 64
 _H_TAIL, _H_DATA_TAIL, _H_CLOSED, _H_POSITION = 128, 136, 144, 152
 _H_END = 160  # 1 + the position of the end-of-stream entry, 0 before one is appended
+_H_READ_NS = 168  # the readers' recent work per row, ns x 1024 (0: not known yet)
 _H_PUB_FUTEX, _H_READERS_SLEEPING = 192, 196
 _H_SPACE_FUTEX, _H_PRODUCERS_SLEEPING = 256, 260
 _H_REASON_LEN, _H_REASON = 272, 280  # why the gate was closed: UTF-8 text, up to the reader cursors
@@ -239,6 +240,15 @@ class Gate:
         """The reader slot that holds entries while the coordinator copies them (the one before the
         logger's)."""
         return self.max_readers - 2
+
+    @property
+    def read_ns_per_row(self) -> float:
+        """How long its readers recently worked per row (0: not known yet): producers size the
+        blocks they lay batches out in by it (``key_group_runs.block_rows``)."""
+        return self.region.load64(_H_READ_NS) / 1024
+
+    def note_read_rate(self, ns_per_row: float) -> None:
+        self.region.store64(_H_READ_NS, max(1, int(ns_per_row * 1024)))
 
     def instance_readers(self) -> int:
         """How many operator instances read the gate: active cursors, not the logger's or a pin."""

@@ -107,6 +107,7 @@ class KeyedInstanceTask(Task):
         self.whole = stage.operator.kind in IN_ORDER  # read across keys in order: whole batches
         self.all_mine = False  # every row of the entry it reads is its own (_owns_every_row)
         self._mine = None  # the rows of the entry that are its own, when they are scattered
+        self._spans = None  # its runs of rows in the entry, when it is laid out (key_group_runs)
         self._piece = _FIRST_PIECE
         self._rate = 0.0  # ns per position of pace read, recently (Frontier.publish_rate)
         marks = MarkCounter()
@@ -227,7 +228,8 @@ class KeyedInstanceTask(Task):
                 self.all_mine, judged_at = self._owns_every_row(kgs, runs), epoch
                 scattered = not (runs or self.everything or self.whole or self.all_mine)
                 self._mine = np.flatnonzero(self.owners[kgs] == self.a.index) if scattered else None
-                mine = spans(kgs, self.ranges) if runs and not (self.everything or self.whole) else None
+                mine = spans(kgs, self.ranges, runs) if runs and not (self.everything or self.whole) else None
+                self._spans = mine
                 self.frontier.reading(start, n, mine)
                 if paced_from is None:
                     paced_from = self.frontier.pace(start + lo)
@@ -252,6 +254,7 @@ class KeyedInstanceTask(Task):
             rate = busy / max(start + n - paced_from, 1)
             self._rate = 0.75 * self._rate + 0.25 * rate if self._rate else rate
             self.frontier.publish_rate(self._rate)
+            self.gate.note_read_rate(self._rate)  # producers size their layout's blocks by it
         stats = self.stats
         stats[cbk.I_RECORDS_IN] += rows_in
         stats[cbk.I_RECORDS_OUT] = self._records_out
@@ -259,7 +262,7 @@ class KeyedInstanceTask(Task):
         stats[cbk.I_BUSY_NS] += busy
         return entry.end
 
-    def _owns_every_row(self, kgs: np.ndarray, runs: bool) -> bool:
+    def _owns_every_row(self, kgs: np.ndarray, runs: int) -> bool:
         """Whether every row of an entry not laid out in runs is this instance's, though it does
         not own every key group: a node's only instance, whose key groups of other nodes are
         released (no rows of theirs come). It then reads the entry as if it owned everything,
@@ -268,7 +271,7 @@ class KeyedInstanceTask(Task):
             return False
         return bool((self.owners[kgs] == self.a.index).all())
 
-    def _next_piece(self, kgs: np.ndarray, runs: bool, lo: int, n: int) -> tuple[int, int]:
+    def _next_piece(self, kgs: np.ndarray, runs: int, lo: int, n: int) -> tuple[int, int]:
         """The rows [x, y) to read next from row ``lo`` of a batch: none of those before x are
         this instance's; about a piece's work (all that is left for an operator that reads in
         order). (n, n): nothing of its own is left."""
@@ -277,7 +280,7 @@ class KeyedInstanceTask(Task):
         in_call = self._claims_in_call()
         piece = n if in_call else self._piece
         if runs and not self.everything:
-            for a, b in spans(kgs, self.ranges):
+            for a, b in self._spans:
                 if b > lo:
                     x = max(a, lo)
                     return x, min(b, x + piece)

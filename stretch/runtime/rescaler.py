@@ -25,6 +25,7 @@ from stretch.runtime import control_block as cbk
 from stretch.runtime import frontier
 from stretch.runtime.batch import KG_COLUMN
 from stretch.runtime.gate import Kind
+from stretch.runtime.key_group_runs import not_laid_out
 from stretch.runtime.transactions import tagged
 
 BEHIND_WAIT_S = 30.0  # how long placing an epoch waits for instances still on the oldest kept one
@@ -397,5 +398,5 @@ def _rows_from(gate, first: int, position: int, key_groups: np.ndarray) -> tuple
         batch = entry.batch.slice(max(position - entry.start, 0))
         mine = wanted[batch.column(KG_COLUMN).to_numpy()]
         if mine.any():
-            out.append(tagged(batch.filter(pa.array(mine)), entry.arg1))
+            out.append(tagged(not_laid_out(batch.filter(pa.array(mine))), entry.arg1))
     return out, end

@@ -67,16 +67,17 @@ def _stored_canonically(t: pa.DataType) -> bool:
 
 
 def keyed_by_field(
-    batch: pa.RecordBatch, field, max_parallelism: int, timestamps=None, runs: bool = False
+    batch: pa.RecordBatch, field, max_parallelism: int, timestamps=None, runs: bool = False, block: int = 0
 ) -> pa.RecordBatch:
     """A gate batch of records keyed by one of their fields: ``__key`` where the field's values are
-    stored canonically, ``__ts`` if the records have event timestamps, and ``__kg``."""
+    stored canonically, ``__ts`` if the records have event timestamps, and ``__kg``; with ``runs``,
+    in runs of key groups in blocks of ``block`` rows (key_group_runs.in_runs)."""
     column = batch.column(resolve_field(batch.schema, field))
     kgs = key_groups_of(column, max_parallelism)
     if _stored_canonically(column.type):
         keys = pa.array([encode_key(k) for k in column.to_pylist()], pa.large_binary())
         batch = batch.append_column(pa.field(KEY_COLUMN, pa.large_binary(), metadata=CANONICAL_META), keys)
-    return _stamped(batch, kgs, timestamps, max_parallelism if runs else 0)
+    return _stamped(batch, kgs, timestamps, max_parallelism if runs else 0, block)
 
 
 def keyed_by_selector(
@@ -88,20 +89,22 @@ def keyed_by_selector(
     operator: str,
     timestamps=None,
     runs: bool = False,
+    block: int = 0,
 ) -> pa.RecordBatch:
     """A gate batch of records whose keys a selector computed (``keys[i]`` of ``items[i]``)."""
     kgs = _selector_key_groups(items, keys, max_parallelism, operator)
     batch = batch.append_column(*key_column(keys, key_type))
-    return _stamped(batch, kgs, timestamps, max_parallelism if runs else 0)
+    return _stamped(batch, kgs, timestamps, max_parallelism if runs else 0, block)
 
 
-def _stamped(batch: pa.RecordBatch, kgs, timestamps, runs_of: int) -> pa.RecordBatch:
-    """``__ts`` and ``__kg`` appended; in runs of key groups if ``runs_of`` (the max parallelism)."""
+def _stamped(batch: pa.RecordBatch, kgs, timestamps, runs_of: int, block: int) -> pa.RecordBatch:
+    """``__ts`` and ``__kg`` appended; in runs of key groups if ``runs_of`` (the max parallelism),
+    block by block."""
     if timestamps is not None:
         batch = batch.append_column(TS_COLUMN, pa.array(timestamps, type=pa.int64()))
     field = KG_FIELD
     if runs_of:
-        batch, kgs, field = in_runs(batch, kgs, runs_of)
+        batch, kgs, field = in_runs(batch, kgs, runs_of, block)
     return batch.append_column(field, pa.array(kgs, type=pa.uint16()))
 
 

@@ -270,29 +270,34 @@ def to_key_groups(hashes, max_parallelism, out):
 
 
 @njit(**_OPTS)
-def key_group_places(kgs, max_parallelism, places, sorted_kgs):
-    """A stable counting sort of rows by key group: row i goes to ``places[i]`` (a key group's rows,
-    and so each key's, keep their order), ``sorted_kgs`` gets the key groups in that order.
-    Returns False (nothing written) when the rows are in key-group order already."""
+def key_group_places(kgs, max_parallelism, block, places, sorted_kgs):
+    """A stable counting sort of rows by key group within each block of ``block`` rows: row i goes
+    to ``places[i]`` (in its block; a key group's rows, and so each key's, keep their order),
+    ``sorted_kgs`` gets the key groups in that order. Returns False (nothing written) when every
+    block is in key-group order already."""
     n = kgs.shape[0]
     ordered = True
     for i in range(1, n):
-        if kgs[i] < kgs[i - 1]:
+        if kgs[i] < kgs[i - 1] and i % block != 0:
             ordered = False
             break
     if ordered:
         return False
     start = np.zeros(max_parallelism + 1, np.int64)
-    for i in range(n):
-        start[np.int64(kgs[i]) + 1] += 1
-    for g in range(max_parallelism):
-        start[g + 1] += start[g]
-        for j in range(start[g], start[g + 1]):
-            sorted_kgs[j] = g
-    for i in range(n):
-        g = np.int64(kgs[i])
-        places[i] = start[g]
-        start[g] += 1
+    for first in range(0, n, block):
+        last = min(first + block, n)
+        start[:] = 0
+        start[0] = first
+        for i in range(first, last):
+            start[np.int64(kgs[i]) + 1] += 1
+        for g in range(max_parallelism):
+            start[g + 1] += start[g]
+            for j in range(start[g], start[g + 1]):
+                sorted_kgs[j] = g
+        for i in range(first, last):
+            g = np.int64(kgs[i])
+            places[i] = start[g]
+            start[g] += 1
     return True
 
 
@@ -322,6 +327,8 @@ def warm_up() -> None:
     fill_nulls(out, np.ones(1, dtype=np.uint8), np.int64(0), np.uint64(0))
     to_key_groups(out, np.int64(128), np.empty(1, dtype=np.uint16))
     places = np.zeros(2, dtype=np.int32)  # left as is: the rows are in order already
-    key_group_places(np.zeros(2, dtype=np.uint16), np.int64(128), places, np.empty(2, dtype=np.uint16))
+    key_group_places(
+        np.zeros(2, dtype=np.uint16), np.int64(128), np.int64(2), places, np.empty(2, dtype=np.uint16)
+    )
     scatter_words(np.zeros(2, dtype=np.int64), places, np.empty(2, dtype=np.int64))
     hash_xxh64(data, np.uint64(0))

@@ -257,9 +257,12 @@ class LayoutScratch:
             self.words.append(np.empty(self.rows, dtype=np.int64))
 
 
-def in_key_group_order(batch: pa.RecordBatch, kgs: np.ndarray, max_parallelism: int, scratch: LayoutScratch):
-    """(batch, kgs) with the rows in key-group order: a stable counting sort, so a key group's
-    rows, and each key's, keep their order; None when they are in that order already.
+def in_key_group_order(
+    batch: pa.RecordBatch, kgs: np.ndarray, max_parallelism: int, scratch: LayoutScratch, block: int = 0
+):
+    """(batch, kgs) with the rows in key-group order within each block of ``block`` rows (the
+    whole batch if 0): a stable counting sort, so a key group's rows, and each key's, keep their
+    order; None when they are in that order already.
 
     Columns of 8-byte values without nulls are moved by one numba pass each into ``scratch``;
     others by Arrow.
@@ -267,7 +270,9 @@ def in_key_group_order(batch: pa.RecordBatch, kgs: np.ndarray, max_parallelism: 
     n = kgs.shape[0]
     scratch.fit(n, batch.num_columns)
     places, sorted_kgs = scratch.places[:n], scratch.kgs[:n]
-    if not _k.key_group_places(kgs, np.int64(max_parallelism), places, sorted_kgs):
+    if not _k.key_group_places(
+        kgs, np.int64(max_parallelism), np.int64(block or max(n, 1)), places, sorted_kgs
+    ):
         return None
     columns, order = [], None
     for i, column in enumerate(batch.columns):

@@ -21,7 +21,16 @@ from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.connectors.datagen import DataGeneratorSource, RateLimiterStrategy
 from stretch.datastream.state import ValueStateDescriptor
 from stretch.runtime.batch import KG_COLUMN
-from stretch.runtime.key_group_runs import MIN_ROWS, laid_out, owned_ranges, owns_all, spans
+from stretch.runtime.key_group_runs import (
+    BLOCK_NS,
+    MIN_ROWS,
+    block_rows,
+    laid_out,
+    not_laid_out,
+    owned_ranges,
+    owns_all,
+    spans,
+)
 from stretch.runtime.routing import keyed_by_field, keyed_by_selector
 from stretch.state.key_groups import key_group, key_groups_of
 from tests.runtime.test_rescale import Job, rescale_randomly
@@ -64,6 +73,32 @@ def test_a_laid_out_batch_is_a_stable_sort_by_key_group(seed):
     assert not laid_out(plain) and plain.drop_columns([KG_COLUMN]).equals(batch)
 
 
+@pytest.mark.parametrize("block", [256, 1000, 2999])
+def test_a_batch_laid_out_in_blocks_is_a_stable_sort_by_key_group_within_each_block(block):
+    batch = mixed_batch(5003, block)
+    out = keyed_by_field(batch, "key", MAXP, runs=True, block=block)
+    kgs = [key_group(k, MAXP) for k in batch.column("key").to_pylist()]
+    rows = batch.to_pylist()
+    order = [
+        i
+        for first in range(0, len(rows), block)
+        for i in sorted(range(first, min(first + block, len(rows))), key=lambda i: kgs[i])
+    ]
+    assert laid_out(out) == block
+    assert out.drop_columns([KG_COLUMN]).to_pylist() == [rows[i] for i in order]
+    assert out.column(KG_COLUMN).to_pylist() == [kgs[i] for i in order]
+    picked = not_laid_out(out.slice(17))  # rows sliced off a laid-out batch are no longer in blocks
+    assert not laid_out(picked) and picked.to_pylist() == out.slice(17).to_pylist()
+    whole = keyed_by_field(batch, "key", MAXP, runs=True, block=len(rows))  # one block: the batch
+    assert laid_out(whole) == len(rows) and whole.equals(keyed_by_field(batch, "key", MAXP, runs=True))
+
+
+def test_blocks_take_the_readers_about_block_ns_and_none_is_made_before_their_rate_is_known():
+    assert block_rows(0.0, MAXP) == 0
+    assert block_rows(1000.0, MAXP) == BLOCK_NS // 1000
+    assert block_rows(1e9, MAXP) == MIN_ROWS and block_rows(1e9, 4096) == 4096
+
+
 def test_small_batches_and_selector_keys():
     items = [(f"user{i % 37}", i) for i in range(MIN_ROWS - 1)]
     batch = pa.record_batch({"f0": [r[0] for r in items], "f1": [r[1] for r in items]})
@@ -86,7 +121,8 @@ def test_small_batches_and_selector_keys():
 @pytest.mark.parametrize("seed", range(6))
 def test_each_instance_reads_exactly_the_rows_it_owns_in_any_ownership(seed):
     rng = np.random.default_rng(seed)
-    batch = keyed_by_field(pa.record_batch({"k": rng.integers(0, 10**6, 4000)}), "k", MAXP, runs=True)
+    keys = pa.record_batch({"k": rng.integers(0, 10**6, 4000)})
+    batch = keyed_by_field(keys, "k", MAXP, runs=True, block=[0, 300, 1024][seed % 3])
     kgs = batch.column(KG_COLUMN).to_numpy()
     p = int(rng.integers(1, 9))
     owners = (
@@ -98,7 +134,7 @@ def test_each_instance_reads_exactly_the_rows_it_owns_in_any_ownership(seed):
     for me in range(p):
         ranges = owned_ranges(owners, me)
         assert owns_all(ranges, MAXP) == (p == 1 or bool((owners == me).all()))
-        rows = [i for a, b in spans(kgs, ranges) for i in range(a, b)]
+        rows = [i for a, b in spans(kgs, ranges, laid_out(batch)) for i in range(a, b)]
         assert rows == [i for i in range(len(kgs)) if owners[kgs[i]] == me]
         seen[rows] += 1
     assert (seen == 1).all()
