@@ -42,14 +42,18 @@ def flat_out_job(
     function=CountSum,
     checkpointing: bool = False,
     restore: bool = False,
+    batch_rows: int = 4096,
 ):
-    """The operator behind a source that writes ``events`` W1 events as fast as its gate takes them."""
+    """The operator behind a source that writes ``events`` W1 events as fast as its gate takes
+    them, in batches of ``batch_rows``."""
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(parallelism)
     env.engine_config.spare_workers = 4
     if checkpointing:
         env.enable_checkpointing(None)
-    source = DataGeneratorSource(batch_function=w1_rows, count=events, batch_rows=4096, type_info=W1_TYPE)
+    source = DataGeneratorSource(
+        batch_function=w1_rows, count=events, batch_rows=batch_rows, type_info=W1_TYPE
+    )
     env.from_source(source, None, "w1").key_by(0).process(function(), W1_TYPE).name(OPERATOR).sink_to(
         DiscardingSink()
     )

@@ -8,7 +8,8 @@ while the schedule 1->2->4->8->4->2->1 repeats ``--rounds`` times, once with abo
 state and once with about 1 GB. Backlog: a per-record KeyedProcessFunction falls behind a source
 that writes as fast as its gate takes it (``backlog.py``; seconds of work are left at every
 rescale), and ``--backlog-rescales`` rescales 1->2->4->2->1... are made, 400 ms apart; the rate
-200 ms after each 1->2 step is compared with the rate 200 ms before. Each rescale is timed by
+200 ms after each 1->2 step is compared with the rate 200 ms before. The rescales are timed again
+with the source's batches 16x as large (65 k rows). Each rescale is timed by
 ``JobClient.rescale`` (the call until every instance processes under the new epoch). A sampler
 records throughput and the queueing latency of the input for the PNG timeline. In the same run,
 the baselines rescale the way Flink and Spark do: snapshot the state, stop the job, start it at
@@ -42,6 +43,7 @@ from stretch.state.keyed_table import KeyedTable, KeyMode
 
 W1 = Types.TUPLE([Types.LONG(), Types.LONG(), Types.DOUBLE()])
 SCHEDULE = [2, 4, 8, 4, 2, 1]
+LARGE_BATCH = 65536  # the backlog again in batches as large as Arrow readers hand out
 RECORD_ENTRY = {
     "name": "rolling sum",
     "kind": "record",
@@ -211,13 +213,14 @@ def live_case(distinct: int, rounds: int, rate: float) -> dict:
 BACKLOG_SCHEDULE = [2, 4, 2, 1]
 
 
-def backlog_case(rescales: int, min_work_s: float = 2.0) -> dict:
-    """The operator far behind its input (``backlog.flat_out_job``): ``rescales`` live rescales
-    1->2->4->2->1..., 400 ms apart, each timed from the call until every instance runs the new
-    epoch; the rate 200 ms before and after each 1->2 step; the work left at each rescale."""
+def backlog_case(rescales: int, min_work_s: float = 2.0, batch_rows: int = 4096) -> dict:
+    """The operator far behind its input (``backlog.flat_out_job``, batches of ``batch_rows``):
+    ``rescales`` live rescales 1->2->4->2->1..., 400 ms apart, each timed from the call until
+    every instance runs the new epoch; the rate 200 ms before and after each 1->2 step; the work
+    left at each rescale."""
     rate_p1 = 1_100_000  # a first guess of the p=1 rate, for the size of the input
     events = int(rate_p1 * (3 + rescales * 0.4 * 1.5 + 3 * min_work_s))
-    client = flat_out_job("rescale backlog", 1, events)
+    client = flat_out_job(f"rescale backlog {batch_rows}", 1, events, batch_rows=batch_rows)
     progress = Progress(client)
     progress.start()
     time.sleep(1.5)  # the gate fills; spare workers settle
@@ -405,6 +408,8 @@ def main() -> None:
 def backlog_result(rescales: int) -> dict:
     log(f"live rescale under a backlog, {rescales} rescales")
     behind = backlog_case(rescales)
+    log(f"the same, in batches of {LARGE_BATCH} rows")
+    large = backlog_case(rescales, batch_rows=LARGE_BATCH)["elapsed_ms"]
     log("baseline under a backlog")
     base = [backlog_baseline() for _ in range(3)]
     OUT.mkdir(exist_ok=True)
@@ -414,6 +419,8 @@ def backlog_result(rescales: int) -> dict:
         "rescale_backlog_p50_ms": round(pct(behind["elapsed_ms"], 50), 2),
         "rescale_backlog_p99_ms": round(pct(behind["elapsed_ms"], 99), 2),
         "rescale_backlog_max_ms": round(max(behind["elapsed_ms"]), 2),
+        "rescale_backlog_large_batches_p50_ms": round(pct(large, 50), 2),
+        "rescale_backlog_large_batches_p99_ms": round(pct(large, 99), 2),
         "rescales_backlog": len(behind["elapsed_ms"]),
         "backlog_min_work_left_s": round(behind["min_work_left_s"], 2),
         "backlog_queued_p50": int(np.median(behind["queued"])),

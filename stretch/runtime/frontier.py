@@ -29,7 +29,8 @@ positions: a batch is laid out by key group, so instances that read the same ent
 moment are far apart in positions (each in its own run of rows) though not in time. An instance's
 pace through an entry is the share of its own rows of the entry it has claimed, spread over the
 entry's positions; outside an entry, and for rows not laid out in runs, it is the position itself.
-The frontier thus stays within ``LEAD_NS`` and one run of rows of every instance.
+The frontier thus stays within ``LEAD_NS`` and one run of rows of every instance, and a run is one
+block's (``key_group_runs.BLOCK_NS``), not a whole batch's.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ from stretch.runtime import control_block as cbk
 
 UNSET = -1  # an epoch's position while the coordinator places it
 NEVER = 1 << 62  # the position of a placement withdrawn (nothing was left to read)
-LEAD_NS = 1_000_000
-"""How far, in the other's work, an instance may read ahead of another instance of its operator."""
+LEAD_NS = 2_000_000
+"""How far, in the other's work, an instance may read ahead of another instance of its operator:
+twice the pieces instances claim (keyed_instance.PIECE_NS), since with a lead shorter than a piece
+two instances take turns, each waiting for the other's next claim."""
 
 
 class Frontier:

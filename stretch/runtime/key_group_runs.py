@@ -35,7 +35,7 @@ _RUNS, _BLOCK = b"stretch.kg_runs", b"stretch.kg_block"
 KG_FIELD = pa.field(KG_COLUMN, pa.uint16())
 RUNS_FIELD = pa.field(KG_COLUMN, pa.uint16(), metadata={_RUNS: b"1"})
 MIN_ROWS = 256  # smaller batches cost more to sort than their readers save
-BLOCK_NS = 2_000_000
+BLOCK_NS = 4_000_000
 """About how long the readers take over one block of a batch laid out in blocks."""
 _scratch = threading.local()  # each producing thread lays its batches out into memory of its own
 

@@ -514,7 +514,7 @@ class KeyedInstanceTask(Task):
         cb.announce(op, index, cbk.I_ACTIVE, epoch)
 
 
-PIECE_NS = 2_000_000
+PIECE_NS = 1_000_000
 """About the work of one piece of a batch: the longest an epoch placed while an instance reads waits
 for it (each piece is committed to before it is read)."""
 _FIRST_PIECE = 64  # rows of an instance's first piece, before it knows its rate (it grows 8x a piece)
