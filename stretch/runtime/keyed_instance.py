@@ -106,7 +106,7 @@ class KeyedInstanceTask(Task):
         self.frontier = Frontier(cb, op, index, epoch)
         self.whole = stage.operator.kind in IN_ORDER  # read across keys in order: whole batches
         self.all_mine = False  # every row of the entry it reads is its own (_owns_every_row)
-        self._mine = None  # the rows of the entry that are its own, when they are scattered
+        self._mine = None  # its rows of the entry when scattered, or in runs of blocks read in one call
         self._spans = None  # its runs of rows in the entry, when it is laid out (key_group_runs)
         self._piece = _FIRST_PIECE
         self._rate = 0.0  # ns per position of pace read, recently (Frontier.publish_rate)
@@ -230,6 +230,8 @@ class KeyedInstanceTask(Task):
                 self._mine = np.flatnonzero(self.owners[kgs] == self.a.index) if scattered else None
                 mine = spans(kgs, self.ranges, runs) if runs and not (self.everything or self.whole) else None
                 self._spans = mine
+                if mine is not None and len(mine) > 1 and self._claims_in_call():  # runs of blocks:
+                    self._mine = np.concatenate([np.arange(a, b) for a, b in mine])  # one call for all
                 self.frontier.reading(start, n, mine)
                 if paced_from is None:
                     paced_from = self.frontier.pace(start + lo)
@@ -279,15 +281,15 @@ class KeyedInstanceTask(Task):
             return lo, n
         in_call = self._claims_in_call()
         piece = n if in_call else self._piece
+        if in_call and self._mine is not None:  # its rows of the rest, wherever they are
+            i = int(np.searchsorted(self._mine, lo))
+            return (int(self._mine[i]), n) if i < self._mine.size else (n, n)
         if runs and not self.everything:
             for a, b in self._spans:
                 if b > lo:
                     x = max(a, lo)
                     return x, min(b, x + piece)
             return n, n
-        if in_call and self._mine is not None:  # its rows of the rest, wherever they are
-            i = int(np.searchsorted(self._mine, lo))
-            return (int(self._mine[i]), n) if i < self._mine.size else (n, n)
         return lo, min(n, lo + piece)
 
     def _process(self, entry, kgs: np.ndarray, runs: bool, x: int, y: int) -> tuple[int, int]:
@@ -310,12 +312,12 @@ class KeyedInstanceTask(Task):
         else:
             in_call = self._claims_in_call()
             sel = None  # where its rows are among [x, y), if not all of them
-            if runs or self.everything or self.all_mine:
-                own, own_kgs = batch, part
-            elif in_call:
+            if in_call and self._mine is not None:  # picked out: scattered, or runs of blocks
                 mine = self._mine
                 sel = mine[np.searchsorted(mine, x) : np.searchsorted(mine, y)] - x
                 own, own_kgs = batch.take(sel), part[sel]
+            elif runs or self.everything or self.all_mine:
+                own, own_kgs = batch, part
             else:
                 own, own_kgs = _own_rows(batch, part, self.owners, self.a.index)
             if in_call:  # its claims go on piece by piece from inside the call, its results too
