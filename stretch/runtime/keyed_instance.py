@@ -285,10 +285,12 @@ class KeyedInstanceTask(Task):
             i = int(np.searchsorted(self._mine, lo))
             return (int(self._mine[i]), n) if i < self._mine.size else (n, n)
         if runs and not self.everything:
+            # a fused operator picks its rows out itself: its piece may take in runs of several blocks
+            across = self.fused and len(self._spans) > 1
             for a, b in self._spans:
                 if b > lo:
                     x = max(a, lo)
-                    return x, min(b, x + piece)
+                    return x, min(n if across else b, x + piece)
             return n, n
         return lo, min(n, lo + piece)
 
