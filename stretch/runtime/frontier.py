@@ -41,7 +41,7 @@ from stretch.runtime import control_block as cbk
 
 UNSET = -1  # an epoch's position while the coordinator places it
 NEVER = 1 << 62  # the position of a placement withdrawn (nothing was left to read)
-LEAD_NS = 2_000_000
+LEAD_NS = 4_000_000
 """How far, in the other's work, an instance may read ahead of another instance of its operator:
 twice the pieces instances claim (keyed_instance.PIECE_NS), since with a lead shorter than a piece
 two instances take turns, each waiting for the other's next claim."""

@@ -231,7 +231,9 @@ class KeyedInstanceTask(Task):
                 mine = spans(kgs, self.ranges, runs) if runs and not (self.everything or self.whole) else None
                 self._spans = mine
                 if mine is not None and len(mine) > 1 and self._claims_in_call():  # runs of blocks:
-                    self._mine = np.concatenate([np.arange(a, b) for a, b in mine])  # one call for all
+                    self._mine = np.concatenate(
+                        [np.arange(a, b) for a, b in mine]
+                    )  # picked out, CALL_RUNS of them a call
                 self.frontier.reading(start, n, mine)
                 if paced_from is None:
                     paced_from = self.frontier.pace(start + lo)
@@ -283,7 +285,15 @@ class KeyedInstanceTask(Task):
         piece = n if in_call else self._piece
         if in_call and self._mine is not None:  # its rows of the rest, wherever they are
             i = int(np.searchsorted(self._mine, lo))
-            return (int(self._mine[i]), n) if i < self._mine.size else (n, n)
+            if i == self._mine.size:
+                return n, n
+            x = int(self._mine[i])
+            if self._spans is None:
+                return x, n
+            # runs of blocks: a call takes CALL_RUNS of them, so the keys' state it loads before
+            # its first claim (which an epoch placed meanwhile waits for) stays a few ms of work
+            j = next(k for k, (a, b) in enumerate(self._spans) if b > x)
+            return x, self._spans[min(j + CALL_RUNS, len(self._spans)) - 1][1]
         if runs and not self.everything:
             # a fused operator picks its rows out itself: its piece may take in runs of several blocks
             across = self.fused and len(self._spans) > 1
@@ -518,9 +528,11 @@ class KeyedInstanceTask(Task):
         cb.announce(op, index, cbk.I_ACTIVE, epoch)
 
 
-PIECE_NS = 1_000_000
+PIECE_NS = 2_000_000
 """About the work of one piece of a batch: the longest an epoch placed while an instance reads waits
 for it (each piece is committed to before it is read)."""
+CALL_RUNS = 2
+"""How many of its runs of a batch laid out in blocks a per-record function reads in one call."""
 _FIRST_PIECE = 64  # rows of an instance's first piece, before it knows its rate (it grows 8x a piece)
 
 
