@@ -37,6 +37,10 @@ RUNS_FIELD = pa.field(KG_COLUMN, pa.uint16(), metadata={_RUNS: b"1"})
 MIN_ROWS = 256  # smaller batches cost more to sort than their readers save
 BLOCK_NS = 4_000_000
 """About how long the readers take over one block of a batch laid out in blocks."""
+MAX_BLOCKS = 16
+"""A batch's blocks at most: each is a run to find and pace through for every reader, in Python,
+and a slow start (the readers' rate inflated while their state grows) must not cut a batch into
+hundreds of them, which would keep the rate slow."""
 _scratch = threading.local()  # each producing thread lays its batches out into memory of its own
 
 
@@ -60,7 +64,7 @@ def in_runs(batch: pa.RecordBatch, kgs: np.ndarray, max_parallelism: int, block:
     scratch = getattr(_scratch, "memory", None)
     if scratch is None:
         scratch = _scratch.memory = LayoutScratch()
-    block = block if 0 < block < n else 0
+    block = max(block, -(-n // MAX_BLOCKS)) if 0 < block < n else 0
     ordered = in_key_group_order(batch, kgs, max_parallelism, scratch, block)
     if ordered is not None:
         batch, kgs = ordered

@@ -24,6 +24,7 @@ from stretch.runtime import key_group_runs
 from stretch.runtime.batch import KG_COLUMN
 from stretch.runtime.key_group_runs import (
     BLOCK_NS,
+    MAX_BLOCKS,
     MIN_ROWS,
     block_rows,
     laid_out,
@@ -90,6 +91,8 @@ def test_a_batch_laid_out_in_blocks_is_a_stable_sort_by_key_group_within_each_bl
     assert out.column(KG_COLUMN).to_pylist() == [kgs[i] for i in order]
     picked = not_laid_out(out.slice(17))  # rows sliced off a laid-out batch are no longer in blocks
     assert not laid_out(picked) and picked.to_pylist() == out.slice(17).to_pylist()
+    few = keyed_by_field(batch, "key", MAXP, runs=True, block=1)  # no more than MAX_BLOCKS blocks
+    assert laid_out(few) == -(-len(rows) // MAX_BLOCKS)
     whole = keyed_by_field(batch, "key", MAXP, runs=True, block=len(rows))  # one block: the batch
     assert laid_out(whole) == len(rows) and whole.equals(keyed_by_field(batch, "key", MAXP, runs=True))
 
