@@ -9,12 +9,14 @@ key groups: one per instance under Flink's contiguous assignment) and reads them
 slices, instead of testing every row and copying its own out. A key group's rows are also folded
 together, so its table stays in cache meanwhile.
 
-A large batch is laid out in *blocks*, each in runs of its own: the rows of about ``BLOCK_NS`` of
-the readers' work (``block_rows``, from the rate they publish in the gate). Instances that read a
-batch in step are then apart in gate positions by at most a block's runs, not by the batch's: an
-epoch placed at the furthest claim (``runtime.frontier``) waits for a slower instance to finish its
-run of one block, milliseconds, rather than its run of a whole batch, which is a third of a
-second of per-record work for a batch of 65 k rows.
+For per-record functions, a large batch is laid out in *blocks*, each in runs of its own: the rows
+of about ``BLOCK_NS`` of the readers' work (``block_rows``, from the rate they publish in the
+gate). Instances that read a batch in step are then apart in gate positions by at most a block's
+runs, not by the batch's: an epoch placed at the furthest claim (``runtime.frontier``) waits for a
+slower instance to finish its run of one block, milliseconds, rather than its run of a whole
+batch, which is a third of a second of per-record work for a batch of 65 k rows. Vectorized
+operators, through a whole batch in a few milliseconds, publish no rate and get no blocks: more
+runs would cost them more pieces than the frontier gains.
 
 When one instance reads the gate, producers append batches as they are: an operator at parallelism
 1 sees, and emits, its input in order. At parallelism > 1 an instance's output keeps each key's

@@ -258,7 +258,8 @@ class KeyedInstanceTask(Task):
             rate = busy / max(start + n - paced_from, 1)
             self._rate = 0.75 * self._rate + 0.25 * rate if self._rate else rate
             self.frontier.publish_rate(self._rate)
-            self.gate.note_read_rate(self._rate)  # producers size their layout's blocks by it
+            if self.claiming_operator:  # producers lay batches out in blocks of its work (below)
+                self.gate.note_read_rate(self._rate)
         stats = self.stats
         stats[cbk.I_RECORDS_IN] += rows_in
         stats[cbk.I_RECORDS_OUT] = self._records_out
@@ -295,12 +296,10 @@ class KeyedInstanceTask(Task):
             j = next(k for k, (a, b) in enumerate(self._spans) if b > x)
             return x, self._spans[min(j + CALL_RUNS, len(self._spans)) - 1][1]
         if runs and not self.everything:
-            # a fused operator picks its rows out itself: its piece may take in runs of several blocks
-            across = self.fused and len(self._spans) > 1
             for a, b in self._spans:
                 if b > lo:
                     x = max(a, lo)
-                    return x, min(n if across else b, x + piece)
+                    return x, min(b, x + piece)
             return n, n
         return lo, min(n, lo + piece)
 

@@ -20,7 +20,6 @@ from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.connectors.datagen import DataGeneratorSource, RateLimiterStrategy
 from stretch.datastream.state import ValueStateDescriptor
-from stretch.runtime import key_group_runs
 from stretch.runtime.batch import KG_COLUMN
 from stretch.runtime.key_group_runs import (
     BLOCK_NS,
@@ -211,19 +210,14 @@ def reference(keys, values) -> dict:
     return dict(out)
 
 
-@pytest.mark.parametrize(
-    "path", ["vectorized", "per-record", "per-record, large batches", "vectorized, large batches"]
-)
-def test_laid_out_batches_under_random_live_rescales(path, monkeypatch):
+@pytest.mark.parametrize("path", ["vectorized", "per-record", "per-record, large batches"])
+def test_laid_out_batches_under_random_live_rescales(path):
     """Batches of keys in any key-group order (random, descending, already in order), written while
     the operator is rescaled at random between 1 and 8 instances: each key's results are exact.
-    Large batches are laid out in several blocks (a per-record function reads its runs of all of
-    them in one call, a vectorized one pieces across them); the channel's writer, in this process,
-    lays them out, in blocks of 0.1 ms for the vectorized sum."""
+    Large batches are laid out in several blocks (a per-record function reads two of its runs a
+    call)."""
     rng = random.Random(21)
     n, size = {"vectorized": (120_000, 3000), "per-record": (30_000, 3000)}.get(path, (150_000, 15_000))
-    if path == "vectorized, large batches":
-        monkeypatch.setattr(key_group_runs, "BLOCK_NS", 100_000)
     keys = np.random.default_rng(21).integers(0, 4000, n)
     for start in range(0, n, 4 * size):  # some batches come in key-group order, some reversed
         part = keys[start : start + size]
@@ -233,7 +227,7 @@ def test_laid_out_batches_under_random_live_rescales(path, monkeypatch):
 
     def build(env):
         keyed = env.from_source(ChannelSource("in", PAIR), None, "in").key_by(0)
-        if path.startswith("vectorized"):
+        if path == "vectorized":
             return keyed.sum(1).name("op")
         return keyed.process(Running(), Types.TUPLE([Types.LONG()] * 3)).name("op")
 
@@ -255,7 +249,7 @@ def test_laid_out_batches_under_random_live_rescales(path, monkeypatch):
     have = defaultdict(list)
     for r in got:
         have[r[0]].append(tuple(r))
-    if path.startswith("vectorized"):
+    if path == "vectorized":
         want = {k: [(k, t) for k, _, t in rows] for k, rows in want.items()}
     assert have == want
 
