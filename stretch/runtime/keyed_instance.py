@@ -230,10 +230,9 @@ class KeyedInstanceTask(Task):
                 self._mine = np.flatnonzero(self.owners[kgs] == self.a.index) if scattered else None
                 mine = spans(kgs, self.ranges, runs) if runs and not (self.everything or self.whole) else None
                 self._spans = mine
-                if mine is not None and len(mine) > 1 and self._claims_in_call():  # runs of blocks:
-                    self._mine = np.concatenate(
-                        [np.arange(a, b) for a, b in mine]
-                    )  # picked out, CALL_RUNS of them a call
+                if mine is not None and len(mine) > 1 and self._claims_in_call():
+                    # runs of blocks: picked out, CALL_RUNS runs a call (_next_piece)
+                    self._mine = np.concatenate([np.arange(a, b) for a, b in mine])
                 self.frontier.reading(start, n, mine)
                 if paced_from is None:
                     paced_from = self.frontier.pace(start + lo)
