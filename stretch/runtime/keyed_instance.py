@@ -85,6 +85,8 @@ class KeyedInstanceTask(Task):
         self.gate, self.operator, self.chain = gate, operator, chain
         self.fused = hasattr(operator, "process_owned")
         self._note_operator()
+        if self.claiming_operator and not gate.read_ns_per_row:  # blocks from the first batches on
+            gate.note_read_rate(FIRST_RATE_NS)
         outputs.producer = index + 1
         outputs.producer_id = producer_id(stage.id, index)
         epoch = self.a.epoch
@@ -529,6 +531,10 @@ class KeyedInstanceTask(Task):
 PIECE_NS = 2_000_000
 """About the work of one piece of a batch: the longest an epoch placed while an instance reads waits
 for it (each piece is committed to before it is read)."""
+FIRST_RATE_NS = 1_000.0
+"""A per-record function's work per row until it has measured its own: producers lay out the
+batches it first reads in blocks of about that (key_group_runs), not one block each, which would
+hold a rescale under a backlog of large batches for tens of milliseconds in a job's first second."""
 CALL_RUNS = 2
 """How many of its runs of a batch laid out in blocks a per-record function reads in one call."""
 _FIRST_PIECE = 64  # rows of an instance's first piece, before it knows its rate (it grows 8x a piece)
