@@ -85,9 +85,11 @@ def laid_out(batch: pa.RecordBatch) -> int:
 
 
 def not_laid_out(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A batch of a gate's rows picked out or sliced off (no longer in runs block by block), marked
-    as not laid out: its readers then test each row."""
-    if not laid_out(batch):
+    """A batch of a gate's rows picked out or sliced off, marked as not laid out if it was in
+    blocks (its blocks no longer line up: its readers then test each row); rows picked out of one
+    block are still in key-group order, and keep their mark."""
+    meta = batch.schema.field(KG_COLUMN).metadata
+    if meta is None or _BLOCK not in meta:
         return batch
     i = batch.schema.get_field_index(KG_COLUMN)
     return pa.RecordBatch.from_arrays(batch.columns, schema=batch.schema.set(i, KG_FIELD))

@@ -304,7 +304,7 @@ class KeyedInstanceTask(Task):
             return n, n
         return lo, min(n, lo + piece)
 
-    def _process(self, entry, kgs: np.ndarray, runs: bool, x: int, y: int) -> tuple[int, int]:
+    def _process(self, entry, kgs: np.ndarray, runs: int, x: int, y: int) -> tuple[int, int]:
         """Run the operator over rows [x, y) of a data entry (those it owns); returns how many
         it processed, and the row it reached (before y if it stopped early)."""
         batch = entry.batch if (x, y) == (0, entry.batch.num_rows) else entry.batch.slice(x, y - x)

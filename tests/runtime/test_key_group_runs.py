@@ -94,6 +94,7 @@ def test_a_batch_laid_out_in_blocks_is_a_stable_sort_by_key_group_within_each_bl
     assert laid_out(few) == -(-len(rows) // MAX_BLOCKS)
     whole = keyed_by_field(batch, "key", MAXP, runs=True, block=len(rows))  # one block: the batch
     assert laid_out(whole) == len(rows) and whole.equals(keyed_by_field(batch, "key", MAXP, runs=True))
+    assert laid_out(not_laid_out(whole.slice(17))) == len(rows) - 17  # one block stays in order
 
 
 def test_blocks_take_the_readers_about_block_ns_and_none_is_made_before_their_rate_is_known():
