@@ -268,7 +268,7 @@ class Coordinator:
                 with contextlib.suppress(Exception):
                     seg.close()
 
-    def spawn_worker(self) -> Worker:
+    def spawn_worker(self) -> Worker | None:
         return self.workers.spawn()
 
     def idle_workers(self) -> list[Worker]:

@@ -88,6 +88,9 @@ class JobLoop:
                 event = self.events.get(timeout=InstanceRates.EVERY)
             except queue.Empty:
                 continue
+            if event[0] == "replenish":  # without the lock: forks take tens of ms on busy cores
+                self._replenish()
+                continue
             with self.lock:
                 if self._dispatch(event):
                     return
@@ -111,8 +114,6 @@ class JobLoop:
         elif kind == "end_channel":
             co.channels.end(event[1])
             event[2].set()
-        elif kind == "replenish" and co.status is JobStatus.RUNNING:
-            self._replenish()
         elif kind == "cancel" and not co.status.is_globally_terminal_state():
             co.status = JobStatus.CANCELLING
             co.stop_everything()
@@ -211,10 +212,16 @@ class JobLoop:
             co.spawn_worker()
 
     def _replenish(self) -> None:
-        """Keep the warm pool at its size (spares are forked from the zygote, ready in milliseconds)."""
+        """Keep the warm pool at its size (spares are forked from the zygote, ready in milliseconds).
+
+        In the job thread but outside its lock, so that a rescale or an update placing its epoch
+        meanwhile (``place``) is not held up by the forks; the pool makes forks and stopping take
+        turns, and a spare too many (counted while a task took a worker) does no harm."""
         co = self.co
         missing = co.config.spare_workers + len(self.pending) - len(co.workers.idle()) - co.workers.starting()
         for _ in range(max(missing, 0)):
+            if co.status is not JobStatus.RUNNING:
+                return
             co.spawn_worker()
 
     # ---- stages ending ------------------------------------------------------------------------

@@ -356,3 +356,55 @@ def test_a_job_finishes_when_its_scaled_away_instances_report_after_the_rest_end
     job.client.rescale("sum", 1)
     got = job.finish()
     assert by_key(got) == {f"user-{u}": [(f"user-{u}", n) for n in range(1, 201)] for u in range(100)}
+
+
+def test_a_rescale_does_not_wait_for_the_warm_pool_to_refill(monkeypatch):
+    # A rescale that took spares makes the job thread fork new ones; each fork is a round trip to
+    # the zygote (tens of ms on busy cores). Here the refill's forks hang until released: the next
+    # rescale, which needs no new worker, still takes effect, and the pool refills afterwards.
+    from stretch.runtime import zygote
+
+    forks_go, refill_forking = threading.Event(), threading.Event()
+    hold = {"on": False}
+    held: list[int] = []  # pids of the forks held
+    fork = zygote.Zygote.fork
+
+    def held_fork(self, *args, **kwargs):
+        if not hold["on"]:
+            return fork(self, *args, **kwargs)
+        refill_forking.set()
+        assert forks_go.wait(60), "the forks were never released"
+        held.append(fork(self, *args, **kwargs))
+        return held[-1]
+
+    monkeypatch.setattr(zygote.Zygote, "fork", held_fork)
+    job = Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", RECORD), None, "in")
+            .key_by(lambda r: r[0])
+            .process(EveryState())
+            .name("op")
+        ),
+        "refill",
+        parallelism=1,
+    )
+    records = every_state_records(3000, seed=11)
+    job.writer.write(records[:1000])
+    hold["on"] = True
+    job.client.rescale("op", 3)  # takes two spares: the job thread refills the pool
+    assert refill_forking.wait(30)
+    job.writer.write(records[1000:2000])
+    down = threading.Thread(target=lambda: job.client.rescale("op", 1), daemon=True)
+    down.start()
+    down.join(30)
+    assert not down.is_alive(), "the rescale waited for the pool's forks"
+    forks_go.set()
+    co = job.client._coordinator
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (
+        len(held) == 2 and {w.pid for w in co.workers.idle()} >= set(held)
+    ):
+        time.sleep(0.01)
+    assert len(held) == 2 and {w.pid for w in co.workers.idle()} >= set(held)  # the refill joined
+    job.writer.write(records[2000:])
+    assert by_key(job.finish()) == by_key(reference(records, lambda r: r[0]))
