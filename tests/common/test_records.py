@@ -75,6 +75,9 @@ class Point:
     def __hash__(self):
         return hash((self.x, self.y))
 
+    def __repr__(self):  # test ids name it the same in every process (parallel runs collect alike)
+        return f"Point({self.x}, {self.y})"
+
 
 Pair = namedtuple("Pair", "left right")
 
