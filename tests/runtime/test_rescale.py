@@ -85,6 +85,20 @@ def rescale_randomly(
     return reports
 
 
+def every_state_job(operator: str, name: str, parallelism: int = 2) -> Job:
+    """EveryState keyed by user, named ``operator``, fed RECORDs through channel "in"."""
+    return Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", RECORD), None, "in")
+            .key_by(lambda r: r[0])
+            .process(EveryState())
+            .name(operator)
+        ),
+        name,
+        parallelism=parallelism,
+    )
+
+
 def every_state_records(n: int, seed: int) -> list:
     rng = random.Random(seed)
     users = [f"u{i}" for i in range(60)]
@@ -94,15 +108,7 @@ def every_state_records(n: int, seed: int) -> list:
 def test_every_state_kind_under_random_rescales():
     rng = random.Random(11)
     records = every_state_records(6000, 11)
-    job = Job(
-        lambda env: (
-            env.from_source(ChannelSource("in", RECORD), None, "in")
-            .key_by(lambda r: r[0])
-            .process(EveryState())
-            .name("every")
-        ),
-        "every state under rescales",
-    )
+    job = every_state_job("every", "every state under rescales")
     writer = feed(job, records, rng, chunks=80)
     reports = rescale_randomly(job, "every", rng, 70)
     writer.join()
@@ -378,16 +384,7 @@ def test_a_rescale_does_not_wait_for_the_warm_pool_to_refill(monkeypatch):
         return held[-1]
 
     monkeypatch.setattr(zygote.Zygote, "fork", held_fork)
-    job = Job(
-        lambda env: (
-            env.from_source(ChannelSource("in", RECORD), None, "in")
-            .key_by(lambda r: r[0])
-            .process(EveryState())
-            .name("op")
-        ),
-        "refill",
-        parallelism=1,
-    )
+    job = every_state_job("op", "refill", parallelism=1)
     records = every_state_records(3000, seed=11)
     job.writer.write(records[:1000])
     hold["on"] = True
