@@ -15,6 +15,7 @@ shared memory so that readers wake as soon as the job appends.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -52,15 +53,16 @@ class ChannelWriter(ChannelAppender):
             self.end()
 
 
-def locate_output(job, name: str) -> dict:
+def locate_output(job, name: str, kept: str | None = None) -> dict:
     """Where output channel ``name`` of ``job`` is: the running job's answer (``log``, the live
-    ``tail``, ``run_start``, ``type``), else the log the job of that name kept after its run."""
+    ``tail``, ``run_start``, ``type``), else the log the job of that name kept after its run
+    (else ``kept``: the log directory of the run whose job id ``job`` is)."""
     try:
         return find(job).join_channel(name, "reader")
     except (JobNotFound, JobGone):
         if not isinstance(job, str):
             raise
-    path = channel_dir(job, name)
+    path = Path(kept) if kept is not None else channel_dir(job, name)
     if not (path / "index").exists():
         raise LookupError(f"no running stretch job {job!r} and no channel {name!r} kept for it") from None
     return {"log": str(path), "tail": None, "run_start": None, "type": None}
@@ -103,9 +105,10 @@ class OutputLog:
         self.close()
 
 
-def output_schema(job, name: str) -> pa.Schema:
-    """An output channel's schema: the type the job declares for it, else its first batch's."""
-    where = locate_output(job, name)
+def output_schema(job, name: str, where: dict | None = None) -> pa.Schema:
+    """An output channel's schema: the type the job declares for it, else its first batch's
+    (``where``: the channel's ``locate_output`` answer, if known)."""
+    where = where if where is not None else locate_output(job, name)
     if where.get("type"):
         return schema_for(TypeInformation.from_json(where["type"])).remove_metadata()
     with OutputLog(where["log"]) as log:
@@ -134,9 +137,9 @@ class ChannelReader:
     ``job`` may be the job's name and the reader reads what the log retained.
     """
 
-    def __init__(self, job, name: str, from_offset: int | None = None):
+    def __init__(self, job, name: str, from_offset: int | None = None, where: dict | None = None):
         self.name = name
-        reply = locate_output(job, name)
+        reply = where if where is not None else locate_output(job, name)  # where: a locate_output answer
         self.log = ChannelLog(reply["log"], create=False)
         self._tail = None
         if reply["tail"]:

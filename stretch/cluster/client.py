@@ -15,11 +15,13 @@ from pathlib import Path
 import pyarrow as pa
 from pyarrow import flight
 
+from stretch.channels import locate_output
 from stretch.cluster.addresses import is_url
 from stretch.cluster.directory import MEMBERS, NODES, ClusterDirectory
 from stretch.cluster.protocol import SECRET_ENV, call_options
 from stretch.cluster.routing import RoutingStore, RoutingTable
 from stretch.cluster.tls import TLS_ENV, ClusterTLS
+from stretch.runtime.state_dir import channel_dir
 
 
 @dataclass(frozen=True)
@@ -269,3 +271,26 @@ def job_nodes(
     if not nodes:
         raise LookupError(f"the cluster at {address} runs no job {job!r} (jobs: {sorted(jobs)})")
     return nodes
+
+
+def node_job(entry: dict, job: str, node: str) -> str:
+    """How this cluster's run of ``job`` on ``node`` is found among the host's running jobs
+    (``entry``: the job's in ``jobs.json``): by the job id recorded when it started there, so
+    that another cluster's job of that name on this host is never taken for it (by its name
+    ``<job>@<node>`` where no run is recorded)."""
+    run = entry.get("runs", {}).get(node)
+    return run["job_id"] if run is not None else f"{job}@{node}"
+
+
+def node_log_dir(entry: dict, job: str, node: str, channel: str) -> Path:
+    """The directory of output channel ``channel``'s log of that run (as ``node_job``)."""
+    kept = entry.get("runs", {}).get(node, {}).get("logs", {}).get(channel)
+    return Path(kept) if kept is not None else channel_dir(f"{job}@{node}", channel, "out")
+
+
+def node_output(entry: dict, job: str, node: str, channel: str) -> dict:
+    """Where output channel ``channel`` of that run (as ``node_job``) is: a
+    ``channels.locate_output`` answer."""
+    return locate_output(
+        node_job(entry, job, node), channel, kept=str(node_log_dir(entry, job, node, channel))
+    )

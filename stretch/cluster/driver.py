@@ -61,7 +61,7 @@ class DriverServer(flight.FlightServerBase):
         elif action.type == "handoff":  # the UI's: node changes under way and done
             answer = self.cluster.handoff.describe()
         elif action.type == "output":
-            answer = output_info(action.body.to_pybytes())
+            answer = output_info(self._output_request(body))
         elif action.type in ("add_node", "remove_node"):
             answer = self._change(action.type, body)
         elif action.type.startswith("source_"):  # a node's reader of file sources (cluster.sources)
@@ -83,7 +83,14 @@ class DriverServer(flight.FlightServerBase):
         kind, _, rest = ticket.ticket.decode().partition(":")
         if kind != "output":
             raise flight.FlightServerError(f"unknown ticket {kind!r}")
-        return flight.RecordBatchStream(output_range(rest))
+        return flight.RecordBatchStream(output_range(self._output_request(json.loads(rest))))
+
+    def _output_request(self, msg: dict) -> dict:
+        """A request for ``<job>@<node>``'s output log (a removed node's), with that run of the
+        job as ``jobs.json`` recorded it."""
+        name, _, node = msg["job"].rpartition("@")
+        run = self.cluster.files.jobs().get(name, {}).get("runs", {}).get(node)
+        return msg if run is None else {**msg, "run": run}
 
     def forget_announced(self, node: str) -> None:
         with self._announcing:

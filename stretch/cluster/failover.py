@@ -17,11 +17,11 @@ import threading
 import time
 
 from stretch.cluster import broadcast_restore, recovery
+from stretch.cluster.client import node_log_dir
 from stretch.cluster.directory import HANDOFF
 from stretch.cluster.forward_log import close_split, send_dead_log
 from stretch.cluster.recovery import NodeLost
 from stretch.cluster.routing import RoutingTable, plan_failover
-from stretch.runtime.state_dir import channel_dir
 
 
 class Failover:
@@ -161,11 +161,12 @@ class Failover:
                 key, {"node": node, "base": base, "journal": journal, "key_groups": []}
             )
             part["key_groups"].append(kg)
+        entries = c.files.jobs()
         for node in dead:
             outputs = recovery.load_manifest(checkpoints, node)["outputs"]
             for job, channels_ in c.jobs.outputs.items():
                 for channel in channels_:
-                    log = channel_dir(f"{job}@{node}", channel, "out")
+                    log = node_log_dir(entries.get(job, {}), job, node, channel)
                     offset = outputs.get(job, {}).get(channel)
                     recovery.cut_output(log, offset if offset is not None else 1 << 62)
         held = self._hold_forwarding(True)  # the restored key groups' records go after the dead log's
@@ -235,13 +236,14 @@ class Failover:
         """Send what the forward logs of dead nodes committed (cut back to their latest checkpoint),
         now that their key groups are restored: the receivers drop what they took before."""
         c = self.cluster
-        starts = {job: entry.get("starts", {}) for job, entry in c.files.jobs().items()}
+        entries = c.files.jobs()
         sent = 0
         for job, channels_ in c.jobs.forward_logs.items():
+            entry = entries.get(job, {})
             for node in dead:
                 for channel in channels_:
-                    directory = channel_dir(f"{job}@{node}", channel, "out")
-                    start = starts.get(job, {}).get(node, {}).get(channel, 0)
+                    directory = node_log_dir(entry, job, node, channel)
+                    start = entry.get("starts", {}).get(node, {}).get(channel, 0)
                     sent += send_dead_log(c.reach(job), job, channel, node, directory, start)
         return sent
 
@@ -316,6 +318,6 @@ class Failover:
         replay = {"job": name, "node": point["node"], "journal": point["journal"]}
         starts = {}
         for node_id in fresh:
-            starts[node_id] = c.connection.action(node_id, "join", pickle.dumps(body)).get("outputs", {})
+            starts[node_id] = c.connection.action(node_id, "join", pickle.dumps(body))
             c.connection.action(node_id, "broadcast_replay", replay)
         return starts

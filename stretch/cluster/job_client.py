@@ -7,6 +7,7 @@ import json
 import pyarrow as pa
 
 from stretch import channels
+from stretch.cluster.client import node_output
 from stretch.cluster.writer import ClusterWriter
 from stretch.datastream.job_client import RescaleReport
 from stretch.errors import JobExecutionError
@@ -36,7 +37,8 @@ class ClusterJobClient:
         starts = entry.get("starts", {})
         for node in entry.get("nodes", []):
             start = starts.get(node, {}).get(channel)
-            yield from channels.open_reader(f"{self.name}@{node}", channel, from_offset=start)
+            where = node_output(entry, self.name, node, channel)
+            yield from channels.ChannelReader(f"{self.name}@{node}", channel, start, where)
 
     def end(self, channel: str) -> None:
         """End input channel ``channel`` on every node (and on nodes that join later): the job

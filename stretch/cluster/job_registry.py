@@ -116,9 +116,9 @@ class JobRegistry:
         if interval_ms:
             self.interval = min(self.interval or interval_ms / 1000, interval_ms / 1000)
 
-    def start(self, node_id: str, blob: bytes) -> dict[str, int]:
-        """Start a job on a node; returns where its output channels' logs start for this run."""
-        return self.cluster.connection.action(node_id, "submit", blob).get("outputs", {})
+    def start(self, node_id: str, blob: bytes) -> dict:
+        """Start a job on a node; returns the node's answer (``ran_on`` records it)."""
+        return self.cluster.connection.action(node_id, "submit", blob)
 
     def start_all(self, node_id: str, jobs: dict[str, bytes] | None = None) -> None:
         """Start the cluster's jobs (or ``jobs``) on a node."""
@@ -138,23 +138,31 @@ class JobRegistry:
         for node in self.cluster.nodes:
             self.cluster.connection.action(node, "end", {"job": job, "channel": channel})
 
-    def ran_on(self, job: str, starts: dict[str, dict[str, int]]) -> None:
-        """Record in ``jobs.json`` that ``job`` ran on these nodes, and where each node's output
-        logs start for this cluster's run of it: readers of its output (and of its state) look at
+    def ran_on(self, job: str, started: dict[str, dict]) -> None:
+        """Record in ``jobs.json`` that ``job`` ran on these nodes (each node's answer to its
+        start), where each node's output logs start for this cluster's run of it, and which run
+        it is (its job id and log directories): readers of its output (and of its state) look at
         every node it ran on, removed ones too, from there (a log keeps earlier runs of the name,
-        on earlier clusters too, before it)."""
+        on earlier clusters too, before it), and never at another cluster's job of that name."""
         files = self.cluster.files
         jobs = files.jobs()
         entry = jobs.setdefault(job, {})
-        entry["nodes"] = [*entry.get("nodes", []), *(n for n in starts if n not in entry.get("nodes", []))]
-        entry.setdefault("starts", {}).update(starts)
+        entry["nodes"] = [*entry.get("nodes", []), *(n for n in started if n not in entry.get("nodes", []))]
+        entry.setdefault("starts", {}).update({n: r.get("outputs", {}) for n, r in started.items()})
+        entry.setdefault("runs", {}).update(
+            {
+                n: {"job_id": r["job_id"], "logs": r.get("logs", {})}
+                for n, r in started.items()
+                if "job_id" in r
+            }
+        )
         files.write(JOBS, jobs)
-        for node in starts:  # the input channels its user ended before
+        for node in started:  # the input channels its user ended before
             for channel in entry.get("ended", []):
                 with contextlib.suppress(Exception):  # ended there already
                     self.cluster.connection.action(node, "end", {"job": job, "channel": channel})
-        self.cluster.sources.ran_on(job, list(starts))  # its source readers there (cluster.sources)
-        self.cluster.forwards.ran_on(job, list(starts))  # the ends of its forwards given already
+        self.cluster.sources.ran_on(job, list(started))  # its source readers there (cluster.sources)
+        self.cluster.forwards.ran_on(job, list(started))  # the ends of its forwards given already
 
     def unrecord(self, nodes: list[str]) -> None:
         """Nothing ran on ``nodes`` after all (a resume that failed): readers must not look for them."""
@@ -163,6 +171,7 @@ class JobRegistry:
         for entry in entries.values():
             entry["nodes"] = [n for n in entry.get("nodes", []) if n not in nodes]
             entry["starts"] = {n: s for n, s in entry.get("starts", {}).items() if n not in nodes}
+            entry["runs"] = {n: r for n, r in entry.get("runs", {}).items() if n not in nodes}
         files.write(JOBS, entries)
 
     def stored(self) -> dict[str, bytes]:

@@ -125,7 +125,7 @@ class Membership:
                     )
                     body = {"spec": jobs.specs[name], "states": states, "marks": fenced["marks"][name]}
                     joined = c.connection.action(node_id, "join", pickle.dumps({**body, "members": version}))
-                    jobs.ran_on(name, {node_id: joined.get("outputs", {})})
+                    jobs.ran_on(name, {node_id: joined})
             # event time: the new node hears of the writers a member knows (cluster.node_watermarks)
             if nodes:
                 c.connection.action(node_id, "watermarks_load", c.connection.action(nodes[0], "watermarks"))

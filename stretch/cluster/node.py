@@ -251,7 +251,7 @@ class NodeServer(flight.FlightServerBase):
             job = self.job(job_name)
             return flight.RecordBatchStream(read_state(KeyedTable(job.arena(operator)), groups))
         if kind == "output":
-            return flight.RecordBatchStream(output_range(rest))
+            return flight.RecordBatchStream(output_range(self._output_request(json.loads(rest))))
         raise flight.FlightServerError(f"unknown ticket {kind!r}")
 
     # ---- actions --------------------------------------------------------------------------------
@@ -338,10 +338,7 @@ class NodeServer(flight.FlightServerBase):
             self.place(job)  # its tables now, not in the first handoff's stall
             barrier_all(job)
         job = self.jobs[spec["name"]]  # its output starts here: earlier runs of the name came before
-        return {
-            "job_id": job.client.get_job_id(),
-            "outputs": {c: log.end_offset for c, _r, log in job.outputs()},
-        }
+        return {**job.run_record(), "outputs": {c: log.end_offset for c, _r, log in job.outputs()}}
 
     def _act_own(self, body: bytes) -> dict:
         """The key groups this node owns from now on (a node that starts, or restarts)."""
@@ -421,7 +418,14 @@ class NodeServer(flight.FlightServerBase):
 
     def _act_output(self, body: bytes) -> dict:
         """An output log's readable offsets and schema (``output_logs.output_info``)."""
-        return output_info(body)
+        return output_info(self._output_request(json.loads(body)))
+
+    def _output_request(self, msg: dict) -> dict:
+        """A request for ``<job>@<node>``'s output log, with this node's run of the job when it
+        is this node's (not another cluster's job of that name on this host)."""
+        name, _, node = msg["job"].rpartition("@")
+        job = self.jobs.get(name) if node == self.node_id else None
+        return msg if job is None else {**msg, "run": job.run_record()}
 
     def _act_state_schema(self, body: bytes) -> dict:
         """The schema of an operator's keyed state rows here (as ``state:`` streams them)."""

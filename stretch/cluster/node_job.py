@@ -115,6 +115,14 @@ class NodeJob:
             if isinstance(runner.spec.sink, ForwardLog)
         }
 
+    def run_record(self) -> dict:
+        """Which run of the job this is (its job id, its output logs' directories): what readers
+        find it by where another cluster's job of the same name may run on the host too."""
+        return {
+            "job_id": self.client.get_job_id(),
+            "logs": {c: str(log.dir) for c, _r, log in self.outputs()},
+        }
+
     def outputs(self) -> list:
         """(channel, sink runner, log) of each output channel the job writes itself."""
         return [

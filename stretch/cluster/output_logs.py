@@ -11,7 +11,6 @@ the node's filesystem: nodes on the driver's host).
 from __future__ import annotations
 
 import base64
-import json
 
 import pyarrow as pa
 
@@ -26,23 +25,30 @@ def decode_schema(text: str | None) -> pa.Schema | None:
     return None if text is None else pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
-def output_info(body: bytes) -> dict:
+def locate(msg: dict) -> dict:
+    """Where the asked output log is: by the run's job id and log directory where the node
+    added them (``run``: its own run of the job), else by the job's name."""
+    run = msg.get("run")
+    if run is None:
+        return locate_output(msg["job"], msg["channel"])
+    return locate_output(run["job_id"], msg["channel"], kept=run["logs"].get(msg["channel"]))
+
+
+def output_info(msg: dict) -> dict:
     """Offsets (``start``, ``end``, ``run_start``) and ``schema`` of an output channel's log."""
-    msg = json.loads(body)
-    where = locate_output(msg["job"], msg["channel"])
+    where = locate(msg)
     with OutputLog(where["log"]) as log:
         start, end = log.start, log.end
     try:
-        schema = output_schema(msg["job"], msg["channel"])
+        schema = output_schema(msg["job"], msg["channel"], where)
     except ValueError:  # no declared type and nothing written yet
         schema = None
     return {"start": start, "end": end, "run_start": where["run_start"], "schema": encode_schema(schema)}
 
 
-def output_range(ticket: str) -> pa.Table:
+def output_range(msg: dict) -> pa.Table:
     """Batches ``start`` .. ``end`` of an output channel's log, as one table."""
-    msg = json.loads(ticket)
-    with OutputLog(locate_output(msg["job"], msg["channel"])["log"]) as log:
+    with OutputLog(locate(msg)["log"]) as log:
         batches = [b.replace_schema_metadata(None) for b in log.read(int(msg["start"]), int(msg["end"]))]
     if not batches:
         return pa.table({})

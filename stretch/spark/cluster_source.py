@@ -21,10 +21,10 @@ from itertools import pairwise
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
-from stretch.channels import OutputLog, locate_output
+from stretch.channels import OutputLog
 from stretch.cluster import job_nodes
 from stretch.cluster.addresses import is_url
-from stretch.cluster.client import ClusterConnection
+from stretch.cluster.client import ClusterConnection, node_job, node_output
 from stretch.jobs import find
 from stretch.spark.options import cluster_credentials, job_and_channel
 from stretch.spark.schemas import spark_values
@@ -81,7 +81,7 @@ class _ClusterChannel(_Cluster):
                     out[node] = c.output_info(node, self.job, self.channel)
         if not self.remote:
             for node in self.job_nodes(self.job):
-                reply = locate_output(f"{self.job}@{node}", self.channel)
+                reply = node_output(entry, self.job, node, self.channel)
                 with OutputLog(reply["log"]) as log:
                     out[node] = {
                         "start": log.start,
@@ -162,9 +162,11 @@ class ClusterStateReader(_Cluster, DataSourceReader):
                 running = c.locations()
             self.nodes = [n for n in self.job_nodes(self.job) if n in running]
             return
+        with self.connection() as c:
+            entry = c.jobs().get(self.job, {})
         for node in self.job_nodes(self.job):
             try:
-                job = find(f"{self.job}@{node}")
+                job = find(node_job(entry, self.job, node))
             except LookupError:  # a removed node: its key groups live elsewhere now
                 continue
             reply = job.state_location(self.operator)

@@ -248,6 +248,49 @@ def test_a_later_clusters_run_of_a_job_name_reads_back_only_its_own_results(tmp_
         assert sorted(tuple(r.values()) for r in rows) == sorted(got)
 
 
+def test_two_clusters_on_one_host_running_one_job_name_each_read_back_their_own(tmp_path):
+    """Both run ``same@node-0`` and ``same@node-1``: the finished one's readers (the client's,
+    Spark's batch reader) read its own logs, not the other cluster's running job of the name
+    (found by the run's job id and log directory, not by the name)."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from stretch.spark.cluster_source import ClusterBatchReader
+
+    mine, theirs = batches(11, 4, 20), batches(12, 2, 20)
+    with (
+        StretchCluster.local(nodes=2, directory=tmp_path / "other") as other,
+        StretchCluster.local(nodes=2, directory=tmp_path / "mine") as cluster,
+    ):
+        running = count_sum_job().execute_async("same", cluster=other)  # holds the name's directories
+        with running.writer("in") as writer:
+            for i, records in enumerate(theirs):
+                writer.write(to_batch(records, PAIR), query="q", batch=i)
+            client = count_sum_job().execute_async("same", cluster=cluster)
+            with client.writer("in") as mine_writer:
+                for i, records in enumerate(mine):
+                    mine_writer.write(to_batch(records, PAIR), query="q", batch=i)
+            client.end("in")
+            assert set(client.wait(120).values()) == {"FINISHED"}
+            got = []
+            reading = threading.Thread(target=lambda: got.extend(client.open_reader("out")), daemon=True)
+            reading.start()
+            reading.join(30)
+            finished_reading = not reading.is_alive()
+            schema = StructType(
+                [StructField(f, t) for f, t in (("f0", StringType()), ("f1", LongType()), ("f2", LongType()))]
+            )
+            spark_reader = ClusterBatchReader(
+                {"cluster": cluster.address, "job": "same", "channel": "out"}, schema
+            )
+            rows = [r for p in spark_reader.partitions() for b in spark_reader.read(p) for r in b.to_pylist()]
+        running.cancel()  # a reader of the other cluster's job (the old code) fails now
+    assert finished_reading
+    expected = reference([r for records in mine for r in records])
+    assert len(got) == sum(len(records) for records in mine)
+    assert {k: (c, s) for k, c, s in got if (c, s) == expected[k]} == expected
+    assert sorted(tuple(r.values()) for r in rows) == sorted(got)
+
+
 def test_a_node_added_after_the_input_ended_ends_its_copy_of_the_job_too(tmp_path):
     """``client.end`` is remembered: a node that joins afterwards starts the job with the channel
     ended, so the job finishes there instead of waiting for input that never comes."""
