@@ -50,6 +50,9 @@ class FixedValueState(_Column, api.ValueState):
         self._dirty = False
         check = value_check(descriptor)
         self._fast, self._check = check.fast, check.check
+        # numpy converts these exactly or raises (an int out of range, a None in an int column):
+        # the batch's values convert in one pass, pyarrow's checked path being the fallback
+        self._direct = self._dtype.kind in "iub" or self._dtype == np.float64
 
     def value(self):
         return self._vals[self._b.current]
@@ -75,6 +78,15 @@ class FixedValueState(_Column, api.ValueState):
     def _flush(self, kgs, rows) -> None:
         if not self._dirty:
             return
+        converted = self._direct and _direct_values(self._vals, self._dtype)
+        if converted:
+            self._table.scatter(self._sid, self._dtype, kgs, rows, *converted)
+        else:
+            self._flush_checked(kgs, rows)
+        self._dirty = False
+
+    def _flush_checked(self, kgs, rows) -> None:
+        """The write-back through pyarrow: it names what does not fit the declared type."""
         try:
             arr = _strict_array(self._vals, self._arrow)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
@@ -87,7 +99,23 @@ class FixedValueState(_Column, api.ValueState):
         valid = arr.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8)
         values = arr.fill_null(False if self._dtype == np.uint8 else 0).to_numpy(zero_copy_only=False)
         self._table.scatter(self._sid, self._dtype, kgs, rows, values.astype(self._dtype, copy=False), valid)
-        self._dirty = False
+
+
+def _direct_values(values: list, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
+    """A batch's values and their validity as ``dtype`` in one pass over the list, None (the
+    checked path) if one does not convert: a None in an int column, an int out of range. The
+    values passed ``update()``'s type check, so only a float column's None needs a look: numpy
+    makes it NaN, so each NaN is checked for being a None."""
+    try:
+        out = np.fromiter(values, dtype, len(values))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    valid = np.ones(len(values), np.uint8)
+    if dtype.kind == "f":
+        for i in np.flatnonzero(np.isnan(out)).tolist():
+            if values[i] is None:
+                valid[i], out[i] = 0, 0.0
+    return out, valid
 
 
 def _strict_array(values: list, arrow_type: pa.DataType) -> pa.Array:

@@ -509,3 +509,30 @@ def test_an_int_beyond_the_column_range_fails_the_write_back_naming_its_key_slot
             getattr(st, method)(2**40 if k == 20 else k)
     assert keys[info.value.slot] == 20
     assert "'big'" in str(info.value) and "Types.INT()" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "type_info, value", [(Types.DOUBLE(), float("nan")), (Types.LONG(), 7), (Types.BOOLEAN(), False)]
+)
+def test_a_batch_of_values_beside_unset_and_cleared_keys_writes_back_each_as_it_was(arena, type_info, value):
+    """The write-back converts a batch's values in one pass: a None (unset, cleared) stays no
+    value, beside a NaN (a value) in a float column and beside values in an int or bool one."""
+    d = Driver(arena)
+    st = d.backend.state(ValueStateDescriptor("v", type_info))
+    for _ in d.each([1, 2, 3]):
+        st.update(value)
+    for k in d.each([1, 2, 3, 4]):
+        if k == 2:
+            st.clear()
+        elif k == 3:
+            st.update(None)
+
+    def check(k):
+        got = st.value()
+        if k == 1:
+            assert got is not None and (got != got if value != value else got == value), (k, got)
+            assert type(got) is type(value)
+        else:
+            assert got is None, (k, got)
+
+    d.verify(check)
