@@ -52,6 +52,45 @@ def log(*args) -> None:
     print(*args, file=sys.stderr, flush=True)
 
 
+def _plain_count_sum(rows: list[tuple[int, float]], results) -> None:
+    """The per-record operator of the backlog benchmarks (a count and a sum per key) as a plain
+    Python loop: what one core does with it, without any engine."""
+    t0 = time.perf_counter()
+    count: dict[int, int] = {}
+    total: dict[int, float] = {}
+    for key, value in rows:
+        count[key] = count.get(key, 0) + 1
+        total[key] = total.get(key, 0.0) + value
+    results.put(len(rows) / (time.perf_counter() - t0))
+
+
+def plain_loop_scaling(events: int = 1_000_000, repeats: int = 5) -> dict:
+    """How much faster two processes run the same plain-Python loop than one, on this machine now:
+    the ceiling of any engine's parallelism-2 over parallelism-1 figure (two vCPUs of a VM may
+    share a physical core). Medians over ``repeats`` pairs (one process alone, then two at once)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    rng = np.random.default_rng(3)
+    rows = list(zip(rng.integers(0, 100_000, events).tolist(), rng.random(events).tolist()))
+    p1, p2 = [], []
+    for _ in range(repeats):
+        for n, out in ((1, p1), (2, p2)):
+            results = ctx.Queue()
+            procs = [ctx.Process(target=_plain_count_sum, args=(rows, results)) for _ in range(n)]
+            for proc in procs:
+                proc.start()
+            rates = [results.get() for _ in procs]
+            for proc in procs:
+                proc.join()
+            out.append(sum(rates))
+    return {
+        "plain_loop_p1_meps": round(median(p1) / 1e6, 2),
+        "plain_loop_p2_meps": round(median(p2) / 1e6, 2),
+        "plain_loop_p2_over_p1": round(median([b / a for a, b in zip(p1, p2)]), 2),
+    }
+
+
 class CpuSampler:
     """CPU seconds used from now until ``stop()`` by this process and by each process under it (a
     job's workers), read from /proc (Linux) every 5 ms by a helper process (itself not counted),

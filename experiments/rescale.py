@@ -28,7 +28,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
-from _common import OUT, emit, log
+from _common import OUT, emit, log, plain_loop_scaling
 from backlog import OPERATOR, Progress, flat_out_job
 
 from stretch import channels
@@ -412,6 +412,8 @@ def backlog_result(rescales: int) -> dict:
     large = backlog_case(rescales, batch_rows=LARGE_BATCH)["elapsed_ms"]
     log("baseline under a backlog")
     base = [backlog_baseline() for _ in range(3)]
+    log("the machine's own scaling: a plain Python loop of the operator in one and two processes")
+    ceiling = plain_loop_scaling()
     OUT.mkdir(exist_ok=True)
     path = OUT / "rescale_backlog.png"
     plot_backlog(behind, path)
@@ -429,10 +431,16 @@ def backlog_result(rescales: int) -> dict:
         # the most that ratio can be here: parallelism 2 over 1, each settled (200 ms on) before the
         # next rescale, on the same cores in the same run
         "settled_p2_over_p1": round(behind["settled_p2_over_p1"], 2),
+        # the ceiling of both on this machine now: a plain loop of the operator, in two processes
+        # over one (two vCPUs may share a physical core)
+        **ceiling,
         "baseline_backlog_p50_ms": round(float(np.median(base)), 1),
         "backlog_state_bytes_copied": behind["copied"],
         "backlog_plot": str(path),
     }
+    result["scaleup_ratio_of_plain_loop_ratio"] = round(
+        result["throughput_after_scaleup_ratio"] / ceiling["plain_loop_p2_over_p1"], 2
+    )
     result["baseline_vs_live_backlog"] = round(
         result["baseline_backlog_p50_ms"] / result["rescale_backlog_p50_ms"], 1
     )
