@@ -25,13 +25,18 @@ def decode_schema(text: str | None) -> pa.Schema | None:
     return None if text is None else pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
+def run_output(run: dict, channel: str) -> dict:
+    """Where output channel ``channel`` of one run of a job on a node is (a ``locate_output``
+    answer), ``run`` being its job id and log directories (``NodeJob.run_record``): not another
+    cluster's job of the same name on the host, which the name ``<job>@<node>`` may find."""
+    return locate_output(run["job_id"], channel, kept=run["logs"].get(channel))
+
+
 def locate(msg: dict) -> dict:
-    """Where the asked output log is: by the run's job id and log directory where the node
-    added them (``run``: its own run of the job), else by the job's name."""
+    """Where the asked output log is: by its run where the node or driver added it, else by the
+    job's name."""
     run = msg.get("run")
-    if run is None:
-        return locate_output(msg["job"], msg["channel"])
-    return locate_output(run["job_id"], msg["channel"], kept=run["logs"].get(msg["channel"]))
+    return locate_output(msg["job"], msg["channel"]) if run is None else run_output(run, msg["channel"])
 
 
 def output_info(msg: dict) -> dict:
