@@ -255,9 +255,12 @@ class Gate:
         return int(np.count_nonzero(self._cursors[: self.pin_slot] >= 0))
 
     def depth(self) -> int:
-        """Entries appended but not yet read by the slowest active reader."""
+        """Entries appended but not yet read by the slowest active reader. The tail is read
+        before the cursors: read after, an append that the slowest reader's step let in would be
+        counted against the cursor from before that step (one more than the gate holds)."""
+        tail = self.tail
         active = self.active_cursors()
-        return int(self.tail - active.min()) if active.size else 0
+        return max(0, int(tail - active.min())) if active.size else 0
 
     # ---- readers (registered by the coordinator) ---------------------------------------
     def open_reader(self, reader: int, at: int | None = None) -> int:
