@@ -249,7 +249,7 @@ def test_a_later_clusters_run_of_a_job_name_reads_back_only_its_own_results(tmp_
 
 
 def test_two_clusters_on_one_host_running_one_job_name_each_read_back_their_own(tmp_path):
-    """Both run ``same@node-0`` and ``same@node-1``: the finished one's readers (the client's,
+    """Both run ``same@node-0``: the finished one's readers (the client's,
     Spark's batch reader) read its own logs, not the other cluster's running job of the name
     (found by the run's job id and log directory, not by the name)."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -258,7 +258,7 @@ def test_two_clusters_on_one_host_running_one_job_name_each_read_back_their_own(
 
     mine, theirs = batches(11, 4, 20), batches(12, 2, 20)
     with (
-        StretchCluster.local(nodes=2, directory=tmp_path / "other") as other,
+        StretchCluster.local(nodes=1, directory=tmp_path / "other") as other,
         StretchCluster.local(nodes=2, directory=tmp_path / "mine") as cluster,
     ):
         running = count_sum_job().execute_async("same", cluster=other)  # holds the name's directories
