@@ -216,59 +216,65 @@ def test_a_checkpointed_job_is_refused_by_a_cluster_without_a_checkpoint_directo
         env.execute_async("checkpointed", cluster=cluster)
 
 
+def write_all(writer, data: list[list[tuple[str, int]]]) -> None:
+    for i, records in enumerate(data):
+        writer.write(to_batch(records, PAIR), query="q", batch=i)
+
+
+def spark_rows(cluster, job: str) -> list[tuple]:
+    """What Spark's batch reader of a cluster reads of the job's output channel ``out``."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from stretch.spark.cluster_source import ClusterBatchReader
+
+    fields = (("f0", StringType()), ("f1", LongType()), ("f2", LongType()))
+    reader = ClusterBatchReader(
+        {"cluster": cluster.address, "job": job, "channel": "out"},
+        StructType([StructField(f, t) for f, t in fields]),
+    )
+    return [tuple(r.values()) for p in reader.partitions() for b in reader.read(p) for r in b.to_pylist()]
+
+
+def assert_own_results(got: list[tuple], spark: list[tuple], data) -> None:
+    """One result per record written in this run, each key's last the model's, Spark's the same."""
+    expected = reference([r for records in data for r in records])
+    assert len(got) == sum(len(records) for records in data)
+    assert {k: (c, s) for k, c, s in got if (c, s) == expected[k]} == expected
+    assert sorted(spark) == sorted(got)
+
+
 @pytest.mark.long  # 15 s or more; names of earlier runs are also checked on one machine
 def test_a_later_clusters_run_of_a_job_name_reads_back_only_its_own_results(tmp_path):
     """Output logs are named by job and node and outlive a cluster; the next cluster's run of the
     same name continues them, and its readers (the client's, Spark's batch reader) start at its
     own first result."""
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
-
-    from stretch.spark.cluster_source import ClusterBatchReader
-
-    runs = [batches(7, 4, 20), batches(8, 3, 20)]
-    for n, data in enumerate(runs):
+    for n, data in enumerate([batches(7, 4, 20), batches(8, 3, 20)]):
         with StretchCluster.local(nodes=2, directory=tmp_path / f"cluster-{n}") as cluster:
             client = count_sum_job().execute_async("rerun", cluster=cluster)
             with client.writer("in") as writer:
-                for i, records in enumerate(data):
-                    writer.write(to_batch(records, PAIR), query="q", batch=i)
+                write_all(writer, data)
             client.end("in")
             assert set(client.wait(120).values()) == {"FINISHED"}
             got = list(client.open_reader("out"))
-            schema = StructType(
-                [StructField(f, t) for f, t in (("f0", StringType()), ("f1", LongType()), ("f2", LongType()))]
-            )
-            spark_reader = ClusterBatchReader(
-                {"cluster": cluster.address, "job": "rerun", "channel": "out"}, schema
-            )
-            rows = [r for p in spark_reader.partitions() for b in spark_reader.read(p) for r in b.to_pylist()]
-        expected = reference([r for records in data for r in records])
-        assert len(got) == sum(len(records) for records in data)  # one result per record of this run
-        assert {k: (c, s) for k, c, s in got if (c, s) == expected[k]} == expected
-        assert sorted(tuple(r.values()) for r in rows) == sorted(got)
+            spark = spark_rows(cluster, "rerun")
+        assert_own_results(got, spark, data)
 
 
 def test_two_clusters_on_one_host_running_one_job_name_each_read_back_their_own(tmp_path):
-    """Both run ``same@node-0``: the finished one's readers (the client's,
-    Spark's batch reader) read its own logs, not the other cluster's running job of the name
-    (found by the run's job id and log directory, not by the name)."""
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
-
-    from stretch.spark.cluster_source import ClusterBatchReader
-
-    mine, theirs = batches(11, 4, 20), batches(12, 2, 20)
+    """Both run ``same@node-0``: the finished one's readers (the client's, Spark's batch reader)
+    read its own logs, not the other cluster's running job of the name (found by the run's job
+    id and log directory, not by the name)."""
+    mine = batches(11, 4, 20)
     with (
         StretchCluster.local(nodes=1, directory=tmp_path / "other") as other,
         StretchCluster.local(nodes=2, directory=tmp_path / "mine") as cluster,
     ):
         running = count_sum_job().execute_async("same", cluster=other)  # holds the name's directories
         with running.writer("in") as writer:
-            for i, records in enumerate(theirs):
-                writer.write(to_batch(records, PAIR), query="q", batch=i)
+            write_all(writer, batches(12, 2, 20))
             client = count_sum_job().execute_async("same", cluster=cluster)
             with client.writer("in") as mine_writer:
-                for i, records in enumerate(mine):
-                    mine_writer.write(to_batch(records, PAIR), query="q", batch=i)
+                write_all(mine_writer, mine)
             client.end("in")
             assert set(client.wait(120).values()) == {"FINISHED"}
             got = []
@@ -276,19 +282,10 @@ def test_two_clusters_on_one_host_running_one_job_name_each_read_back_their_own(
             reading.start()
             reading.join(30)
             finished_reading = not reading.is_alive()
-            schema = StructType(
-                [StructField(f, t) for f, t in (("f0", StringType()), ("f1", LongType()), ("f2", LongType()))]
-            )
-            spark_reader = ClusterBatchReader(
-                {"cluster": cluster.address, "job": "same", "channel": "out"}, schema
-            )
-            rows = [r for p in spark_reader.partitions() for b in spark_reader.read(p) for r in b.to_pylist()]
+            spark = spark_rows(cluster, "same")
         running.cancel()  # a reader of the other cluster's job (the old code) fails now
     assert finished_reading
-    expected = reference([r for records in mine for r in records])
-    assert len(got) == sum(len(records) for records in mine)
-    assert {k: (c, s) for k, c, s in got if (c, s) == expected[k]} == expected
-    assert sorted(tuple(r.values()) for r in rows) == sorted(got)
+    assert_own_results(got, spark, mine)
 
 
 def test_a_node_added_after_the_input_ended_ends_its_copy_of_the_job_too(tmp_path):
