@@ -166,8 +166,6 @@ class KeyedInstanceTask(Task):
             seq += 1
             gate.advance(index, seq)
             stats[cbk.I_GATE_SEQ] = seq
-        if self.retired:
-            chain.emit(Kind.LEAVE)  # downstream stops waiting for this producer's watermark
         self.operator.close()
         chain.close()
         stats[cbk.I_RECORDS_OUT] = self._records_out
@@ -497,6 +495,11 @@ class KeyedInstanceTask(Task):
             gate.close_reader(index)
             self.retired = True
         self.chain.flush()  # what it produced before the position is out before it says it is there
+        if self.retired:
+            # downstream stops waiting for its watermark, before the rescale can complete: a later
+            # epoch that adds an instance of this index again announces that one after this mark
+            # (sent on the way out, it could come after and make downstream forget the new one)
+            self.chain.emit(Kind.LEAVE)
         cb.announce(op, index, cbk.I_EPOCH, epoch)
         gained = (new == index) & (owners != index)
         t0 = time.perf_counter_ns()
