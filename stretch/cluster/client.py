@@ -18,7 +18,6 @@ from pyarrow import flight
 from stretch.channels import locate_output
 from stretch.cluster.addresses import is_url
 from stretch.cluster.directory import MEMBERS, NODES, ClusterDirectory
-from stretch.cluster.output_logs import run_output
 from stretch.cluster.protocol import SECRET_ENV, call_options
 from stretch.cluster.routing import RoutingStore, RoutingTable
 from stretch.cluster.tls import TLS_ENV, ClusterTLS
@@ -292,5 +291,5 @@ def node_log_dir(entry: dict, job: str, node: str, channel: str) -> Path:
 def node_output(entry: dict, job: str, node: str, channel: str) -> dict:
     """Where output channel ``channel`` of that run (as ``node_job``) is: a
     ``channels.locate_output`` answer."""
-    run = entry.get("runs", {}).get(node)
-    return locate_output(f"{job}@{node}", channel) if run is None else run_output(run, channel)
+    kept = node_log_dir(entry, job, node, channel)
+    return locate_output(node_job(entry, job, node), channel, kept=str(kept))
