@@ -20,6 +20,8 @@ from stretch.datastream import AggregateFunction, KeyedProcessFunction, StreamEx
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.output_tag import OutputTag
 from stretch.datastream.window import TumblingEventTimeWindows
+from stretch.runtime.event_time import producer_id
+from stretch.runtime.gate import Kind
 from tests.datastream import test_broadcast_stream as bcast
 from tests.datastream.flink_windows import by_key, run, tumbling
 from tests.datastream.test_windows import RECORD, batches_of
@@ -178,6 +180,66 @@ def test_idle_and_leave_marks_across_frontier_epochs_of_two_operators():
         if r["operator"] == "users" and r["new_parallelism"] < r["old_parallelism"]
     ]
     assert leaves, "no instance of the first operator left while the second windowed"
+
+
+def test_a_removed_instance_has_left_downstream_when_its_rescale_returns():
+    """A rescale returns once every instance took up the epoch, a removed one having told
+    downstream it left by then: a later epoch adding an instance of that index again announces the
+    new one after the LEAVE, never before (a LEAVE after the announcement made the downstream
+    tracker forget the new instance, and its records came after the watermark)."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(3)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(0)).with_timestamp_assigner(
+        "f1"
+    )
+    (
+        env.from_source(ChannelSource("in", RECORD), strategy, "in")
+        .key_by(lambda r: r[0])
+        .process(PassOn(), RECORD)
+        .name("users")
+        .key_by(lambda r: r[0])
+        .window(TumblingEventTimeWindows.of(Time.milliseconds(100)))
+        .reduce(lambda a, b: (a[0], a[1], a[2] + b[2]), output_type=RECORD)
+        .name("regions")
+        .sink_to(ChannelSink("out"))
+    )
+    client = env.execute_async("leave before the epoch")
+    out, reading = collect(client, "out")
+    co = client._coordinator
+    users, regions = co.plan.stage("users"), co.plan.stage("regions")
+    gate = co.gates[regions.input_gate]
+    removed = producer_id(users.id, 2)
+
+    seen, left = 0, 0
+
+    def leaves() -> int:  # the LEAVE marks of the removed instance appended to the gate so far
+        nonlocal seen, left
+        tail = gate.tail
+        assert tail - seen <= gate.slot_capacity, "the gate wrapped between two looks"
+        left += sum(
+            1 for seq in range(seen, tail) if (e := gate.read(seq)).kind is Kind.LEAVE and e.arg0 == removed
+        )
+        seen = tail
+        return left
+
+    rows = [(f"u{i % 9}", i, i) for i in range(900)]
+    try:
+        with channels.open_writer(client, "in") as writer:
+            for round_ in range(1, 31):
+                writer.write(rows[(round_ - 1) * 30 : round_ * 30])
+                leaves()
+                client.rescale("users", 2)
+                assert leaves() == round_, "the rescale returned before the removed instance left"
+                client.rescale("users", 3)
+    except BaseException:
+        client.cancel()
+        raise
+    reading.join(60)
+    assert client.wait(60).name == "FINISHED"
+    windows: dict = {}
+    for user, ts, value in rows:
+        windows[(user, ts // 100)] = windows.get((user, ts // 100), 0) + value
+    assert sorted((u, ts // 100, v) for u, ts, v in out) == sorted((u, w, v) for (u, w), v in windows.items())
 
 
 def test_a_rescale_does_not_wait_for_a_checkpoint_under_way_and_both_are_exact():
