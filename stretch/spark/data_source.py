@@ -7,10 +7,9 @@ from pyspark.sql.datasource import DataSource
 from stretch.channels import output_schema
 from stretch.cluster import job_nodes
 from stretch.cluster.addresses import is_url
-from stretch.cluster.client import ClusterConnection
+from stretch.cluster.client import ClusterConnection, node_job, node_output
 from stretch.cluster.output_logs import decode_schema
 from stretch.jobs import JobNotFound
-from stretch.jobs import find as find_job
 from stretch.spark.checkpoint_source import CheckpointStateReader, checkpoint_schema
 from stretch.spark.cluster_sink import ClusterStreamWriter
 from stretch.spark.cluster_source import ClusterBatchReader, ClusterStateReader, ClusterStreamReader
@@ -46,22 +45,26 @@ class StretchDataSource(DataSource):
         if is_url(self.options.get("cluster")):
             return self._remote_schema(job)
         if self.options.get("cluster"):
-            job = self._node_job(job, running=bool(self.options.get("state")))
+            return self._node_schema(job)
         if self.options.get("state"):
             return state_schema(job, self.options["state"])
         return spark_ddl(output_schema(job, self._required("channel")))
 
-    def _node_job(self, job: str, running: bool) -> str:
-        """The job as one of the cluster's nodes runs it (a running one, for its state)."""
-        for node in job_nodes(self.options["cluster"], job):
-            if not running:
-                return f"{job}@{node}"
+    def _node_schema(self, job: str) -> str:
+        """The schema as this cluster's run of the job on one of its nodes has it (a running one,
+        for its state): found by the run's job id, never another cluster's job of that name."""
+        address = self.options["cluster"]
+        with ClusterConnection(address) as connection:
+            entry = connection.jobs().get(job, {})
+        for node in job_nodes(address, job):
+            if not self.options.get("state"):
+                channel = self._required("channel")
+                return spark_ddl(output_schema(job, channel, where=node_output(entry, job, node, channel)))
             try:
-                find_job(f"{job}@{node}")
-                return f"{job}@{node}"
+                return state_schema(node_job(entry, job, node), self.options["state"])
             except JobNotFound:
                 continue
-        raise JobNotFound(f"no node of the cluster at {self.options['cluster']} runs job {job!r} now")
+        raise JobNotFound(f"no node of the cluster at {address} runs job {job!r} now")
 
     def _remote_schema(self, job: str) -> str:
         """The schema as a node of the cluster at a URL answers it (the driver, for a removed one)."""

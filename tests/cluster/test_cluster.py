@@ -15,7 +15,10 @@ from stretch import channels
 from stretch.cluster import StretchCluster
 from stretch.cluster.client import ClusterConnection
 from stretch.cluster.protocol import NOT_OWNER
+from stretch.common import Types
 from stretch.common.records import to_batch
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.job_client import RescaleReport
 from stretch.state.key_groups import key_group
 from tests.cluster.jobs import PAIR, count_sum_job, reference
@@ -260,16 +263,26 @@ def test_a_later_clusters_run_of_a_job_name_reads_back_only_its_own_results(tmp_
         assert_own_results(got, spark, data)
 
 
+def keys_only_job() -> StreamExecutionEnvironment:
+    """Another job's shape under the same name: its output the keys alone."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    source = env.from_source(ChannelSource("in", PAIR, durable=False), None, "in")
+    source.key_by(0).map(lambda r: r[0], Types.STRING()).sink_to(ChannelSink("out"))
+    return env
+
+
 def test_two_clusters_on_one_host_running_one_job_name_each_read_back_their_own(tmp_path):
-    """Both run ``same@node-0``: the finished one's readers (the client's, Spark's batch reader)
-    read its own logs, not the other cluster's running job of the name (found by the run's job
-    id and log directory, not by the name)."""
+    """Both run ``same@node-0``: the finished one's readers (the client's, Spark's batch reader
+    and the schema Spark infers) read its own logs, not the other cluster's running job of the
+    name (found by the run's job id and log directory, not by the name)."""
+    from stretch.spark.data_source import StretchDataSource
+
     mine = batches(11, 4, 20)
     with (
         StretchCluster.local(nodes=1, directory=tmp_path / "other") as other,
         StretchCluster.local(nodes=2, directory=tmp_path / "mine") as cluster,
     ):
-        running = count_sum_job().execute_async("same", cluster=other)  # holds the name's directories
+        running = keys_only_job().execute_async("same", cluster=other)  # holds the name's directories
         with running.writer("in") as writer:
             write_all(writer, batches(12, 2, 20))
             client = count_sum_job().execute_async("same", cluster=cluster)
@@ -277,6 +290,8 @@ def test_two_clusters_on_one_host_running_one_job_name_each_read_back_their_own(
                 write_all(mine_writer, mine)
             client.end("in")
             assert set(client.wait(120).values()) == {"FINISHED"}
+            options = {"cluster": str(cluster.address), "job": "same", "channel": "out"}
+            assert StretchDataSource(options).schema() == "`f0` STRING, `f1` BIGINT, `f2` BIGINT"
             got = []
             reading = threading.Thread(target=lambda: got.extend(client.open_reader("out")), daemon=True)
             reading.start()
