@@ -121,6 +121,22 @@ class PassOn(KeyedProcessFunction):
         yield value
 
 
+def users_then_regions(env, strategy, region) -> None:
+    """Records pass the slow ``users`` operator keyed by user, then ``regions`` sums them per
+    ``region(record)`` in 100 ms event-time windows, into channel ``out``."""
+    (
+        env.from_source(ChannelSource("in", RECORD), strategy, "in")
+        .key_by(lambda r: r[0])
+        .process(PassOn(), RECORD)
+        .name("users")
+        .key_by(region)
+        .window(TumblingEventTimeWindows.of(Time.milliseconds(100)))
+        .reduce(lambda a, b: (a[0], a[1], a[2] + b[2]), output_type=RECORD)
+        .name("regions")
+        .sink_to(ChannelSink("out"))
+    )
+
+
 def test_idle_and_leave_marks_across_frontier_epochs_of_two_operators():
     """Per-user records pass a slow operator, then are windowed per region; both are rescaled at
     random while behind, so instances of the first leave and join the second's producers, and the
@@ -141,17 +157,7 @@ def test_idle_and_leave_marks_across_frontier_epochs_of_two_operators():
         .with_timestamp_assigner("f1")
         .with_idleness(Duration.of_millis(30))
     )
-    (
-        env.from_source(ChannelSource("in", RECORD), strategy, "in")
-        .key_by(lambda r: r[0])
-        .process(PassOn(), RECORD)
-        .name("users")
-        .key_by(lambda r: int(r[0][1:]) % 5)
-        .window(TumblingEventTimeWindows.of(Time.milliseconds(100)))
-        .reduce(lambda a, b: (a[0], a[1], a[2] + b[2]), output_type=RECORD)
-        .name("regions")
-        .sink_to(ChannelSink("out"))
-    )
+    users_then_regions(env, strategy, lambda r: int(r[0][1:]) % 5)
     client = env.execute_async("frontier leave marks")
     out, reading = collect(client, "out")
     writer = channels.open_writer(client, "in")
@@ -192,17 +198,7 @@ def test_a_removed_instance_has_left_downstream_when_its_rescale_returns():
     strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(0)).with_timestamp_assigner(
         "f1"
     )
-    (
-        env.from_source(ChannelSource("in", RECORD), strategy, "in")
-        .key_by(lambda r: r[0])
-        .process(PassOn(), RECORD)
-        .name("users")
-        .key_by(lambda r: r[0])
-        .window(TumblingEventTimeWindows.of(Time.milliseconds(100)))
-        .reduce(lambda a, b: (a[0], a[1], a[2] + b[2]), output_type=RECORD)
-        .name("regions")
-        .sink_to(ChannelSink("out"))
-    )
+    users_then_regions(env, strategy, lambda r: r[0])
     client = env.execute_async("leave before the epoch")
     out, reading = collect(client, "out")
     co = client._coordinator
