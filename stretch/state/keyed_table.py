@@ -486,15 +486,22 @@ class KeyedTable:
         self.headers[kgs_unique, K.H_VERSION] += 1
 
     def stable_read(self, kg: int, read, attempts: int = 1000):
-        """Run ``read()`` until it saw no concurrent write to key group `kg` (a seqlock read)."""
+        """Run ``read()`` until it saw no concurrent write to key group `kg` (a seqlock read).
+        A read torn by a write may also fail (a key's length changed under it): it is retried
+        like any torn read; a failure with no write meanwhile is the read's own and raised."""
         region = self.arena.region
         word = (self.arena.dir_w + kg * K.KG_WORDS + K.H_VERSION) * 8
         for _ in range(attempts):
             before = region.load64(word)
             if before % 2 == 0:
-                result = read()
-                if region.load64(word) == before:
-                    return result
+                try:
+                    result = read()
+                except Exception:
+                    if region.load64(word) == before:
+                        raise
+                else:
+                    if region.load64(word) == before:
+                        return result
             time.sleep(0.0005)
         raise TimeoutError(f"key group {kg} kept changing while being read")
 

@@ -512,3 +512,26 @@ def test_resident_bytes_track_live_data_after_heavy_churn(table):
     assert grown <= 8 * live + (4 << 20), (
         f"{grown} resident bytes for {live} live bytes after writing {written} bytes"
     )
+
+
+def test_a_read_a_write_tore_is_retried_even_when_it_failed(table):
+    """A seqlock read that a writer tore may raise (the data changed under it): it is retried like
+    one that returned; a read that fails with no write meanwhile raises its own error."""
+    kgs = np.array([5], dtype=np.int64)
+    calls = []
+
+    def torn_once():
+        calls.append(1)
+        if len(calls) == 1:  # a writer comes and goes while the first attempt reads
+            table.begin_write(kgs)
+            table.end_write(kgs)
+            raise ValueError("operands could not be broadcast together")
+        return "read"
+
+    assert table.stable_read(5, torn_once) == "read" and len(calls) == 2
+
+    def broken():
+        raise KeyError("not a torn read")
+
+    with pytest.raises(KeyError):
+        table.stable_read(5, broken)
