@@ -266,7 +266,12 @@ def job_nodes(
     logs stay readable); each runs it as ``<job>@<node>``. ``address``, ``secret``, ``tls``: as
     for ClusterConnection."""
     with ClusterConnection(address, secret, tls) as connection:
-        jobs = connection.jobs()
+        return nodes_of(connection.jobs(), job, address)
+
+
+def nodes_of(jobs: dict, job: str, address: str | Path) -> list[str]:
+    """``job_nodes`` from the cluster's jobs as ``ClusterConnection.jobs()`` answered them, for a
+    caller that reads the job's entry too (one lookup)."""
     nodes = jobs.get(job, {}).get("nodes")
     if not nodes:
         raise LookupError(f"the cluster at {address} runs no job {job!r} (jobs: {sorted(jobs)})")

@@ -22,9 +22,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
 from stretch.channels import OutputLog
-from stretch.cluster import job_nodes
 from stretch.cluster.addresses import is_url
-from stretch.cluster.client import ClusterConnection, node_job, node_output
+from stretch.cluster.client import ClusterConnection, node_job, node_output, nodes_of
 from stretch.jobs import find
 from stretch.spark.options import cluster_credentials, job_and_channel
 from stretch.spark.schemas import spark_values
@@ -57,8 +56,10 @@ class _Cluster:
     def connection(self) -> ClusterConnection:
         return ClusterConnection(self.address, self.secret, self.tls)
 
-    def job_nodes(self, job: str) -> list[str]:
-        return job_nodes(self.address, job, self.secret, self.tls)
+    def job_runs(self, connection: ClusterConnection, job: str) -> tuple[dict, list[str]]:
+        """The job's entry among the cluster's jobs and the nodes it ran on, in one lookup."""
+        jobs = connection.jobs()
+        return jobs.get(job, {}), nodes_of(jobs, job, self.address)
 
 
 class _ClusterChannel(_Cluster):
@@ -75,12 +76,12 @@ class _ClusterChannel(_Cluster):
         (and ``log``, its directory, on this host)."""
         out = {}
         with self.connection() as c:
-            entry = c.jobs().get(self.job, {})
+            entry, nodes = self.job_runs(c, self.job)
             if self.remote:
-                for node in self.job_nodes(self.job):
+                for node in nodes:
                     out[node] = c.output_info(node, self.job, self.channel)
         if not self.remote:
-            for node in self.job_nodes(self.job):
+            for node in nodes:
                 reply = node_output(entry, self.job, node, self.channel)
                 with OutputLog(reply["log"]) as log:
                     out[node] = {
@@ -157,14 +158,13 @@ class ClusterStateReader(_Cluster, DataSourceReader):
         self.names = [f.name for f in schema.fields]
         self.job, self.operator = options["job"], options["state"]
         self.locations = []
-        if self.remote:
-            with self.connection() as c:
-                running = c.locations()
-            self.nodes = [n for n in self.job_nodes(self.job) if n in running]
-            return
         with self.connection() as c:
-            entry = c.jobs().get(self.job, {})
-        for node in self.job_nodes(self.job):
+            entry, nodes = self.job_runs(c, self.job)
+            running = c.locations() if self.remote else None
+        if self.remote:
+            self.nodes = [n for n in nodes if n in running]
+            return
+        for node in nodes:
             try:
                 job = find(node_job(entry, self.job, node))
             except LookupError:  # a removed node: its key groups live elsewhere now

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 
 from stretch.channels import output_schema
-from stretch.cluster import job_nodes
 from stretch.cluster.addresses import is_url
-from stretch.cluster.client import ClusterConnection, node_job, node_output
+from stretch.cluster.client import ClusterConnection, node_job, node_output, nodes_of
 from stretch.cluster.output_logs import decode_schema
 from stretch.jobs import JobNotFound
 from stretch.spark.checkpoint_source import CheckpointStateReader, checkpoint_schema
@@ -55,8 +54,9 @@ class StretchDataSource(DataSource):
         for its state): found by the run's job id, never another cluster's job of that name."""
         address = self.options["cluster"]
         with ClusterConnection(address) as connection:
-            entry = connection.jobs().get(job, {})
-        for node in job_nodes(address, job):
+            jobs = connection.jobs()
+        entry = jobs.get(job, {})
+        for node in nodes_of(jobs, job, address):
             if not self.options.get("state"):
                 channel = self._required("channel")
                 return spark_ddl(output_schema(job, channel, where=node_output(entry, job, node, channel)))
