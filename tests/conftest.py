@@ -33,8 +33,20 @@ def _own_segments() -> list[str]:
     return sorted(p.name for p in _SHM.glob(f"stretch-{os.getuid()}-{os.getpid()}-*"))
 
 
-# Children that outlive single tests on purpose (a module's Spark JVM); their fixture ends them.
+# Children that outlive single tests on purpose (the suite's Spark JVM); their fixture ends them.
 EXPECTED_CHILDREN: set[int] = set()
+
+
+@pytest.fixture(scope="session")
+def spark(expected_children):
+    """One local Spark session for every test of this process that needs one (the Spark tests, the
+    docs' Spark examples), started when the first asks: starting a JVM takes 15 to 25 s, so a
+    session per file or package would cost minutes of the suite (files of one package are not run
+    in a row under xdist). It ends with its JVM when the process's tests are done."""
+    from tests.spark.session import local_spark
+
+    with local_spark(expected_children, "stretch tests", log_level="ERROR") as session:
+        yield session
 
 
 @pytest.fixture(scope="session")

@@ -36,14 +36,6 @@ def _blocks():
             yield pytest.param(m.group(1), id=f"{path.relative_to(ROOT)}:{line}")
 
 
-@pytest.fixture(scope="module")
-def docs_spark(expected_children):
-    from tests.spark.session import local_spark
-
-    with local_spark(expected_children, "stretch docs", log_level="ERROR") as session:
-        yield session
-
-
 def test_site_builds_strict(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
@@ -80,6 +72,16 @@ def test_every_command_has_a_section_on_the_cli_page():
 def test_code_block_runs(code, tmp_path, monkeypatch, request):
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__docs__"}
-    if USES_SPARK.search(code):
-        namespace["spark"] = request.getfixturevalue("docs_spark")
-    exec(compile(code, "<docs>", "exec"), namespace)
+    if not USES_SPARK.search(code):
+        exec(compile(code, "<docs>", "exec"), namespace)
+        return
+    spark = namespace["spark"] = request.getfixturevalue("spark")
+    settings = spark.conf.getAll
+    try:
+        exec(compile(code, "<docs>", "exec"), namespace)
+    finally:  # the suite's other Spark tests share the session: what an example set is undone
+        for key, value in spark.conf.getAll.items():
+            if key not in settings:
+                spark.conf.unset(key)
+            elif value != settings[key]:
+                spark.conf.set(key, settings[key])
