@@ -22,14 +22,14 @@ by piece from inside the call, so a claim never runs far ahead of what the insta
 The frontier is only as close to every instance as the instances are to each other. Under a
 backlog, a reader that runs faster than another (its key groups hold fewer rows, or it got more
 CPU) would read on to the gate's tail, and an epoch placed there would wait for the slower one to
-work off the whole gate. So an instance reads ahead of another by at most ``LEAD_NS`` of the other's
-work (from the rate each one publishes): under a backlog the slowest instance sets the operator's
+work off the whole gate. So an instance reads ahead of another by at most its *lead* of the other's
+work (from the rate each one publishes; twice the pieces it claims, ``Frontier.lead_ns``): under a backlog the slowest instance sets the operator's
 pace in any case. How far apart two instances are is measured by their *pace*, not their gate
 positions: a batch is laid out by key group, so instances that read the same entry at the same
 moment are far apart in positions (each in its own run of rows) though not in time. An instance's
 pace through an entry is the share of its own rows of the entry it has claimed, spread over the
 entry's positions; outside an entry, and for rows not laid out in runs, it is the position itself.
-The frontier thus stays within ``LEAD_NS`` and one run of rows of every instance, and a run is one
+The frontier thus stays within a lead and one run of rows of every instance, and a run is one
 block's (``key_group_runs.BLOCK_NS``), not a whole batch's.
 """
 
@@ -41,17 +41,26 @@ from stretch.runtime import control_block as cbk
 
 UNSET = -1  # an epoch's position while the coordinator places it
 NEVER = 1 << 62  # the position of a placement withdrawn (nothing was left to read)
-LEAD_NS = 4_000_000
-"""How far, in the other's work, an instance may read ahead of another instance of its operator:
-twice the pieces instances claim (keyed_instance.PIECE_NS), since with a lead shorter than a piece
-two instances take turns, each waiting for the other's next claim."""
+PIECE_NS = 2_000_000
+"""About the work of one piece of a batch an instance claims and then reads: the longest an epoch
+placed while it reads waits for it. A piece is a call of a vectorized operator, whose kernels run
+slower per row over smaller calls."""
+CLAIM_PIECE_NS = 1_000_000
+"""The same for a per-record function, whose pieces are claims from inside one call (microseconds
+each): half the piece, and so half the lead, halves the work an epoch under a backlog waits for."""
+LEAD_PIECES = 2
+"""How far, in the other's work, an instance may read ahead of another instance of its operator, in
+pieces it claims (keyed_instance): with a lead shorter than a piece two instances take turns, each
+waiting for the other's next claim. An epoch waits for the slowest instance to read up to the
+furthest claim, so a lead and a piece of work at most."""
 
 
 class Frontier:
     """An instance's side: its claims, and the position of the next epoch once placed."""
 
-    def __init__(self, control, op: int, index: int, epoch: int):
+    def __init__(self, control, op: int, index: int, epoch: int, piece_ns: int = PIECE_NS):
         self.control = control
+        self.lead_ns = LEAD_PIECES * piece_ns
         self.op = op
         self.index = index
         self.epoch = epoch  # the epoch this instance runs under
@@ -104,7 +113,7 @@ class Frontier:
 
     def lead_limit(self, at: int, instances: int) -> int | None:
         """The furthest position this instance, at pace ``at``, may read to and stay within
-        LEAD_NS of every instance of its epoch (``instances`` of them) behind it in pace (of its work
+        ``lead_ns`` of every instance of its epoch (``instances`` of them) behind it in pace (of its work
         at this one's rate while its own is not known yet); None if none is behind. One that has passed
         this instance's next epoch's position is not behind."""
         r, cb, op = self._region, self.control, self.op
@@ -117,7 +126,7 @@ class Frontier:
             if pace >= at:
                 continue
             rate = r.load64(cb.instance_word(op, j, cbk.I_RATE)) or own_rate  # not known yet: as this one's
-            reach = pace + LEAD_NS * 1024 // rate if rate > 0 else pace
+            reach = pace + self.lead_ns * 1024 // rate if rate > 0 else pace
             limit = reach if limit is None else min(limit, reach)
         return None if limit is None else self.position_at(limit)
 

@@ -24,7 +24,7 @@ from stretch.runtime.event_time import (
     judge_of,
     producer_id,
 )
-from stretch.runtime.frontier import Frontier
+from stretch.runtime.frontier import CLAIM_PIECE_NS, LEAD_PIECES, PIECE_NS, Frontier
 from stretch.runtime.gate import Gate, Kind
 from stretch.runtime.key_group_runs import laid_out, owned_ranges, owns_all, spans
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
@@ -52,6 +52,7 @@ class KeyedInstanceTask(Task):
     retired = False  # set when a rescale removed this instance (it ended at the epoch's position)
     _parts = None
     board: BroadcastBoard | None = None  # a broadcast operator's: its broadcast state's versions
+    frontier: Frontier | None = None
 
     def build(self) -> KeyedInstanceTask:
         """Construct everything that does not depend on the instance index.
@@ -106,7 +107,7 @@ class KeyedInstanceTask(Task):
             operator.load_broadcast(self.board.before(gate.cursor(index)))
         open_function(operator, self._context(operator), stage.name)
         chain.open(self._context(operator))
-        self.frontier = Frontier(cb, op, index, epoch)
+        self.frontier = Frontier(cb, op, index, epoch, self._piece_ns)
         self.whole = stage.operator.kind in IN_ORDER  # read across keys in order: whole batches
         self.all_mine = False  # every row of the entry it reads is its own (_owns_every_row)
         self._mine = None  # its rows of the entry when scattered, or in runs of blocks read in one call
@@ -354,13 +355,17 @@ class KeyedInstanceTask(Task):
         return n, y
 
     def _size_piece(self, rows: int, took_ns: int) -> None:
-        """The next piece: about PIECE_NS of work at the rate of the last ``rows`` (growing at most
-        8x a piece)."""
-        self._piece = max(1, min(self._piece * 8, int(PIECE_NS * rows / max(took_ns, 1))))
+        """The next piece: about a piece's work (``_piece_ns``) at the rate of the last ``rows``
+        (growing at most 8x a piece)."""
+        self._piece = max(1, min(self._piece * 8, int(self._piece_ns * rows / max(took_ns, 1))))
 
     def _note_operator(self) -> None:
-        """Whether its operator takes its claims from inside a call (``ProcessOperator.go_on``)."""
+        """Whether its operator takes its claims from inside a call (``ProcessOperator.go_on``), and
+        the work of a piece it claims (``runtime.frontier``)."""
         self.claiming_operator = not self.fused and hasattr(self.operator, "go_on")
+        self._piece_ns = CLAIM_PIECE_NS if self.claiming_operator else PIECE_NS
+        if self.frontier is not None:  # a live update changed the operator
+            self.frontier.lead_ns = LEAD_PIECES * self._piece_ns
 
     def _claims_in_call(self) -> bool:
         """Whether it reads all its rows of a batch (or of a run) in one call, claimed from inside
@@ -370,7 +375,7 @@ class KeyedInstanceTask(Task):
     def _claimer(self, first: int, rows: int, sel: np.ndarray | None = None):
         """``ProcessOperator.go_on`` for a call over gate positions [first, first + rows), whose
         records are at ``sel`` among them (all of them if None): claims the next piece, about
-        ``PIECE_NS`` of work (sized by CPU time, as pieces are), after the records done; answers up
+        ``CLAIM_PIECE_NS`` of work (sized by CPU time, as pieces are), after the records done; answers up
         to which record the call may go (not past the records done once the next epoch applies
         there). Its ``reached`` is the position its last answer claimed up to."""
         clock = [time.thread_time_ns(), 0]
@@ -535,9 +540,6 @@ class KeyedInstanceTask(Task):
         cb.announce(op, index, cbk.I_ACTIVE, epoch)
 
 
-PIECE_NS = 2_000_000
-"""About the work of one piece of a batch: the longest an epoch placed while an instance reads waits
-for it (each piece is committed to before it is read)."""
 FIRST_RATE_NS = 1_000.0
 """A per-record function's work per row until it has measured its own: producers lay out the
 batches it first reads in blocks of about that (key_group_runs), not one block each, which would
