@@ -22,9 +22,9 @@ by piece from inside the call, so a claim never runs far ahead of what the insta
 The frontier is only as close to every instance as the instances are to each other. Under a
 backlog, a reader that runs faster than another (its key groups hold fewer rows, or it got more
 CPU) would read on to the gate's tail, and an epoch placed there would wait for the slower one to
-work off the whole gate. So an instance reads ahead of another by at most its *lead* of the other's
-work (from the rate each one publishes; twice the pieces it claims, ``Frontier.lead_ns``): under a backlog the slowest instance sets the operator's
-pace in any case. How far apart two instances are is measured by their *pace*, not their gate
+work off the whole gate. So an instance reads ahead of another by at most its *lead* of the
+other's work (``LEAD_PIECES`` of the pieces it claims, from the rate each one publishes): under a
+backlog the slowest instance sets the operator's pace in any case. How far apart two instances are is measured by their *pace*, not their gate
 positions: a batch is laid out by key group, so instances that read the same entry at the same
 moment are far apart in positions (each in its own run of rows) though not in time. An instance's
 pace through an entry is the share of its own rows of the entry it has claimed, spread over the
@@ -113,9 +113,9 @@ class Frontier:
 
     def lead_limit(self, at: int, instances: int) -> int | None:
         """The furthest position this instance, at pace ``at``, may read to and stay within
-        ``lead_ns`` of every instance of its epoch (``instances`` of them) behind it in pace (of its work
-        at this one's rate while its own is not known yet); None if none is behind. One that has passed
-        this instance's next epoch's position is not behind."""
+        ``lead_ns`` of every instance of its epoch (``instances`` of them) behind it in pace (of its
+        work at this one's rate while its own is not known yet); None if none is behind. One that has
+        passed this instance's next epoch's position is not behind."""
         r, cb, op = self._region, self.control, self.op
         own_rate = r.load64(self._rate)
         limit = None

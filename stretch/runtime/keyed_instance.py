@@ -375,8 +375,8 @@ class KeyedInstanceTask(Task):
     def _claimer(self, first: int, rows: int, sel: np.ndarray | None = None):
         """``ProcessOperator.go_on`` for a call over gate positions [first, first + rows), whose
         records are at ``sel`` among them (all of them if None): claims the next piece, about
-        ``CLAIM_PIECE_NS`` of work (sized by CPU time, as pieces are), after the records done; answers up
-        to which record the call may go (not past the records done once the next epoch applies
+        ``CLAIM_PIECE_NS`` of work (sized by CPU time, as pieces are), after the records done; answers
+        up to which record the call may go (not past the records done once the next epoch applies
         there). Its ``reached`` is the position its last answer claimed up to."""
         clock = [time.thread_time_ns(), 0]
         count = rows if sel is None else len(sel)
