@@ -365,8 +365,9 @@ def check(old: StageSpec, new: StageSpec, table: KeyedTable | None) -> dict:
 
 
 def entry_is_declared(entry: dict) -> bool:
-    """A state the operator's code declares, not one the engine keeps for it (its timers)."""
-    return entry["kind"] != "timer_heap"
+    """A state the operator's code declares, not one the engine keeps for it (its timers' heaps and
+    per-key sets, named ``__...`` as every state of the engine's): only those can be orphaned."""
+    return not entry["name"].startswith("__")
 
 
 def _kind(entry: dict) -> str:

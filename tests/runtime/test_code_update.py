@@ -391,7 +391,9 @@ class RemindingV2(Reminding):
     tag = "v2"
 
 
-def test_timers_set_by_the_old_code_fire_into_the_new_code():
+@pytest.mark.parametrize("drop_orphaned", [False, True])
+def test_timers_set_by_the_old_code_fire_into_the_new_code(drop_orphaned):
+    """Timers are the engine's, not states the code declares: never orphaned, never dropped."""
     records = records_of(300, 6)
     job = Job(
         lambda env: (
@@ -404,8 +406,9 @@ def test_timers_set_by_the_old_code_fire_into_the_new_code():
     )
     job.writer.write(records)
     settle(job.client, "remind", len(records))
-    report = job.client.update("remind", RemindingV2())
+    report = job.client.update("remind", RemindingV2(), drop_orphaned=drop_orphaned)
     assert report.elapsed_ms < 400
+    assert report.states_orphaned == []  # the same states: the timers' are not the code's
     time.sleep(1.0)
     out = job.finish()
     assert sorted(o[0] for o in out) == sorted({r[0] for r in records})
