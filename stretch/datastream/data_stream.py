@@ -37,6 +37,7 @@ from stretch.datastream.all_windowed_stream import AllWindowedStream
 from stretch.datastream.broadcast_stream import BroadcastConnectedStream, BroadcastStream
 from stretch.datastream.connected_streams import ConnectedStreams
 from stretch.datastream.connectors.print_sink import CollectSink, PrintSink
+from stretch.datastream.field_checks import check_fields
 from stretch.datastream.join import BandJoinedStreams, CoGroupedStreams, IntervalJoin, JoinedStreams
 from stretch.datastream.triggered_windows import TriggeredWindowOperator
 from stretch.datastream.windowing import WindowOperator
@@ -249,6 +250,7 @@ class DataStream:
         which keeps the whole path vectorized (no Python call per record)."""
         spec: dict[str, Any] = {"key_type": key_type}
         if isinstance(key_selector, (str, int)) and not isinstance(key_selector, bool):
+            check_fields(self._t.output_type, [key_selector], "key_by")
             spec["field"] = key_selector
         elif isinstance(key_selector, KeySelector) or callable(key_selector):
             spec["selector"] = key_selector
@@ -496,6 +498,7 @@ class KeyedStream(DataStream):
         fields = list(fields) if isinstance(fields, (list, tuple)) else [fields]
         if not fields or not all(isinstance(f, (int, str)) and not isinstance(f, bool) for f in fields):
             raise TypeError(f"{op} takes a field position or name (or a list of them), got {fields!r}")
+        check_fields(self._t.output_type, fields, op, numeric=op == "sum")
         spec = {"op": op, "fields": fields, "fn": kf.RollingAggregate(op, fields)}
         return self._keyed("aggregate", name, spec, self._t.output_type)
 
