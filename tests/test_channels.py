@@ -121,6 +121,22 @@ def test_channel_errors_are_clear():
         client.wait()
 
 
+def test_a_table_built_the_ordinary_way_fits_a_string_channel():
+    """pyarrow builds text with 32-bit offsets, a STRING field is stored with 64-bit ones: the
+    writer widens them (and still refuses a column of another type)."""
+    client = start("channels of plain arrow")
+    try:
+        writer = channels.open_writer(client, "clicks")
+        records = [("a", 1), ("b", 2), ("a", 3)]
+        writer.write(pa.table({"f0": [k for k, _ in records], "f1": [v for _, v in records]}))
+        with pytest.raises(ValueError, match="does not match channel 'clicks'"):
+            writer.write(pa.table({"f0": ["a"], "f1": [1.5]}))
+        writer.end()
+        assert by_key(list(channels.open_reader(client, "totals"))) == by_key(rolling(records))
+    finally:
+        client.wait()
+
+
 @pytest.mark.parametrize("direct", [False, True])
 def test_input_channels_keep_a_durable_log_in_gate_order_across_runs(direct):
     """What writers append is logged in the order the job reads it; a second run of the same job

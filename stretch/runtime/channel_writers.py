@@ -56,7 +56,7 @@ class ChannelAppender:
                 self.write(batch, txn, round)
             return
         if isinstance(data, pa.RecordBatch):
-            batch = data
+            batch = _widened(data, self.schema)
             self.check_fits(batch)
         else:
             records = list(data)
@@ -234,3 +234,24 @@ def watermark_of(batch: pa.RecordBatch) -> int | None:
     """The watermark a log entry is (``watermark_batch``), or None for records."""
     value = (batch.schema.metadata or {}).get(WATERMARK_KEY)
     return None if value is None else int(value)
+
+
+_WIDER = {(pa.string(), pa.large_string()), (pa.binary(), pa.large_binary())}
+
+
+def _widened(batch: pa.RecordBatch, schema: pa.Schema | None) -> pa.RecordBatch:
+    """The batch with its string and binary columns cast to the channel's large ones, when that is
+    all that differs: ``pa.table({"user": ["a"]})`` builds 32-bit offsets, a STRING field is
+    stored with 64-bit ones."""
+    if schema is None or batch.schema.names != schema.names:
+        return batch
+    types = []
+    for mine, theirs in zip(batch.schema.types, schema.types, strict=True):
+        if mine != theirs and (mine, theirs) not in _WIDER:
+            return batch
+        types.append(theirs)
+    if types == batch.schema.types:
+        return batch
+    fields = [f.with_type(t) for f, t in zip(batch.schema, types, strict=True)]
+    columns = [c.cast(t) for c, t in zip(batch.columns, types, strict=True)]
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields, metadata=batch.schema.metadata))
