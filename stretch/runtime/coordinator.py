@@ -394,8 +394,10 @@ class Coordinator:
         """How the job ended or is ending, as its errors say it: "job 'x' has finished"."""
         if self.status in (JobStatus.FAILED, JobStatus.FAILING):
             error = self.error
-            try:
-                detail = f": {type(error).__name__}: {error}" if error is not None else ""
+            try:  # its first line: a user function's error goes on with the worker's traceback
+                detail = (
+                    f": {type(error).__name__}: {str(error).splitlines()[0]}" if error is not None else ""
+                )
             except Exception:  # an exception whose str fails still tells its type
                 detail = f": {type(error).__name__}"
             return f"job {self.job_name!r} failed{detail}"

@@ -243,6 +243,28 @@ def test_a_cancelled_job_says_so_to_a_rescale():
         client.rescale("busy", 3)
 
 
+class Failing(KeyedProcessFunction):
+    def process_element(self, value, ctx):
+        raise ZeroDivisionError("user code says no")
+
+
+def test_a_failed_job_says_how_in_one_line_to_a_rescale():
+    """The user function's error, not the worker's traceback that comes with it."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    source = env.from_source(ChannelSource("in", PAIR), None, "in")
+    source.key_by(0).process(Failing()).name("fails").sink_to(ChannelSink("out"))
+    client = env.execute_async("frontier failed")
+    writer = channels.open_writer(client, "in")
+    writer.write([(1, 2)])
+    with pytest.raises(Exception, match="user code says no"):
+        client.wait(60)
+    with pytest.raises(JobEnded) as ended:
+        client.rescale("fails", 2)
+    message = str(ended.value)
+    assert "\n" not in message and message.startswith("job 'frontier failed' failed: ")
+    assert "ZeroDivisionError: user code says no" in message and message.endswith(": it cannot be rescaled")
+
+
 def _pairs(i: int, n: int) -> pa.RecordBatch:
     idx = np.arange(i, i + n, dtype=np.int64)
     return pa.record_batch([pa.array(idx % KEYS), pa.array(idx)], names=["f0", "f1"])
