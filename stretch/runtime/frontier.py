@@ -24,9 +24,10 @@ backlog, a reader that runs faster than another (its key groups hold fewer rows,
 CPU) would read on to the gate's tail, and an epoch placed there would wait for the slower one to
 work off the whole gate. So an instance reads ahead of another by at most its *lead* of the
 other's work (``LEAD_PIECES`` of the pieces it claims, from the rate each one publishes): under a
-backlog the slowest instance sets the operator's pace in any case. How far apart two instances are is measured by their *pace*, not their gate
-positions: a batch is laid out by key group, so instances that read the same entry at the same
-moment are far apart in positions (each in its own run of rows) though not in time. An instance's
+backlog the slowest instance sets the operator's pace in any case. How far apart two instances
+are is measured by their *pace*, not their gate positions: a batch is laid out by key group, so
+instances that read the same entry at the same moment are far apart in positions (each in its own
+run of rows) though not in time. An instance's
 pace through an entry is the share of its own rows of the entry it has claimed, spread over the
 entry's positions; outside an entry, and for rows not laid out in runs, it is the position itself.
 The frontier thus stays within a lead and one run of rows of every instance, and a run is one
