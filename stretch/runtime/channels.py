@@ -22,7 +22,7 @@ from stretch.runtime.channel_log import ChannelLog, LogTail
 from stretch.runtime.channel_writers import ChannelLogWriter
 from stretch.runtime.event_time import MAX_WATERMARK, producer_id
 from stretch.runtime.gate import Gate, Kind
-from stretch.runtime.input_logger import InputLogger
+from stretch.runtime.input_logger import InputLogger, LogProgress
 from stretch.runtime.publisher import ChannelPublisher
 from stretch.runtime.state_dir import JobDir
 from stretch.runtime.transactions import TxnResults, name_of, txn_of
@@ -104,7 +104,7 @@ class JobChannels:
                     self.log_locations[name] = (str(log.dir), tail.name)
                     self.log_starts[stage.id] = log.end_offset
                     self.input_logs[stage.id] = log
-                self.loggers.append(InputLogger(name, g, 1, log, tail=tail))
+                self._add_logger(name, g, 1, log, tail=tail)
 
     def poke_sources(self) -> None:
         """Wake the sources reading input channel logs (LogTail.poke)."""
@@ -171,7 +171,12 @@ class JobChannels:
             if getattr(stage.source, "durable", False):
                 gate = gates[stage.chain[0].gate]
                 log = self.log(name, "in")
-                self.loggers.append(InputLogger(name, gate, gate.logger_slot, log, producer_id(stage.id, 0)))
+                self._add_logger(name, gate, gate.logger_slot, log, producer_id(stage.id, 0))
+
+    def _add_logger(self, name: str, gate: Gate, reader: int, log: ChannelLog, producer=None, tail=None) -> None:
+        progress = LogProgress.create(self.job.prefix, log.end_offset, 0)
+        self.job.add_segment(progress.segment)
+        self.loggers.append(InputLogger(name, gate, reader, log, progress, producer, tail))
 
     def writer_for(self, sink) -> ChannelLogWriter | None:
         """The job's writer of an output channel sink (None: the sink is not a channel)."""
