@@ -7,8 +7,10 @@ job's dead-letter channel and the stage goes on with the next record.
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -24,8 +26,21 @@ class StepError(Exception):
         self.key = key
         self.cause = cause
         self.what = what
-        self.user_traceback = "".join(traceback.format_exception(cause))
+        self.user_traceback = user_traceback(cause)
         super().__init__(describe_failure(operator, record, key, cause, what))
+
+
+_ENGINE = str(Path(__file__).resolve().parents[1]) + os.sep  # the stretch package's files
+
+
+def user_traceback(cause: BaseException) -> str:
+    """The traceback of a user function's error from its first frame outside the engine: the
+    engine's frames that called the function say nothing to its author (all of them are kept when
+    the error arose in the engine itself)."""
+    tb = cause.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_ENGINE):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(cause), cause, tb or cause.__traceback__))
 
 
 def describe_failure(operator: str, record, key, cause: BaseException, what: str = "user function") -> str:

@@ -9,10 +9,12 @@ import random
 import re
 import signal
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+import stretch
 from stretch import channels
 from stretch.common import Types
 from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment
@@ -118,6 +120,11 @@ def test_fail_policy_names_operator_function_key_and_record():
     message = str(info.value)
     assert "map function" in message and "ZeroDivisionError" in message
     assert "record (1, 11)" in message and "User code traceback" in message
+    user_part = message.split("User code traceback (worker process):\n", 1)[1]
+    frames = [line for line in user_part.splitlines() if line.lstrip().startswith("File ")]
+    engine = str(Path(stretch.__file__).parent) + os.sep
+    assert frames and all(engine not in f for f in frames)  # the user's frames, not the engine's
+    assert __file__ in frames[0]
 
 
 def test_dead_letters_are_exactly_once_across_a_worker_kill():
