@@ -266,16 +266,17 @@ def job_nodes(
     logs stay readable); each runs it as ``<job>@<node>``. ``address``, ``secret``, ``tls``: as
     for ClusterConnection."""
     with ClusterConnection(address, secret, tls) as connection:
-        return nodes_of(connection.jobs(), job, address)
+        return job_runs(connection, job, address)[1]
 
 
-def nodes_of(jobs: dict, job: str, address: str | Path) -> list[str]:
-    """``job_nodes`` from the cluster's jobs as ``ClusterConnection.jobs()`` answered them, for a
-    caller that reads the job's entry too (one lookup)."""
+def job_runs(connection: ClusterConnection, job: str, address: str | Path) -> tuple[dict, list[str]]:
+    """The job's entry among the cluster's jobs (``node_job``, ``node_output`` read it) and
+    ``job_nodes``, in one lookup."""
+    jobs = connection.jobs()
     nodes = jobs.get(job, {}).get("nodes")
     if not nodes:
         raise LookupError(f"the cluster at {address} runs no job {job!r} (jobs: {sorted(jobs)})")
-    return nodes
+    return jobs[job], nodes
 
 
 def node_job(entry: dict, job: str, node: str) -> str:

@@ -23,7 +23,7 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 
 from stretch.channels import OutputLog
 from stretch.cluster.addresses import is_url
-from stretch.cluster.client import ClusterConnection, node_job, node_output, nodes_of
+from stretch.cluster.client import ClusterConnection, job_runs, node_job, node_output
 from stretch.jobs import find
 from stretch.spark.options import cluster_credentials, job_and_channel
 from stretch.spark.schemas import spark_values
@@ -56,11 +56,6 @@ class _Cluster:
     def connection(self) -> ClusterConnection:
         return ClusterConnection(self.address, self.secret, self.tls)
 
-    def job_runs(self, connection: ClusterConnection, job: str) -> tuple[dict, list[str]]:
-        """The job's entry among the cluster's jobs and the nodes it ran on, in one lookup."""
-        jobs = connection.jobs()
-        return jobs.get(job, {}), nodes_of(jobs, job, self.address)
-
 
 class _ClusterChannel(_Cluster):
     def __init__(self, options, schema):
@@ -76,7 +71,7 @@ class _ClusterChannel(_Cluster):
         (and ``log``, its directory, on this host)."""
         out = {}
         with self.connection() as c:
-            entry, nodes = self.job_runs(c, self.job)
+            entry, nodes = job_runs(c, self.job, self.address)
             if self.remote:
                 for node in nodes:
                     out[node] = c.output_info(node, self.job, self.channel)
@@ -159,7 +154,7 @@ class ClusterStateReader(_Cluster, DataSourceReader):
         self.job, self.operator = options["job"], options["state"]
         self.locations = []
         with self.connection() as c:
-            entry, nodes = self.job_runs(c, self.job)
+            entry, nodes = job_runs(c, self.job, self.address)
             running = c.locations() if self.remote else None
         if self.remote:
             self.nodes = [n for n in nodes if n in running]

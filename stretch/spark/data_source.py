@@ -6,7 +6,7 @@ from pyspark.sql.datasource import DataSource
 
 from stretch.channels import output_schema
 from stretch.cluster.addresses import is_url
-from stretch.cluster.client import ClusterConnection, node_job, node_output, nodes_of
+from stretch.cluster.client import ClusterConnection, job_runs, node_job, node_output
 from stretch.cluster.output_logs import decode_schema
 from stretch.jobs import JobNotFound
 from stretch.spark.checkpoint_source import CheckpointStateReader, checkpoint_schema
@@ -54,9 +54,8 @@ class StretchDataSource(DataSource):
         for its state): found by the run's job id, never another cluster's job of that name."""
         address = self.options["cluster"]
         with ClusterConnection(address) as connection:
-            jobs = connection.jobs()
-        entry = jobs.get(job, {})
-        for node in nodes_of(jobs, job, address):
+            entry, nodes = job_runs(connection, job, address)
+        for node in nodes:
             if not self.options.get("state"):
                 channel = self._required("channel")
                 return spark_ddl(output_schema(job, channel, where=node_output(entry, job, node, channel)))
