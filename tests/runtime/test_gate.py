@@ -445,3 +445,39 @@ def test_a_nudge_wakes_a_waiting_reader_without_an_entry(make_gate):
     since = g.wake_count()
     g.append_control(Kind.WATERMARK, 0, 1)
     assert g.wait(0, timeout=5, since=since)  # an entry arrived: readable
+
+
+def _stream_bytes(batch: pa.RecordBatch) -> int:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().size
+
+
+def _shapes() -> list[pa.RecordBatch]:
+    rng = random.Random(7)
+    n = 300
+    ints = pa.array([rng.randrange(1 << 40) if rng.random() > 0.1 else None for _ in range(n)], pa.int64())
+    text = pa.array([("x" * rng.randrange(30)) if rng.random() > 0.2 else None for _ in range(n)])
+    nested = pa.array([{"a": [i, i + 1], "b": str(i)} for i in range(n)])
+    labelled = pa.record_batch({"n": ints}).replace_schema_metadata({"k": "v" * 50})
+    kg = pa.field("__kg", pa.uint16(), metadata={b"stretch.kg_runs": b"1"})
+    return [
+        pa.record_batch({"n": ints, "s": text, "t": nested}),
+        pa.record_batch({"n": ints, "s": text}).slice(17, 101),  # buffers shared with the whole
+        pa.record_batch({"b": pa.array([True, False, None] * 7)}),
+        pa.record_batch({"n": ints}).slice(0, 0),
+        labelled,
+        pa.record_batch([ints, pa.array(range(n), pa.uint16())], schema=pa.schema([("n", pa.int64()), kg])),
+        pa.record_batch({"d": pa.array(["a", "b", None, "a"] * 20).dictionary_encode()}),
+        pa.record_batch(
+            {"l": pa.array([["a", "b"], ["b"]] * 5, pa.list_(pa.dictionary(pa.int8(), pa.string())))}
+        ),
+    ]
+
+
+@pytest.mark.parametrize("i", range(len(_shapes())))
+def test_an_entrys_size_is_its_ipc_streams(i):
+    """The gate sizes an entry without writing it: the size must be the stream's to the byte."""
+    batch = _shapes()[i]
+    assert gate_module._ipc_size(batch) == _stream_bytes(batch)
