@@ -148,13 +148,9 @@ class JobRegistry:
         jobs = files.jobs()
         entry = jobs.setdefault(job, {})
         entry["nodes"] = [*entry.get("nodes", []), *(n for n in started if n not in entry.get("nodes", []))]
-        entry.setdefault("starts", {}).update({n: r.get("outputs", {}) for n, r in started.items()})
+        entry.setdefault("starts", {}).update({n: r["outputs"] for n, r in started.items()})
         entry.setdefault("runs", {}).update(
-            {
-                n: {"job_id": r["job_id"], "logs": r.get("logs", {})}
-                for n, r in started.items()
-                if "job_id" in r
-            }
+            {n: {"job_id": r["job_id"], "logs": r["logs"]} for n, r in started.items()}
         )
         files.write(JOBS, jobs)
         for node in started:  # the input channels its user ended before
