@@ -28,6 +28,11 @@ class JobEnded(RuntimeError):
     asked (a rescale, an update, a checkpoint): the message names the job and says how it ended."""
 
 
+class UnknownOperator(LookupError):
+    """The job has no operator of the name a rescale, an update or a state query gave: the message
+    lists the ones it has. Not a KeyError, whose message Python prints in quotes."""
+
+
 class InputEnded(RuntimeError):
     """A rescale or a live update found nothing left to read where it could apply: the operator's
     instances have read (or are reading) the end of its input. The message says which."""

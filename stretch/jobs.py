@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stretch.errors import UpdateRefused
+from stretch.errors import UnknownOperator, UpdateRefused
 from stretch.runtime.control_socket import request, running_jobs
 
 if TYPE_CHECKING:
@@ -243,6 +243,7 @@ class QueryableState:
 
 _REFUSALS = {
     "UpdateRefused": UpdateRefused,
+    "UnknownOperator": UnknownOperator,
     "LookupError": LookupError,
     "ValueError": ValueError,
     "TypeError": TypeError,

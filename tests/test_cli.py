@@ -147,6 +147,9 @@ def test_scale_from_a_second_process_and_its_errors():
         ]:
             result = stretch("scale", *args, check=False)
             assert result.returncode != 0 and message in result.stderr, (args, result.stderr)
+            assert result.stderr.startswith("stretch: ") and result.stderr.count("\n") == 1
+        unknown = stretch("scale", job, "nope", "2", check=False).stderr
+        assert unknown == "stretch: no operator named 'nope' in this job (keyed operators: totals)\n"
     finally:
         client.cancel()
     ended = stretch("scale", job, "totals", "2", check=False)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stretch.common.typeinfo import TypeInformation
+from stretch.errors import UnknownOperator
 from stretch.plan.graph import Transformation, reachable
 
 STATELESS = ("map", "flat_map", "filter", "assign", "stateless_process")
@@ -101,8 +102,8 @@ class JobPlan:
         for s in self.stages:
             if s.name == name:
                 return s
-        known = ", ".join(s.name for s in self.stages if s.kind == "keyed")
-        raise KeyError(f"no operator named {name!r} in this job (keyed operators: {known})")
+        known = ", ".join(s.name for s in self.stages if s.kind == "keyed") or "none"
+        raise UnknownOperator(f"no operator named {name!r} in this job (keyed operators: {known})")
 
 
 def compile_plan(

@@ -29,7 +29,7 @@ from stretch.contracts.functions import (
     MapFunction,
     ProcessFunction,
 )
-from stretch.errors import UpdateRefused
+from stretch.errors import UnknownOperator, UpdateRefused
 from stretch.plan.stages import JobPlan, StageSpec, Step, walk_steps
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
 from stretch.runtime.state_dir import make_private_dir, write_private
@@ -58,7 +58,7 @@ def target(plan: JobPlan, name: str) -> tuple[StageSpec, str]:
     if not found:
         keyed = [s.name for s in plan.stages if s.kind == "keyed"]
         steps = sorted({step.name for s in plan.stages for step in walk_steps(s.chain) if step.kind in STEPS})
-        raise KeyError(
+        raise UnknownOperator(
             f"no operator named {name!r} in this job (keyed operators: {', '.join(keyed) or 'none'}; "
             f"chained steps: {', '.join(steps) or 'none'})"
         )

@@ -450,16 +450,13 @@ class Coordinator:
 
     def state_location(self, operator) -> dict:
         """Where another process reads an operator's keyed state (queryable state)."""
-        try:
-            stage = self.plan.stage(operator)
-        except KeyError:
-            stage = None
+        stage = next((s for s in self.plan.stages if s.name == operator), None)
         if stage is None or stage.id not in self.arenas:
-            keyed = [s.name for s in self.plan.stages if s.id in self.arenas]
+            keyed = ", ".join(s.name for s in self.plan.stages if s.id in self.arenas) or "none"
             return {
                 "ok": False,
                 "error": f"job has no keyed operator {operator!r} (keyed operators: {keyed})",
-                "type": "LookupError",
+                "type": "UnknownOperator",
             }
         return {"ok": True, "arena": self.arenas[stage.id].name, "max_parallelism": stage.max_parallelism}
 

@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from stretch.errors import UpdateRefused
+from stretch.errors import UnknownOperator, UpdateRefused
 from stretch.runtime.control_socket import Connection
 from stretch.runtime.metrics import render
 
@@ -203,8 +203,9 @@ def _with_progress(conn: Connection | None, operation):
 
 def _kind(e: BaseException) -> str:
     """The exception a client raises for this refusal."""
-    if isinstance(e, UpdateRefused):
-        return "UpdateRefused"
+    for kind in (UpdateRefused, UnknownOperator):
+        if isinstance(e, kind):
+            return kind.__name__
     for kind in (TimeoutError, LookupError, TypeError, ValueError):
         if isinstance(e, kind):
             return kind.__name__

@@ -30,7 +30,7 @@ from stretch.datastream import (
 )
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.state import ListStateDescriptor, ValueStateDescriptor
-from stretch.errors import UpdateRefused
+from stretch.errors import UnknownOperator, UpdateRefused
 from tests.runtime.test_rescale import Job
 
 RECORD = Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()])  # key, value, position
@@ -234,7 +234,7 @@ def test_refused_updates_change_nothing_and_a_dry_run_only_checks():
             job.client.update("count", function)
     with pytest.raises(UpdateRefused, match="feeds"):
         job.client.update("count", Doubling(), output_type=Types.STRING())
-    with pytest.raises(KeyError, match="no operator named 'nope'"):
+    with pytest.raises(UnknownOperator, match="no operator named 'nope'"):
         job.client.update("nope", Doubling())
     dry = job.client.update("count", Orphaning(), dry_run=True)
     assert dry.dry_run and dry.states_orphaned == ["total"] and dry.states_added == []
@@ -362,7 +362,7 @@ def test_a_chained_step_switches_at_the_record(where):
 def test_an_unknown_name_lists_the_operators_and_steps():
     job = counting_job("unknown update target", 1)
     job.writer.write(records_of(10, 1))
-    with pytest.raises(KeyError, match="keyed operators: count; chained steps: none"):
+    with pytest.raises(UnknownOperator, match="keyed operators: count; chained steps: none"):
         job.client.update("nope", Doubling())
     job.finish()
 

@@ -209,6 +209,32 @@ def test_a_rescale_under_a_long_backlog_reports_progress_and_completes(tmp_path)
             client.cancel()
 
 
+def test_an_unknown_operator_is_refused_the_same_way_however_it_is_asked():
+    """A rescale, an update or a state query of an operator the job lacks: an UnknownOperator (a
+    LookupError, not a KeyError, which Python prints in quotes) listing the job's operators, from
+    the job's own client and from another process's handle alike; the job goes on."""
+    from stretch.errors import UnknownOperator
+
+    client = _start("unknown operator")
+    remote = jobs.find(client.get_job_id())  # over the control socket, as another process asks
+    asks = {
+        "rescale": lambda: client.rescale("nope", 2),
+        "update": lambda: client.update("nope", lambda r: r),
+        "query_state": lambda: client.query_state("nope"),
+        "remote rescale": lambda: remote.rescale("nope", 2),
+        "remote update": lambda: remote.update("nope", "builtins:print"),
+        "remote state": lambda: remote.state_location("nope"),
+    }
+    for what, ask in asks.items():
+        with pytest.raises(UnknownOperator) as refused:
+            ask()
+        assert not isinstance(refused.value, KeyError), what
+        message = str(refused.value)
+        assert "'nope'" in message and "totals" in message and not message.startswith(('"', "'")), what
+        assert "\n" not in message, what
+    _finish_exactly(client)
+
+
 def test_fuzzing_the_control_socket_never_fails_the_job():
     """Random frames, random JSON shapes, clients that vanish mid-frame or never read, for a few
     seconds while the job works; then the job finishes with exactly the reference results."""

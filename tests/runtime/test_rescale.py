@@ -15,6 +15,7 @@ from stretch import channels
 from stretch.common import Types
 from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
+from stretch.errors import UnknownOperator
 from stretch.state.key_groups import key_group
 
 # the every-state function and its reference from the keyed-process tests
@@ -315,7 +316,7 @@ def test_rescale_errors(bad):
     try:
         with pytest.raises(ValueError, match=r"parallelism must be an int in 1\.\.128"):
             job.client.rescale("op", bad)
-        with pytest.raises(KeyError, match="no operator named 'nope'"):
+        with pytest.raises(UnknownOperator, match="no operator named 'nope'"):
             job.client.rescale("nope", 2)
     finally:
         job.finish()
