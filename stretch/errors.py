@@ -28,6 +28,12 @@ class JobEnded(RuntimeError):
     asked (a rescale, an update, a checkpoint): the message names the job and says how it ended."""
 
 
+class UnpicklableFunction(TypeError):
+    """A user function (a lambda, a function class, a key selector, a source) cannot be shipped to
+    the worker processes because it, or something it captures, does not pickle: the message names
+    the operator and what it captures; ``__cause__`` is pickle's error."""
+
+
 class UnknownOperator(LookupError):
     """The job has no operator of the name a rescale, an update or a state query gave: the message
     lists the ones it has. Not a KeyError, whose message Python prints in quotes."""

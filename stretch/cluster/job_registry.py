@@ -15,7 +15,7 @@ from stretch.cluster.forward_log import ForwardLog
 from stretch.cluster.forward_sink import ForwardSink
 from stretch.cluster.key_routes import encode_routes
 from stretch.cluster.node_plans import broadcast_channels, cluster_inputs
-from stretch.common import user_code
+from stretch.plan.shipping import pickled
 from stretch.runtime.state_dir import job_dir_name, write_private
 
 
@@ -55,7 +55,7 @@ class JobRegistry:
         # handoff's barrier needs, and the node journals what it takes
         node_config = dataclasses.replace(config, checkpointing=False, restore=False)
         spec = {"name": name, "plan": plan, "config": node_config, "checkpointed": checkpointed}
-        blob = user_code.dumps(spec)
+        blob = pickled(spec, plan.stages)  # a function that does not pickle is named
         self.specs[name] = blob
         self.outputs[name] = [s.sink.channel_name for s in plan.sinks if hasattr(s.sink, "channel_name")]
         jobs = c.files.jobs()

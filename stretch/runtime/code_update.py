@@ -20,7 +20,6 @@ from pathlib import Path
 
 import cloudpickle
 
-from stretch.common import user_code
 from stretch.contracts.functions import (
     FilterFunction,
     FlatMapFunction,
@@ -30,6 +29,7 @@ from stretch.contracts.functions import (
     ProcessFunction,
 )
 from stretch.errors import UnknownOperator, UpdateRefused
+from stretch.plan.shipping import pickled_stage
 from stretch.plan.stages import JobPlan, StageSpec, Step, walk_steps
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
 from stretch.runtime.state_dir import make_private_dir, write_private
@@ -211,7 +211,7 @@ class CodeHistory:
 
     def _save(self, stage: StageSpec, version: int, source: str) -> None:
         stage = dataclasses.replace(stage, code_version=version)
-        self.record(stage, self.write(stage, user_code.dumps(stage), source))
+        self.record(stage, self.write(stage, pickled_stage(stage), source))
         self.save_index()
 
     def next_version(self, stage: StageSpec) -> int:

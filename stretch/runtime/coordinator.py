@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 
 from stretch import _shm as shm
-from stretch.common import user_code
 from stretch.common.job_status import JobStatus
 from stretch.errors import JobEnded, JobExecutionError
+from stretch.plan.shipping import pickled_stage
 from stretch.plan.stages import JobPlan
 from stretch.runtime.channels import JobChannels
 from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore
@@ -197,7 +197,7 @@ class Coordinator:
             self.restored_from = restore["id"]
         self.channels.pin_inputs(self.loop.positions)  # what a recovery would read again
         self.channels.log_direct_inputs(self.gates)
-        self.stage_blobs = {s.id: user_code.dumps(s) for s in plan.stages}
+        self.stage_blobs = {s.id: pickled_stage(s) for s in plan.stages}
         self.channels.publisher.create()
         self._server = ControlServer(
             self.socket_path,
@@ -435,7 +435,7 @@ class Coordinator:
         told to run)."""
         ids = [s.id for s in self.plan.stages] if stage_id is None else [stage_id]
         for sid in ids:
-            self.stage_blobs[sid] = blob if blob is not None else user_code.dumps(self.plan.stages[sid])
+            self.stage_blobs[sid] = blob if blob is not None else pickled_stage(self.plan.stages[sid])
 
     def in_job_thread(self, fn, *args) -> None:
         """Run ``fn(*args)`` in the job's thread, in order with its events."""

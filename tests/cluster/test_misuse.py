@@ -3,12 +3,17 @@ or left behind (no node's traceback in the message, no node process for a closed
 
 from __future__ import annotations
 
+import threading
+
 import pyarrow.flight as flight
 import pytest
 
 from stretch.cluster import StretchCluster
-from stretch.errors import JobExecutionError
-from tests.cluster.jobs import count_sum_job, failing_job
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors import DiscardingSink
+from stretch.datastream.connectors.channel import ChannelSource
+from stretch.errors import JobExecutionError, UnpicklableFunction
+from tests.cluster.jobs import PAIR, count_sum_job, failing_job
 
 
 def test_wrong_names_empty_state_and_a_failed_job_say_what_happened(tmp_path):
@@ -25,6 +30,12 @@ def test_wrong_names_empty_state_and_a_failed_job_say_what_happened(tmp_path):
         ) as e:
             client.end("nope")
         assert "Traceback" not in str(e.value)
+        lock = threading.Lock()
+        unshippable = StreamExecutionEnvironment.get_execution_environment()
+        keyed = unshippable.from_source(ChannelSource("in", PAIR), None, "in").key_by(0).sum(1)
+        keyed.map(lambda r: (lock, r)[1], PAIR).name("guarded").sink_to(DiscardingSink())
+        with pytest.raises(UnpicklableFunction, match="map function of operator 'guarded' cannot be shipped"):
+            unshippable.execute_async("unshippable", cluster=cluster)
         failing = failing_job().execute_async("fails", cluster=cluster)
         with failing.writer("in") as w:
             w.write([("a", 1), ("b", 13), ("c", 2)])
