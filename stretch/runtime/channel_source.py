@@ -8,7 +8,9 @@ run never logged (runtime.transactions).
 
 from __future__ import annotations
 
+from stretch.plan.stages import walk_steps
 from stretch.runtime.channel_log import ChannelLog, LogTail
+from stretch.runtime.frontier import CLAIM_PIECE_NS
 from stretch.runtime.gate import Kind
 from stretch.runtime.transactions import txn_of
 
@@ -50,6 +52,20 @@ def read_log(context, name: str):
 
 def read_gate(context, name: str):
     gate = context.channel_gate(name)
+    into = _one_gate(context)
+
+    def read(seq: int):
+        """Entry ``seq``, or small ones queued joined: up to a claim piece of the work of the keyed
+        operator they go to, once it measured its rate: a rescale's epoch may wait for as much as
+        a joined entry's work (an instance none of whose rows it holds claims it whole)."""
+        if into is False:
+            return gate.read(seq), seq
+        if into is None:
+            return gate.read_joined(seq)
+        if not into.read_rate_measured:
+            return gate.read(seq), seq
+        return gate.read_joined(seq, int(CLAIM_PIECE_NS / into.read_ns_per_row))
+
     seq = gate.cursor(0)
     while True:
         if not gate.wait(seq, timeout=0.1):
@@ -57,11 +73,35 @@ def read_gate(context, name: str):
                 return
             yield None  # nothing yet: lets watermark generators notice idleness
             continue
-        entry = gate.read(seq)
+        entry, seq = read(seq)
         if entry.kind is Kind.END_OF_STREAM:
             gate.advance(0, seq + 1)
             return
         if entry.kind is Kind.DATA:
-            yield entry.batch  # zero-copy: processed before the cursor moves past it
+            yield entry.batch  # zero-copy if alone: processed before the cursor moves past it
         seq += 1
         gate.advance(0, seq)
+
+
+def _one_gate(context):
+    """The keyed operator's gate the source's records all go to; None if they all go to one sink;
+    False if small entries are read alone (``cut_unseen``)."""
+    chain = context.stage.chain
+    if not cut_unseen(chain):
+        return False
+    end = next(s for s in walk_steps(chain) if s.kind in _ENDS)
+    return context.attached.gate(context.res.gates[end.gate]) if end.kind == "to_gate" else None
+
+
+_ENDS = ("to_gate", "to_sink", "to_chained_sink")
+
+
+def cut_unseen(chain) -> bool:
+    """Whether a source's chain hands every record to one place without assigning timestamps:
+    then how its input is cut into batches is not seen downstream, and the small entries queued
+    in a channel's gate may be read as one (``Gate.read_joined``). Not so where a watermark
+    follows each batch, or where a batch's records go to two places (a broadcast and a keyed
+    stream, side outputs) in an order per batch."""
+    steps = list(walk_steps(chain))
+    ends = [s for s in steps if s.kind in _ENDS]
+    return len(ends) == 1 and not any(s.kind in ("assign", "side") for s in steps)

@@ -68,6 +68,7 @@ _H_LOCK = 64
 _H_TAIL, _H_DATA_TAIL, _H_CLOSED, _H_POSITION = 128, 136, 144, 152
 _H_END = 160  # 1 + the position of the end-of-stream entry, 0 before one is appended
 _H_READ_NS = 168  # the readers' recent work per row, ns x 1024 (0: not known yet)
+_H_READ_MEASURED = 176  # 1 once that work was measured (before: a guess, or nothing)
 _H_PUB_FUTEX, _H_READERS_SLEEPING = 192, 196
 _H_SPACE_FUTEX, _H_PRODUCERS_SLEEPING = 256, 260
 _H_REASON_LEN, _H_REASON = 272, 280  # why the gate was closed: UTF-8 text, up to the reader cursors
@@ -78,6 +79,10 @@ _SLOT_WORDS = 9  # seq, kind, pos, len, arg0, arg1, input_index, rows, start (po
 _ALIGN = 64
 _INACTIVE = -1
 _POLL = 0.05  # futex waits re-check at this period; wakes are normally immediate
+SMALL_ROWS = 256
+"""A data entry of fewer rows is small: its reader's fixed costs a call outweigh its rows'."""
+JOINED_ROWS = 4096
+"""The most rows of small entries ``read_joined`` reads as one, unless told fewer."""
 IPC_OPTIONS = pa.ipc.IpcWriteOptions()
 """Arrow's defaults, made once: without options each stream writer reads two environment
 variables and builds its own (a few microseconds an append)."""
@@ -250,8 +255,14 @@ class Gate:
         blocks they lay batches out in by it (``key_group_runs.block_rows``)."""
         return self.region.load64(_H_READ_NS) / 1024
 
-    def note_read_rate(self, ns_per_row: float) -> None:
+    @property
+    def read_rate_measured(self) -> bool:
+        """Whether ``read_ns_per_row`` was measured, not guessed (before its readers had read)."""
+        return bool(self.region.load64(_H_READ_MEASURED))
+
+    def note_read_rate(self, ns_per_row: float, measured: bool = True) -> None:
         self.region.store64(_H_READ_NS, max(1, int(ns_per_row * 1024)))
+        self.region.store64(_H_READ_MEASURED, int(measured))
 
     def instance_readers(self) -> int:
         """How many operator instances read the gate: active cursors, not the logger's or a pin."""
@@ -441,6 +452,37 @@ class Gate:
                 data = pa.py_buffer(data.to_pybytes())
             batch = pa.ipc.open_stream(data).read_next_batch()
         return Entry(seq, kind, batch, int(s[4]), int(s[5]), int(s[6]), int(s[8]))
+
+    def read_joined(self, seq: int, most: int = JOINED_ROWS) -> tuple[Entry, int]:
+        """Entry ``seq``, joined, if it is a small data entry, by the small data entries already
+        queued right behind it of the same transaction and schema (never waiting for one): one
+        entry over their positions, its batch a copy; and the last one's seq. A writer that writes
+        a record at a time makes an entry each, and each entry costs its reader a call (hundreds of
+        microseconds through a keyed operator): under load, the entries waiting are read as one,
+        up to ``most`` rows."""
+        entry = self.read(seq)
+        batch, end = entry.batch, entry.end
+        if entry.kind is not Kind.DATA or not 0 < batch.num_rows < SMALL_ROWS:
+            return entry, seq
+        parts, rows, tail = [batch], batch.num_rows, self.tail
+        while seq + 1 < tail and rows < most:
+            following = self.read(seq + 1)
+            part = following.batch
+            if (
+                following.kind is not Kind.DATA
+                or following.arg1 != entry.arg1
+                or following.start != end
+                or not 0 < part.num_rows < SMALL_ROWS
+                or not part.schema.equals(batch.schema, check_metadata=True)
+            ):
+                break
+            parts.append(part)
+            rows += part.num_rows
+            end, seq = following.end, seq + 1
+        if len(parts) == 1:
+            return entry, seq
+        batch = pa.concat_batches(parts)
+        return Entry(entry.seq, Kind.DATA, batch, entry.arg0, entry.arg1, entry.input_index, entry.start), seq
 
     def payload(self, seq: int) -> pa.Buffer:
         """A data entry's Arrow IPC stream bytes, as appended (a view, like ``read``'s batch)."""

@@ -88,7 +88,7 @@ class KeyedInstanceTask(Task):
         self.fused = hasattr(operator, "process_owned")
         self._note_operator()
         if self.claiming_operator and not gate.read_ns_per_row:  # blocks from the first batches on
-            gate.note_read_rate(FIRST_RATE_NS)
+            gate.note_read_rate(FIRST_RATE_NS, measured=False)
         outputs.producer = index + 1
         outputs.producer_id = producer_id(stage.id, index)
         epoch = self.a.epoch
@@ -136,7 +136,9 @@ class KeyedInstanceTask(Task):
                 continue
             if self.should_stop():  # cancelled: stop now, not after draining the backlog
                 raise Stopped()
-            entry = gate.read(seq)
+            entry, seq = (
+                gate.read_joined(seq, self._joinable()) if self.board is None else (gate.read(seq), seq)
+            )
             here = max(here, entry.start)
             if entry.kind is Kind.DATA:
                 outputs.txn = entry.arg1
@@ -174,6 +176,11 @@ class KeyedInstanceTask(Task):
         stats[cbk.I_STATE] = cbk.DONE
 
     # ---- reading up to the next epoch ---------------------------------------------------------
+    def _joinable(self) -> int:
+        """How many rows of small entries queued to read as one: about a claim piece of work at
+        its rate (an epoch waits for what an instance claimed), none before it knows its rate."""
+        return int(CLAIM_PIECE_NS / self._rate) if self._rate else 0
+
     def _waiting(self) -> None:
         if self.should_stop():
             raise Stopped()

@@ -481,3 +481,47 @@ def test_an_entrys_size_is_its_ipc_streams(i):
     """The gate sizes an entry without writing it: the size must be the stream's to the byte."""
     batch = _shapes()[i]
     assert gate_module._ipc_size(batch) == _stream_bytes(batch)
+
+
+def _pairs(start: int, n: int) -> pa.RecordBatch:
+    return pa.record_batch({"k": pa.array([i % 3 for i in range(start, start + n)], pa.int64())})
+
+
+def test_small_entries_queued_are_read_as_one_up_to_what_must_stay_apart(make_gate):
+    g = make_gate(slots=64, data=1 << 20)
+    g.open_reader(0, 0)
+    plain = [_pairs(0, 1), _pairs(1, 2), _pairs(3, 1)]
+    tagged = plain[0].replace_schema_metadata({"stretch.txn": "7"})
+    appended = [
+        *[(b, 0) for b in plain],  # joined
+        (pa.record_batch({"k": pa.array([], pa.int64())}), 0),  # no rows: alone
+        (_pairs(4, 1), 5),  # another transaction's rows: apart from the next
+        (_pairs(5, 1), 6),
+        (tagged, 0),  # another schema (metadata): apart
+        (_pairs(6, 300), 0),  # not small: alone
+        (_pairs(306, 2), 0),
+        (_pairs(308, 1), 0),  # joined, up to the watermark
+    ]
+    for batch, txn in appended:
+        g.append_batch(batch, txn=txn)
+    g.append_control(Kind.WATERMARK, 1, 100)
+    g.append_batch(_pairs(309, 1))
+    read, seq = [], 0
+    while seq < g.tail:
+        entry, last = g.read_joined(seq)
+        read.append((entry.kind, entry.batch.to_pylist() if entry.batch is not None else None, entry.start))
+        assert entry.end == g.start_of(last + 1)  # one entry over the positions of those it joins
+        seq = last + 1
+    rows = lambda *bs: [r for b in bs for r in b.to_pylist()]  # noqa: E731
+    starts = [g.start_of(s) for s in range(g.tail)]
+    assert read == [
+        (Kind.DATA, rows(*plain), starts[0]),
+        (Kind.DATA, [], starts[3]),
+        (Kind.DATA, rows(appended[4][0]), starts[4]),
+        (Kind.DATA, rows(appended[5][0]), starts[5]),
+        (Kind.DATA, rows(tagged), starts[6]),
+        (Kind.DATA, rows(appended[7][0]), starts[7]),
+        (Kind.DATA, rows(appended[8][0], appended[9][0]), starts[8]),
+        (Kind.WATERMARK, None, starts[10]),
+        (Kind.DATA, rows(_pairs(309, 1)), starts[11]),
+    ]
