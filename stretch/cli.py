@@ -18,15 +18,20 @@ import time
 from typing import TYPE_CHECKING
 
 from stretch import jobs
+from stretch.errors import job_ended
 
 if TYPE_CHECKING:
     from stretch.cluster.client import ClusterConnection
 
 
 def _jobs() -> list[dict]:
-    """Running jobs of this user on this machine, with their status."""
+    """This user's jobs on this machine with their status: the running ones, and those that ended
+    in a process that still runs (``ended`` says how: FINISHED, CANCELED, FAILED)."""
     found = []
-    for info in jobs.list_jobs():
+    for info in jobs.list_jobs(ended=True):
+        if info.ended:
+            found.append({**vars(info), "status": info.ended})
+            continue
         try:
             status = jobs.Job(info.job_id, info.name, socket=info.socket).request(
                 {"op": "status"}, timeout=2.0
@@ -37,18 +42,32 @@ def _jobs() -> list[dict]:
     return found
 
 
-def _find(job: str) -> jobs.Job:
+def _find(job: str, what: str | None = None) -> jobs.Job:
+    """The running job the command names; one that ended is refused saying how, and ``what`` it
+    cannot be ("rescaled") in the words its own client uses."""
     try:
         return jobs.find(job)
+    except jobs.JobNotRunning as e:
+        raise SystemExit(f"stretch: {_ended(e, what)}") from None
     except LookupError as e:
         raise SystemExit(f"stretch: {e}") from None
 
 
-def _ask(job: jobs.Job, method, *args, **kw):
+def _ended(e: jobs.JobNotRunning, what: str | None) -> Exception:
+    return job_ended(e.info.how, what) if what and e.info.how else e
+
+
+def _ask(job: jobs.Job, method, *args, what: str | None = None, **kw):
     """A request to the job; its refusal, or its end, as the command's error."""
     try:
         return method(*args, **kw)
     except jobs.JobGone:
+        try:
+            jobs.find(job.job_id)
+        except jobs.JobNotRunning as e:  # it ended while asked, and has said how by now
+            raise SystemExit(f"stretch: {_ended(e, what)}") from None
+        except LookupError:
+            pass
         raise SystemExit(f"stretch: job {job.name!r} ended before answering") from None
     except (LookupError, ValueError, RuntimeError, TimeoutError) as e:
         raise SystemExit(f"stretch: {e}") from None
@@ -65,8 +84,13 @@ def cmd_jobs(args) -> int:
     print(f"{'JOB ID':34} {'STATUS':10} {'PID':>8}  NAME")
     for j in jobs:
         status = j["status"] or "-"  # a job that refused to say (its reply on `stretch status`)
-        print(f"{j['job_id']:34} {status:10} {j['pid']:>8}  {j['name']}")
+        ended = f"  (ended {_clock(j['ended_at'])}; its process still runs)" if j["ended"] else ""
+        print(f"{j['job_id']:34} {status:10} {j['pid']:>8}  {j['name']}{ended}")
     return 0
+
+
+def _clock(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 
 def cmd_metrics(args) -> int:
@@ -76,7 +100,12 @@ def cmd_metrics(args) -> int:
 
 
 def cmd_status(args) -> int:
-    job = _find(args.job)
+    try:
+        job = jobs.find(args.job)
+    except jobs.JobNotRunning as e:  # what it was at its end
+        return _show_status(_final_status(e), {}, args.json)
+    except LookupError as e:
+        raise SystemExit(f"stretch: {e}") from None
     status = _ask(job, job.status)
     instances = [i for op in status["operators"] for i in op["instances"]]
     if args.interval is None and all(i.get("rate") is not None for i in instances):
@@ -92,13 +121,29 @@ def cmd_status(args) -> int:
         time.sleep(0.5 if args.interval is None else args.interval)
         status = _ask(job, job.status)
         rates = _rates(before, status, time.monotonic() - t0)
-    if args.json:
+    return _show_status(status, rates, args.json)
+
+
+def _final_status(e: jobs.JobNotRunning) -> dict:
+    """An ended job's status at its end, with how it ended; its instances process nothing now."""
+    info = e.info
+    status = e.status or {"job_id": info.job_id, "name": info.name, "status": info.ended, "operators": []}
+    for op in status["operators"]:
+        for inst in op["instances"]:
+            inst.update(rate=0.0, busy=0.0)
+    return {**status, "how": info.how, "ended_at": info.ended_at}
+
+
+def _show_status(status: dict, rates: dict, as_json: bool) -> int:
+    if as_json:
         for op in status["operators"]:
             for inst in op["instances"]:
                 inst.update(rates.get((op["name"], inst["index"]), {}))
         print(json.dumps(status, indent=2))
         return 0
     print(f"job {status['job_id']}  {status['name']!r}  {status['status']}")
+    if status.get("how"):
+        print(f"  ended {_clock(status.get('ended_at'))}: {status['how']}")
     ck = status.get("checkpoints")
     if ck is not None:
         latest = ck["latest"]
@@ -145,8 +190,10 @@ def _rates(before: dict, after: dict, dt: float) -> dict:
 
 
 def cmd_scale(args) -> int:
-    job = _find(args.job)
-    reply = _ask(job, job.rescale, args.operator, args.parallelism, on_progress=_waiting("rescale"))
+    job = _find(args.job, "rescaled")
+    reply = _ask(
+        job, job.rescale, args.operator, args.parallelism, what="rescaled", on_progress=_waiting("rescale")
+    )
     print(
         f"rescaled {reply['operator']!r} {reply['old_parallelism']} -> {reply['new_parallelism']} "
         f"in {reply['elapsed_ms']:.2f} ms (epoch {reply['epoch']}, {reply['state_bytes_copied']} state bytes copied, "
@@ -156,7 +203,7 @@ def cmd_scale(args) -> int:
 
 
 def cmd_update(args) -> int:
-    job = _find(args.job)
+    job = _find(args.job, "updated")
     reply = _ask(
         job,
         job.update,
@@ -164,6 +211,7 @@ def cmd_update(args) -> int:
         args.function,
         dry_run=args.dry_run,
         drop_orphaned=args.drop_orphaned,
+        what="updated",
         on_progress=_waiting("update"),
     )
     if args.json:
@@ -190,8 +238,8 @@ def _waiting(what: str):
 
 
 def cmd_checkpoint(args) -> int:
-    job = _find(args.job)
-    reply = _ask(job, job.checkpoint, on_progress=_waiting("checkpoint"))
+    job = _find(args.job, "checkpointed")
+    reply = _ask(job, job.checkpoint, what="checkpointed", on_progress=_waiting("checkpoint"))
     print(f"checkpoint {reply['id']} complete in {reply['duration_ms']:.1f} ms ({reply['bytes']:,} bytes)")
     return 0
 

@@ -28,6 +28,12 @@ class JobEnded(RuntimeError):
     asked (a rescale, an update, a checkpoint): the message names the job and says how it ended."""
 
 
+def job_ended(how: str, what: str) -> JobEnded:
+    """The refusal, in the one wording the job's client and the command line share: ``how`` the
+    job ended ("job 'clicks' has finished"), ``what`` it cannot be ("rescaled")."""
+    return JobEnded(f"{how}: it cannot be {what}")
+
+
 class UnpicklableFunction(TypeError):
     """A user function (a lambda, a function class, a key selector, a source) cannot be shipped to
     the worker processes because it, or something it captures, does not pickle: the message names

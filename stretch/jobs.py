@@ -6,8 +6,10 @@
 
 Every job listens on an owner-only control socket in this user's runtime directory; ``find``
 looks there, and a name that matches several running jobs is refused (give more of the id). A
-``JobClient`` of this process is asked directly, also after its job ended. The CLI, the channel
-clients and the Spark connector all come through here.
+``JobClient`` of this process is asked directly, also after its job ended. A job that ended in a
+process that still runs is not found but known: ``find`` raises ``JobNotRunning`` (a
+``JobNotFound`` and a ``JobEnded``) saying how it ended, with its final status. The CLI, the
+channel clients and the Spark connector all come through here.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stretch.errors import UnknownOperator, UpdateRefused
-from stretch.runtime.control_socket import request, running_jobs
+from stretch.errors import JobEnded, UnknownOperator, UpdateRefused
+from stretch.runtime.control_socket import local_jobs, request
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -45,25 +47,38 @@ class JobGone(ConnectionError):
 
 @dataclass(frozen=True)
 class JobInfo:
-    """What a running job says about itself in the runtime directory."""
+    """What a job says about itself in the runtime directory."""
 
     job_id: str
     name: str
     pid: int
-    socket: str
     started: float
+    socket: str | None = None  # its control socket (None once it ended)
     operators: list[str] = field(default_factory=list)
     metrics: str | None = None  # the Prometheus endpoint, if the job serves one
     ui: str | None = None  # the job's web page (execute_async(..., ui=...)), without its secret
+    ended: str | None = None  # FINISHED, CANCELED or FAILED once it ended (its process still runs)
+    how: str | None = None  # how it ended, as its errors say it: "job 'clicks' has finished"
+    ended_at: float | None = None
 
     @classmethod
     def of(cls, info: dict) -> JobInfo:
         return cls(**{k: info[k] for k in cls.__dataclass_fields__ if k in info})
 
 
-def list_jobs() -> list[JobInfo]:
-    """This user's running jobs on this machine (what dead jobs left behind is removed)."""
-    return [JobInfo.of(info) for info in running_jobs()]
+class JobNotRunning(JobNotFound, JobEnded):
+    """The job ended (finished, failed, was cancelled) in a process that still runs: ``info.how``
+    says how, ``status`` is its status at its end (``Job.status()``'s, or None)."""
+
+    def __init__(self, info: JobInfo, status: dict | None):
+        super().__init__(info.how or f"job {info.name!r} has ended")
+        self.info, self.status = info, status
+
+
+def list_jobs(ended: bool = False) -> list[JobInfo]:
+    """This user's running jobs on this machine (what dead jobs left behind is removed); with
+    ``ended``, also those that ended in a process that still runs (their ``ended`` is set)."""
+    return [JobInfo.of(info) for info in local_jobs() if ended or not info.get("ended")]
 
 
 def find(job: str | JobClient) -> Job:
@@ -75,10 +90,15 @@ def find(job: str | JobClient) -> Job:
         return Job(job.get_job_id(), job.name, local=job.control)
     if not isinstance(job, str) or not job:
         raise TypeError(f"job must be a JobClient, a job id or a job name, got {job!r}")
-    found = list_jobs()
-    matches = [j for j in found if job in (j.job_id, j.name)]
-    if not matches:
-        matches = [j for j in found if j.job_id.startswith(job)]
+    found = local_jobs()
+    matches = _matching([JobInfo.of(info) for info in found if not info.get("ended")], job)
+    if not matches:  # a job that ended, in a process that still runs: say how
+        ended = {info["job_id"]: info for info in found if info.get("ended")}
+        matches = _matching([JobInfo.of(info) for info in ended.values()], job)
+        named = len(matches) > 1 and all(j.name == job for j in matches)
+        if len(matches) == 1 or named:  # a name that several runs had: the latest
+            last = max(matches, key=lambda j: j.ended_at or 0.0)
+            raise JobNotRunning(last, ended[last.job_id].get("final_status"))
     if not matches:
         raise JobNotFound(f"no running stretch job {job!r} on this machine (see `stretch jobs`)")
     if len(matches) > 1:
@@ -86,6 +106,11 @@ def find(job: str | JobClient) -> Job:
         raise AmbiguousJob(f"{job!r} matches {len(matches)} running jobs ({ids}): give more of the job id")
     info = matches[0]
     return Job(info.job_id, info.name, socket=info.socket, info=info)
+
+
+def _matching(found: list[JobInfo], job: str) -> list[JobInfo]:
+    """The jobs ``job`` names: by id or name, else by a prefix of the id."""
+    return [j for j in found if job in (j.job_id, j.name)] or [j for j in found if j.job_id.startswith(job)]
 
 
 class Job:
@@ -244,6 +269,7 @@ class QueryableState:
 _REFUSALS = {
     "UpdateRefused": UpdateRefused,
     "UnknownOperator": UnknownOperator,
+    "JobEnded": JobEnded,
     "LookupError": LookupError,
     "ValueError": ValueError,
     "TypeError": TypeError,

@@ -152,8 +152,22 @@ def test_scale_from_a_second_process_and_its_errors():
         assert unknown == "stretch: no operator named 'nope' in this job (keyed operators: totals)\n"
     finally:
         client.cancel()
+    # ended, its process (this one) alive: the job is known, and says how it ended, in one line
     ended = stretch("scale", job, "totals", "2", check=False)
-    assert ended.returncode != 0 and "no running stretch job" in ended.stderr
+    assert ended.returncode == 1
+    assert ended.stderr == "stretch: job 'cli scale job' was cancelled: it cannot be rescaled\n"
+    status = stretch("status", job[:12])  # its final status
+    assert f"job {job}  'cli scale job'  CANCELED" in status.stdout
+    assert (
+        "job 'cli scale job' was cancelled" in status.stdout
+        and "operator 'totals': parallelism 4" in status.stdout
+    )
+    final = json.loads(stretch("status", job, "--json").stdout)
+    assert final["status"] == "CANCELED" and final["how"] == "job 'cli scale job' was cancelled"
+    (listed,) = [j for j in json.loads(stretch("jobs", "--json").stdout) if j["job_id"] == job]
+    assert listed["ended"] == listed["status"] == "CANCELED" and listed["socket"] is None
+    (line,) = [line for line in stretch("jobs").stdout.splitlines() if job in line]
+    assert "CANCELED" in line and "(ended " in line
 
 
 RESTORE_SCRIPT = """

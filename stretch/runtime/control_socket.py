@@ -46,8 +46,14 @@ def runtime_dir() -> Path:
 
 
 def running_jobs() -> list[dict]:
-    """The info files of this user's jobs whose process is alive; what dead jobs left here (info
-    file, socket, staged Spark files) is removed."""
+    """The info files of this user's running jobs whose process is alive; what dead jobs left
+    here (info file, socket, staged Spark files) is removed."""
+    return [info for info in local_jobs() if not info.get("ended")]
+
+
+def local_jobs() -> list[dict]:
+    """``running_jobs()`` and the ended records of jobs whose process still runs (``ended``: how
+    each ended, see ``runtime.job_info``); what dead jobs left here is removed."""
     jobs = []
     for path in sorted(runtime_dir().glob("*.json")):
         try:
@@ -57,9 +63,10 @@ def running_jobs() -> list[dict]:
             shutil.rmtree(path.parent / "staging" / info["job_id"], ignore_errors=True)
             with contextlib.suppress(OSError):
                 path.unlink()
-                Path(info["socket"]).unlink()
+                if info.get("socket"):  # an ended record has none
+                    Path(info["socket"]).unlink()
             continue
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):
             continue  # being written, or gone meanwhile
         jobs.append(info)
     return jobs

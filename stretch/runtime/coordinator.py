@@ -11,7 +11,6 @@ write the gates directly.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import shutil
@@ -21,9 +20,10 @@ from dataclasses import dataclass, field
 
 from stretch import _shm as shm
 from stretch.common.job_status import JobStatus
-from stretch.errors import JobEnded, JobExecutionError
+from stretch.errors import JobExecutionError, job_ended
 from stretch.plan.shipping import pickled_stage
 from stretch.plan.stages import JobPlan
+from stretch.runtime import job_info
 from stretch.runtime.channels import JobChannels
 from stretch.runtime.checkpointing import Checkpointer, CheckpointSettings, CheckpointStore
 from stretch.runtime.control_block import ControlBlock
@@ -276,21 +276,40 @@ class Coordinator:
     def idle_workers(self) -> list[Worker]:
         return self.workers.idle()
 
-    def _write_info(self) -> None:
-        info = {
+    def _info(self) -> dict:
+        return {
             "job_id": self.job_id,
             "name": self.job_name,
             "pid": os.getpid(),
-            "socket": str(self.socket_path),
             "started": self.started_at,
             "operators": [s.name for s in self.plan.stages if s.kind == "keyed"],
         }
+
+    def _write_info(self) -> None:
+        info = {**self._info(), "socket": str(self.socket_path)}
         if self._metrics is not None:
             info["metrics"] = f"http://{self.config.metrics[0]}:{self._metrics[2]}/metrics"
         info.update(self.info_extra)
-        tmp = self.info_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(info))
-        tmp.replace(self.info_path)
+        job_info.write(self.info_path, info)
+
+    def _keep_ended(self) -> None:
+        """The job's info file becomes its ended record (runtime.job_info): while this process
+        lives, other processes learn how the job ended, and its final status."""
+        if not self.info_path.exists():  # it never started: execute() raised instead
+            return
+        info = {
+            **self._info(),
+            "ended": self.status.name,
+            "how": self.ended_as(),
+            "ended_at": time.time(),
+        }
+        if self.final_status is not None:
+            info["final_status"] = {**self.final_status, "status": self.status.name}
+        try:
+            job_info.keep_ended(self.info_path, info)
+        except (OSError, TypeError, ValueError):  # not JSON, or no room: the job is gone all the same
+            with contextlib.suppress(FileNotFoundError):
+                self.info_path.unlink()
 
     # ---- checkpoints (see runtime.checkpointing) ------------------------------------------
     def trigger_checkpoint(self) -> dict:
@@ -416,7 +435,7 @@ class Coordinator:
                 f"job {self.job_name!r} is recovering from a failure; it is {what} once it runs"
             )
         if self.status is not JobStatus.RUNNING or self._stopping:
-            raise JobEnded(f"{self.ended_as()}: it cannot be {what}")
+            raise job_ended(self.ended_as(), what)
 
     # ---- live code update (runtime.updater) ---------------------------------------------------
     def update(self, operator: str, function, **options) -> dict:
@@ -524,6 +543,5 @@ class Coordinator:
                 seg.close()
         if self.prefix is not None:  # also what a start that failed halfway had made
             shm.unlink_prefix(self.prefix)
-        with contextlib.suppress(FileNotFoundError):
-            self.info_path.unlink()
+        self._keep_ended()
         self.updater.close()

@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from stretch.errors import UnknownOperator, UpdateRefused
+from stretch.errors import JobEnded, UnknownOperator, UpdateRefused
 from stretch.runtime.control_socket import Connection
 from stretch.runtime.metrics import render
 
@@ -203,7 +203,7 @@ def _with_progress(conn: Connection | None, operation):
 
 def _kind(e: BaseException) -> str:
     """The exception a client raises for this refusal."""
-    for kind in (UpdateRefused, UnknownOperator):
+    for kind in (UpdateRefused, UnknownOperator, JobEnded):
         if isinstance(e, kind):
             return kind.__name__
     for kind in (TimeoutError, LookupError, TypeError, ValueError):

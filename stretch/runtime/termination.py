@@ -12,6 +12,8 @@ import signal
 import threading
 import weakref
 
+from stretch.runtime import job_info
+
 _running: weakref.WeakSet = weakref.WeakSet()
 _GRACE = 10.0  # seconds each job gets to shut down
 
@@ -30,5 +32,6 @@ def _on_sigterm(signum, frame) -> None:
         c.cancel()
     for c in jobs:
         c.wait(_GRACE)
+    job_info.forget_ended()  # the signal ends the process without its exit hooks
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)

@@ -113,7 +113,10 @@ def _start(tmp_path, mode: str):
 
 @pytest.mark.parametrize("mode", ["plain", "checkpointed"])
 def test_sigterm_of_the_job_process_ends_everything_and_removes_every_segment(tmp_path, mode):
-    proc, _ = _start(tmp_path, mode)
+    from stretch.runtime.control_socket import runtime_dir
+
+    proc, name = _start(tmp_path, mode)
+    (info,) = [j for j in running_jobs() if j["name"] == name]
     try:
         time.sleep(0.5)
         family = _descendants(proc.pid)
@@ -125,6 +128,7 @@ def test_sigterm_of_the_job_process_ends_everything_and_removes_every_segment(tm
             time.sleep(0.05)
         assert _alive(family) == []
         assert _segments_of(proc.pid) == []
+        assert not (runtime_dir() / f"{info['job_id']}.json").exists()  # nor the job's ended record
     finally:
         if proc.poll() is None:
             proc.kill()
