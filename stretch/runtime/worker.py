@@ -164,7 +164,8 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
             continue
         if op == "code":  # a live update: later tasks of this operator run the new version
             stages[msg["stage"]] = msg["blob"]
-            parked[msg["stage"]] = _park(attached, stages, msg["stage"], stop.is_set)
+            if msg["stage"] in attached.resources.keyed_index:  # a source's chained step: none parked
+                parked[msg["stage"]] = _park(attached, stages, msg["stage"], stop.is_set)
             continue
         if op == "check_update":
             reply(_check_update(attached, msg), cs.PICKLE)

@@ -359,6 +359,37 @@ def test_a_chained_step_switches_at_the_record(where):
     assert sorted(out, key=lambda o: o[1]) == [(k, p, "old" if p < 400 else "new") for k, _, p in records]
 
 
+def test_after_a_source_steps_update_the_keyed_operator_updates_and_rescales():
+    """A source's chained step updated live reached every worker, the spares too: a spare that
+    then died could neither check the next update nor take an instance of a rescale (found in a
+    new-user trial)."""
+    records = records_of(900, 15)
+
+    def build(env):
+        ds = env.from_source(ChannelSource("in", RECORD), None, "in").map(lambda r: r).name("step")
+        return ds.key_by(lambda r: r[0]).process(Counting(), OUT).name("count")
+
+    job = Job(build, "keyed update after a step update")
+    job.writer.write(records[:300])
+    settle(job.client, "count", 300)
+    job.client.update("step", lambda r: (r[0], r[1] + 1000, r[2]))
+    job.writer.write(records[300:600])
+    settle(job.client, "count", 600)
+    job.client.update("count", Doubling())
+    job.client.rescale("count", 1)
+    job.client.rescale("count", 3)
+    job.writer.write(records[600:])
+    out = job.finish()
+    acc: dict = {}
+    want = []
+    for k, v, p in records:  # the model: the step adds 1000 from record 300, Doubling from 600
+        f = Doubling() if p >= 600 else Counting()
+        count, total = f.step(*acc.get(k, (0, 0)), v + 1000 if p >= 300 else v)
+        acc[k] = (count, total)
+        want.append((k, p, f.tag, count, total))
+    assert sorted(out, key=lambda o: o[1]) == want
+
+
 def test_an_unknown_name_lists_the_operators_and_steps():
     job = counting_job("unknown update target", 1)
     job.writer.write(records_of(10, 1))
