@@ -38,7 +38,7 @@ from stretch.runtime.requests import ControlRequests
 from stretch.runtime.rescaler import Rescaler
 from stretch.runtime.resources import JobResources
 from stretch.runtime.sink_runner import SinkRunner
-from stretch.runtime.state_dir import JobDir, state_root
+from stretch.runtime.state_dir import JobDir
 from stretch.runtime.status import InstanceRates, describe_job
 from stretch.runtime.updater import Updater
 from stretch.runtime.worker_pool import Worker, WorkerPool
@@ -159,7 +159,7 @@ class Coordinator:
                 self._done.set()
 
     def _start(self) -> None:
-        salvage_dead_runs(state_root())  # what dead runs' channel gates hold unlogged, before the reap
+        salvage_dead_runs()  # what dead runs' channel gates hold unlogged, before the reap
         shm.reap_dead_engines()
         running_jobs()  # and removes what dead jobs left in the runtime directory
         cfg, plan = self.config, self.plan

@@ -7,10 +7,11 @@ log's order is the gate's order, the order the job processes the channel in; its
 continue across runs of the job.
 
 A write returns once its batch is in the gate, milliseconds before the logger copies it. So that
-a ``kill -9`` of the job's process in between loses nothing, each logger names its gate in a
-``gate.json`` beside the log and commits how far it got in a small segment (``LogProgress``);
-the next job to start on the machine copies what a dead run's gate still holds past that point
-into the log (``salvage_dead_runs``) before it reaps the dead run's segments.
+a ``kill -9`` of the job's process in between loses nothing, each logger records its gate and
+log in this user's runtime directory (where the next job to start finds it, whatever its state
+directory) and commits how far it got in a small segment (``LogProgress``); the next job to
+start on the machine copies what a dead run's gate still holds past that point into the log
+(``salvage_dead_runs``) before it reaps the dead run's segments.
 """
 
 from __future__ import annotations
@@ -25,10 +26,16 @@ from pathlib import Path
 from stretch import _shm as shm
 from stretch._shm import Segment
 from stretch.runtime.channel_log import ChannelLog, LogTail
+from stretch.runtime.control_socket import runtime_dir
 from stretch.runtime.gate import Gate, GateClosed, Kind
 from stretch.runtime.state_dir import write_private
 
-RECORD = "gate.json"  # beside a log while a run logs into it: the gate and progress to salvage from
+
+def records_dir() -> Path:
+    """Where running loggers record their gate, progress and log (one file each)."""
+    path = runtime_dir() / "unlogged"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
 
 
 class LogProgress:
@@ -82,13 +89,9 @@ class InputLogger(threading.Thread):
         self.gate, self.reader, self.log, self.producer, self.tail = gate, reader, log, producer, tail
         self.progress = progress
         gate.open_reader(reader, 0)
-        record = {
-            "gate": gate.name,
-            "reader": reader,
-            "producer": producer,
-            "progress": progress.segment.name,
-        }
-        write_private(log.dir / RECORD, json.dumps({**record, "pid": os.getpid()}))
+        self.record = records_dir() / f"{progress.segment.name}.json"
+        record = {"gate": gate.name, "producer": producer, "progress": progress.segment.name}
+        write_private(self.record, json.dumps({**record, "log": str(log.dir), "pid": os.getpid()}))
 
     def run(self) -> None:
         gate, seq, end = self.gate, self.gate.cursor(self.reader), self.log.end_offset
@@ -114,18 +117,17 @@ class InputLogger(threading.Thread):
         finally:
             self.log.close()
             with contextlib.suppress(FileNotFoundError):
-                (self.log.dir / RECORD).unlink()
+                self.record.unlink()
 
 
-def salvage_dead_runs(root: Path) -> int:
+def salvage_dead_runs() -> int:
     """Copy into their logs the batches that dead runs' channel gates still hold unlogged (see
-    the module's doc), for every job directory under ``root``; returns how many were copied."""
-    return sum(salvage(path.parent) for path in root.glob(f"jobs/*/channels/in/*/{RECORD}"))
+    the module's doc); returns how many were copied."""
+    return sum(salvage(path) for path in records_dir().glob("*.json"))
 
 
-def salvage(log_dir: Path) -> int:
-    """One log's: what its dead run's gate holds past the logger's committed progress."""
-    record_path = log_dir / RECORD
+def salvage(record_path: Path) -> int:
+    """One logger's record: what its dead run's gate holds past its committed progress."""
     try:
         fd = os.open(record_path, os.O_RDONLY)
     except FileNotFoundError:
@@ -143,7 +145,7 @@ def salvage(log_dir: Path) -> int:
             record_path.unlink()
             return 0
         try:
-            copied = _copy_unlogged(gate, progress, record["producer"], log_dir)
+            copied = _copy_unlogged(gate, progress, record["producer"], Path(record["log"]))
         finally:
             gate.segment.close()
             progress.segment.close()

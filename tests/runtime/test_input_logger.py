@@ -19,7 +19,7 @@ from stretch import channels
 from stretch.datastream import StreamExecutionEnvironment
 from stretch.runtime.channel_log import ChannelLog
 from stretch.runtime.gate import Gate, Kind
-from stretch.runtime.input_logger import RECORD, InputLogger, LogProgress, salvage
+from stretch.runtime.input_logger import InputLogger, LogProgress, records_dir, salvage
 from stretch.runtime.state_dir import job_dir
 from tests.runtime.test_checkpointing import KEYS, channel_sums, running_sums_reference
 
@@ -35,16 +35,21 @@ def dead_pid() -> int:
 
 
 @pytest.fixture
-def dead_run(tmp_path):
-    """A gate, its log and a logger's progress, as a run killed mid-way leaves them."""
+def dead_run(tmp_path, monkeypatch):
+    """A gate, its log and a logger's progress, as a run killed mid-way leaves them (recorded in a
+    runtime directory of the test's own: a job starting meanwhile would salvage it first)."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("STRETCH_RUNTIME_DIR", str(runtime))
     prefix = shm.engine_prefix()
     gate = Gate.create(prefix, "channel", 64, 1 << 20)
     log = ChannelLog(tmp_path / "log")
     progress = LogProgress.create(prefix, log.end_offset, 0)
-    InputLogger("in", gate, 1, log, progress, producer=3)  # not started: the test logs in its stead
-    record = json.loads((log.dir / RECORD).read_text())
-    (log.dir / RECORD).write_text(json.dumps({**record, "pid": dead_pid()}))
-    yield gate, log, progress
+    logger = InputLogger("in", gate, 1, log, progress, producer=3)  # not started: the test logs instead
+    record = json.loads(logger.record.read_text())
+    logger.record.write_text(json.dumps({**record, "pid": dead_pid()}))
+    yield gate, log, progress, logger.record
+    logger.record.unlink(missing_ok=True)
     log.close()
     shm.unlink_prefix(prefix)
 
@@ -62,7 +67,7 @@ def log_as_the_logger_did(gate, log, progress, upto: int, commit: bool = True) -
 
 @pytest.mark.parametrize("killed_before_commit", [False, True])
 def test_a_dead_runs_unlogged_batches_are_copied_once_in_gate_order(dead_run, killed_before_commit):
-    gate, log, progress = dead_run
+    gate, log, progress, record = dead_run
     model = []
     for i in range(8):
         gate.append_batch(batch(i), producer=3)
@@ -73,36 +78,35 @@ def test_a_dead_runs_unlogged_batches_are_copied_once_in_gate_order(dead_run, ki
             gate.append_batch(batch(100 + i), producer=1)  # another stage's: not this log's
     log_as_the_logger_did(gate, log, progress, upto=5, commit=not killed_before_commit)
     assert log.end_offset == 4  # batches 0 to 3 (entries 0 to 4, the watermark among them)
-    assert salvage(log.dir) == 4
+    assert salvage(record) == 4
     assert list(ChannelLog(log.dir).read(0)) == model
-    assert not (log.dir / RECORD).exists()
-    assert salvage(log.dir) == 0  # once
+    assert not record.exists()
+    assert salvage(record) == 0  # once
 
 
 def test_a_live_runs_gate_is_left_alone(dead_run):
-    gate, log, _ = dead_run
-    record = json.loads((log.dir / RECORD).read_text())
-    (log.dir / RECORD).write_text(json.dumps({**record, "pid": os.getpid()}))
+    gate, log, _, record = dead_run
+    record.write_text(json.dumps({**json.loads(record.read_text()), "pid": os.getpid()}))
     gate.append_batch(batch(0), producer=3)
-    assert salvage(log.dir) == 0
-    assert log.end_offset == 0 and (log.dir / RECORD).exists()
+    assert salvage(record) == 0
+    assert log.end_offset == 0 and record.exists()
 
 
 def test_a_record_whose_segments_are_gone_is_removed(dead_run):
-    gate, log, progress = dead_run
+    gate, log, progress, record = dead_run
     gate.append_batch(batch(0), producer=3)
     shm.unlink(gate.name)
     shm.unlink(progress.segment.name)
-    assert salvage(log.dir) == 0
-    assert log.end_offset == 0 and not (log.dir / RECORD).exists()
+    assert salvage(record) == 0
+    assert log.end_offset == 0 and not record.exists()
 
 
 def test_the_end_of_stream_in_a_dead_gate_ends_the_log(dead_run):
-    gate, log, _ = dead_run
+    gate, log, _, record = dead_run
     gate.append_batch(batch(0), producer=3)
     gate.append_control(Kind.END_OF_STREAM)
     gate.append_batch(batch(1), producer=3)  # never: the stream ended
-    assert salvage(log.dir) == 1
+    assert salvage(record) == 1
     assert log.ended and [b for b in ChannelLog(log.dir).read(0)] == [batch(0)]
 
 
@@ -162,4 +166,6 @@ def test_writes_accepted_just_before_the_jobs_process_died_are_restored(tmp_path
     assert client.wait(60).name == "FINISHED"
     got = sorted(tuple(r) for r in channels.open_reader(name, "out", from_offset=0))
     assert got == sorted(running_sums_reference(n))
-    assert not (log.dir / RECORD).exists()  # the restored run's logger ended, the dead one's was salvaged
+    assert not any(  # the restored run's logger ended, the dead one's was salvaged
+        json.loads(r.read_text())["log"] == str(log.dir) for r in records_dir().glob("*.json")
+    )
