@@ -173,7 +173,9 @@ class JobChannels:
                 log = self.log(name, "in")
                 self._add_logger(name, gate, gate.logger_slot, log, producer_id(stage.id, 0))
 
-    def _add_logger(self, name: str, gate: Gate, reader: int, log: ChannelLog, producer=None, tail=None) -> None:
+    def _add_logger(
+        self, name: str, gate: Gate, reader: int, log: ChannelLog, producer=None, tail=None
+    ) -> None:
         progress = LogProgress.create(self.job.prefix, log.end_offset, 0)
         self.job.add_segment(progress.segment)
         self.loggers.append(InputLogger(name, gate, reader, log, progress, producer, tail))
