@@ -1,0 +1,106 @@
+"""A writer that writes one record at a time, the way a first program feeds a job.
+
+    python experiments/record_writes.py --json
+
+Each ``channels.open_writer(...).write([record])`` is one entry of the channel's gate. The job is
+``key_by(lambda r: r[0]).reduce(sum)`` at parallelism 1 behind a channel (not durable: the figures
+measure the engine, not the log's copy), and ``--records`` records (keys uniform over 100) are
+written one per call; the rate is records over the time from the first write until the job has
+finished with the last. ``key_by(0)`` (a field: the writer keys each record itself and appends it
+to the operator's gate) is measured beside it. The peer is the same running sum in plain Python
+across two processes: records put one at a time on a ``multiprocessing.Queue`` and summed per key
+by a consumer process. Medians of ``--repeats``, alternating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import random
+import time
+
+from _common import emit, log, median
+
+from stretch import channels
+from stretch.common import Types
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors import DiscardingSink
+from stretch.datastream.connectors.channel import ChannelSource
+
+PAIR = Types.TUPLE([Types.LONG(), Types.LONG()])
+
+
+def records(n: int) -> list[tuple[int, int]]:
+    rng = random.Random(1)
+    return [(rng.randrange(100), rng.randrange(1000)) for _ in range(n)]
+
+
+def stretch_rate(data: list, by_field: bool) -> float:
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(1)
+    stream = env.from_source(ChannelSource("in", PAIR, durable=False), None, "in")
+    keyed = stream.key_by(0) if by_field else stream.key_by(lambda r: r[0])
+    keyed.reduce(lambda a, b: (a[0], a[1] + b[1])).sink_to(DiscardingSink())
+    client = env.execute_async(f"record writes {time.monotonic_ns()}")
+    writer = channels.open_writer(client, "in")
+    writer.write([data[0]])  # the job's first batch: its kernels and tables are ready
+    t0 = time.perf_counter()
+    for record in data:
+        writer.write([record])
+    writer.end()
+    client.wait()
+    return len(data) / (time.perf_counter() - t0)
+
+
+def _consume(queue, n: int, done) -> None:
+    totals: dict = {}
+    for _ in range(n):
+        key, value = queue.get()
+        totals[key] = totals.get(key, 0) + value
+    done.put(len(totals))
+
+
+def queue_rate(data: list) -> float:
+    """The peer: one record a put, to a process that keeps the running sums."""
+    ctx = mp.get_context("fork")
+    queue, done = ctx.Queue(), ctx.Queue()
+    consumer = ctx.Process(target=_consume, args=(queue, len(data), done))
+    consumer.start()
+    t0 = time.perf_counter()
+    for record in data:
+        queue.put(record)
+    done.get()
+    rate = len(data) / (time.perf_counter() - t0)
+    consumer.join()
+    return rate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--records", type=int, default=20_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    data = records(args.records)
+    runs: dict[str, list[float]] = {"selector": [], "field": [], "queue": []}
+    for i in range(args.repeats):
+        runs["selector"].append(stretch_rate(data, by_field=False))
+        runs["field"].append(stretch_rate(data, by_field=True))
+        runs["queue"].append(queue_rate(data))
+        log(f"repeat {i + 1}: " + ", ".join(f"{k} {v[-1]:.0f}/s" for k, v in runs.items()))
+    selector, field, queue = (median(runs[k]) for k in ("selector", "field", "queue"))
+    emit(
+        {
+            "record_writes_per_s": round(selector),
+            "record_writes_by_field_per_s": round(field),
+            "mp_queue_records_per_s": round(queue),
+            "record_writes_vs_mp_queue": round(selector / queue, 2),
+            "records": args.records,
+            "repeats": args.repeats,
+        },
+        args.json,
+    )
+
+
+if __name__ == "__main__":
+    main()
