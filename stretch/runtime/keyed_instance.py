@@ -136,9 +136,10 @@ class KeyedInstanceTask(Task):
                 continue
             if self.should_stop():  # cancelled: stop now, not after draining the backlog
                 raise Stopped()
-            entry, seq = (
-                gate.read_joined(seq, self._joinable()) if self.board is None else (gate.read(seq), seq)
-            )
+            if self.board is None:
+                entry, seq = gate.read_joined(seq, self._joinable())
+            else:  # a broadcast operator places its state's versions at entries' seqs: one at a time
+                entry = gate.read(seq)
             here = max(here, entry.start)
             if entry.kind is Kind.DATA:
                 outputs.txn = entry.arg1
