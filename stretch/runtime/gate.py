@@ -466,15 +466,18 @@ class Gate:
             return entry, seq
         parts, rows, tail = [batch], batch.num_rows, self.tail
         while seq + 1 < tail and rows < most:
+            slot = self._slots[(seq + 1) % self.slot_capacity]  # judged before decoding: the entry
+            # that ends a join is read again as the next one
+            if (
+                slot[1] != Kind.DATA
+                or slot[5] != entry.arg1
+                or slot[8] != end
+                or not 0 < slot[7] < SMALL_ROWS
+            ):
+                break
             following = self.read(seq + 1)
             part = following.batch
-            if (
-                following.kind is not Kind.DATA
-                or following.arg1 != entry.arg1
-                or following.start != end
-                or not 0 < part.num_rows < SMALL_ROWS
-                or not part.schema.equals(batch.schema, check_metadata=True)
-            ):
+            if not part.schema.equals(batch.schema, check_metadata=True):
                 break
             parts.append(part)
             rows += part.num_rows
