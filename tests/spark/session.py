@@ -5,8 +5,13 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from stretch.spark import StretchDataSource
+
+# Spark's Python workers import the steps the tests put into queries from ``tests``: they find it
+# here whatever directory the worker daemon was started in (a docs test runs in a temporary one).
+_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @contextmanager
@@ -21,6 +26,7 @@ def local_spark(expected_children: set[int], app_name: str, log_level: str | Non
         .appName(app_name)
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
+        .config("spark.executorEnv.PYTHONPATH", _ROOT)
         .getOrCreate()
     )
     if log_level is not None:
