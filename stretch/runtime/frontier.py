@@ -32,6 +32,12 @@ pace through an entry is the share of its own rows of the entry it has claimed, 
 entry's positions; outside an entry, and for rows not laid out in runs, it is the position itself.
 The frontier thus stays within a lead and one run of rows of every instance, and a run is one
 block's (``key_group_runs.BLOCK_NS``), not a whole batch's.
+
+Once an instance has passed an epoch's position, it reads on only as far as any instance still
+before that position, with no lead: an epoch is in force when the slowest instance reaches it, and
+on a machine with fewer cores than instances every core the others leave goes to that one. Its
+remaining work (a lead and a piece at most) then takes that long on a core of its own, not that
+long several times over on a core it shares; the others wait a few milliseconds once per epoch.
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ class Frontier:
         self._futex = control.op_word(op, cbk.O_SWITCH_FUTEX)
         self._progress = control.op_word(op, cbk.O_PROGRESS)
         self._waiting_ahead = control.op_word(op, cbk.O_WAITING_AHEAD)
+        self.passing = 0  # instances of the previous epoch, until all have passed its position
 
     def publish_rate(self, ns_per_position: float) -> None:
         """This instance's recent reading time per position of pace (others pace themselves by it)."""
@@ -115,21 +122,43 @@ class Frontier:
     def lead_limit(self, at: int, instances: int) -> int | None:
         """The furthest position this instance, at pace ``at``, may read to and stay within
         ``lead_ns`` of every instance of its epoch (``instances`` of them) behind it in pace (of its
-        work at this one's rate while its own is not known yet); None if none is behind. One that has
+        work at this one's rate while its own is not known yet), and no further than any instance
+        of the previous epoch still before its position; None if none is behind. One that has
         passed this instance's next epoch's position is not behind."""
         r, cb, op = self._region, self.control, self.op
         own_rate = r.load64(self._rate)
-        limit = None
-        for j in range(instances):
-            if j == self.index or r.load64(cb.instance_word(op, j, cbk.I_EPOCH)) > self.epoch:
+        limit, passing = None, False
+        for j in range(max(instances, self.passing)):
+            if j == self.index:
                 continue
+            epoch = r.load64(cb.instance_word(op, j, cbk.I_EPOCH))
+            if epoch > self.epoch or (j >= instances and epoch == self.epoch):  # ahead, or retired
+                continue
+            before = epoch < self.epoch  # not past this epoch's position yet: no lead over it
+            passing |= before
             pace = r.load64(cb.instance_word(op, j, cbk.I_PACE))
             if pace >= at:
                 continue
             rate = r.load64(cb.instance_word(op, j, cbk.I_RATE)) or own_rate  # not known yet: as this one's
-            reach = pace + self.lead_ns * 1024 // rate if rate > 0 else pace
+            reach = pace if before or rate <= 0 else pace + self.lead_ns * 1024 // rate
             limit = reach if limit is None else min(limit, reach)
+        if not passing:
+            self.passing = 0
         return None if limit is None else self.position_at(limit)
+
+    def passed(self, previous: int) -> None:
+        """This instance has passed its next epoch's position, where ``previous`` instances read
+        before: it reads on only as far as those still before it, and wakes any that wait for it."""
+        self.passing = previous
+        r = self._region
+        if r.load32(self._waiting_ahead):
+            r.fetch_add32(self._progress, 1)
+            r.wake32(self._progress)
+
+    def paced(self, instances: int) -> bool:
+        """Whether reading needs ``keep_up``: other instances, or some of the previous epoch
+        still before its position."""
+        return instances > 1 or self.passing > 1
 
     def keep_up(self, here: int, instances: int, waiting, need: int | None = None) -> int | None:
         """``lead_limit`` at ``here``, once it is past ``here`` (at ``need`` or past, if given: an

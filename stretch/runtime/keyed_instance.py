@@ -191,7 +191,7 @@ class KeyedInstanceTask(Task):
         and (``paced``) no further ahead of a slower instance than the frontier allows. Every epoch
         placed at ``here`` is applied before (which may retire this instance)."""
         while True:
-            if paced and self.instances > 1:
+            if paced and self.frontier.paced(self.instances):
                 need = end if self.whole else None  # whole batches: wait until all of it may be read
                 limit = self.frontier.keep_up(here, self.instances, self._waiting, need)
                 if limit is not None:
@@ -399,7 +399,7 @@ class KeyedInstanceTask(Task):
             clock[0], clock[1] = now, done
             here = first if go_on.reached is None else go_on.reached  # all before it is done
             end = at(min(count, done + self._piece))
-            if self.instances > 1:
+            if self.frontier.paced(self.instances):
                 limit = self.frontier.keep_up(here, self.instances, self._waiting)
                 if limit is not None:
                     end = min(end, limit)
@@ -518,6 +518,7 @@ class KeyedInstanceTask(Task):
             # (sent on the way out, it could come after and make downstream forget the new one)
             self.chain.emit(Kind.LEAVE)
         cb.announce(op, index, cbk.I_EPOCH, epoch)
+        self.frontier.passed(self.instances)
         gained = (new == index) & (owners != index)
         t0 = time.perf_counter_ns()
         previous = sorted({int(p) for p in owners[gained] if p >= 0})  # -1: released, nobody's

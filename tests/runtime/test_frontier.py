@@ -31,6 +31,7 @@ def _read(name: str, index: int, seed: int, out: str) -> None:
         if position == here:  # the next epoch applies here
             f.epoch += 1
             cb.announce(OP, index, cbk.I_EPOCH, f.epoch)
+            f.passed(READERS)  # it reads on only as far as readers still before the position
             switches[f.epoch] = here
             read_under[f.epoch] = here
             continue
@@ -110,5 +111,30 @@ def test_pace_is_the_share_of_an_instances_own_rows_and_maps_back_to_positions(s
         scattered.reading(start, n, None)
         assert [scattered.pace(p) for p in (start, start + 7)] == [start, start + 7]
         assert scattered.position_at(start + 7) == start + 7
+    finally:
+        cb.close()
+
+
+def test_an_instance_past_an_epochs_position_reads_no_further_than_one_still_before_it(shm_prefix):
+    """Within an epoch an instance may lead a slower one by ``lead_ns`` of the slower one's work;
+    once past the next epoch's position, not at all while the other is still before it (also one
+    that retires there), and freely again once every instance of the previous epoch has passed."""
+    cb = ControlBlock.create(shm_prefix, 1, 128)
+    try:
+        ahead, behind = frontier.Frontier(cb, OP, 0, epoch=0), frontier.Frontier(cb, OP, 1, epoch=0)
+        for f in (ahead, behind):
+            f.publish_rate(100.0)  # ns per position
+        assert behind.claim(1_000, lambda: None) is None
+        lead = ahead.lead_ns // 100
+        assert ahead.lead_limit(5_000, 2) == 1_000 + lead
+        ahead.epoch = 1
+        cb.announce(OP, 0, cbk.I_EPOCH, 1)
+        ahead.passed(2)
+        assert ahead.lead_limit(5_000, 2) == 1_000
+        assert ahead.paced(1) and ahead.lead_limit(5_000, 1) == 1_000  # the new epoch without it
+        assert ahead.lead_limit(800, 1) is None  # not ahead of it
+        cb.announce(OP, 1, cbk.I_EPOCH, 1)  # it reached the position, and retired there
+        assert ahead.lead_limit(5_000, 1) is None and not ahead.paced(1)
+        assert ahead.lead_limit(5_000, 2) == 1_000 + lead  # one that stays: the lead again
     finally:
         cb.close()
