@@ -56,7 +56,8 @@ class ChannelWriter(ChannelAppender):
 def locate_output(job, name: str, kept: str | None = None) -> dict:
     """Where output channel ``name`` of ``job`` is: the running job's answer (``log``, the live
     ``tail``, ``run_start``, ``type``), else the log the job of that name kept after its run
-    (else ``kept``: the log directory of the run whose job id ``job`` is)."""
+    (else ``kept``: the log directory of the run whose job id ``job`` is), whose ``run_start`` is
+    the first result of the last run that wrote it (None in a log that never recorded one)."""
     try:
         return find(job).join_channel(name, "reader")
     except (JobNotFound, JobGone):
@@ -65,7 +66,9 @@ def locate_output(job, name: str, kept: str | None = None) -> dict:
     path = Path(kept) if kept is not None else channel_dir(job, name)
     if not (path / "index").exists():
         raise LookupError(f"no running stretch job {job!r} and no channel {name!r} kept for it") from None
-    return {"log": str(path), "tail": None, "run_start": None, "type": None}
+    with OutputLog(str(path)) as log:
+        run_start = log.run_start
+    return {"log": str(path), "tail": None, "run_start": run_start, "type": None}
 
 
 class OutputLog:
@@ -84,6 +87,11 @@ class OutputLog:
     @property
     def end(self) -> int:
         return self._log.readable_end
+
+    @property
+    def run_start(self) -> int | None:
+        """The first offset of the latest run that wrote the log (None: not recorded)."""
+        return self._log.run_start
 
     def read(self, start: int, end: int) -> Iterator[pa.RecordBatch]:
         """Batches ``start`` .. ``end`` (exclusive), in order."""
@@ -121,6 +129,14 @@ def output_schema(job, name: str, where: dict | None = None) -> pa.Schema:
     )
 
 
+def run_start(where: dict, start: int) -> int:
+    """Where a reader of the run's results starts: the run's first result (``where``: the
+    channel's ``locate_output`` answer), or, where retention dropped it or the log never recorded
+    a run, the oldest batch the log holds (``start``)."""
+    first = where.get("run_start")
+    return start if first is None else max(first, start)
+
+
 def input_schema(job, name: str) -> pa.Schema | None:
     """An input channel's schema, where the job declares its record type (None: untyped)."""
     reply = find(job).join_channel(name, "writer")
@@ -131,7 +147,8 @@ def input_schema(job, name: str) -> pa.Schema | None:
 
 class ChannelReader:
     """Reads a job's output channel in order, by offset: from the first result of the job's
-    current run, or from ``from_offset`` (an offset of the channel's log, which outlives runs).
+    current run (after the run, of its last run), or from ``from_offset`` (an offset of the
+    channel's log, which outlives runs: earlier runs' results are before the run's first).
 
     While the job runs, a reader sleeps on the log's live tail in shared memory; after the run,
     ``job`` may be the job's name and the reader reads what the log retained.
@@ -147,8 +164,7 @@ class ChannelReader:
                 self._tail = LogTail.attach(reply["tail"])
             except FileNotFoundError:  # the run ended just now: its log is complete
                 pass
-        start = reply["run_start"] if reply["run_start"] is not None else self.log.start_offset
-        self.offset = start if from_offset is None else from_offset
+        self.offset = run_start(reply, self.log.start_offset) if from_offset is None else from_offset
 
     def read_batch(self, timeout: float | None = None) -> pa.RecordBatch | None:
         """The next batch, None at the end of the stream; TimeoutError if none came in time."""
@@ -198,5 +214,6 @@ def open_writer(job, name: str) -> ChannelWriter:
 
 def open_reader(job, name: str, from_offset: int | None = None) -> ChannelReader:
     """A reader of output channel ``name`` of ``job``: iterate it for the records, in order, until
-    the stream ends; it starts at the current run's first result, or at ``from_offset``."""
+    the stream ends; it starts at the current run's first result (after the run, by the job's
+    name: its last run's), or at ``from_offset``, any offset the log retains (earlier runs' too)."""
     return ChannelReader(job, name, from_offset)

@@ -172,6 +172,26 @@ def test_input_channels_keep_a_durable_log_in_gate_order_across_runs(direct):
         assert logged == sent_by_run[run]
 
 
+def test_a_read_by_job_name_after_its_runs_gives_the_last_runs_results_only():
+    """A script run twice under one name: a reader by name after the runs reads the second run's
+    results, not the first run's again; ``from_offset`` still reaches every run's."""
+    name = "run twice"
+    runs = []
+    for run in range(2):
+        client = start(name)
+        writer = channels.open_writer(client, "clicks")
+        sent = [(f"u{(run + i) % 3}", run * 100 + i) for i in range(12)]
+        for i in range(0, len(sent), 4):
+            writer.write(sent[i : i + 4])
+        writer.end()
+        assert client.wait(60).name == "FINISHED"
+        runs.append(sent)
+    got = list(channels.open_reader(name, "totals"))
+    assert by_key(got) == by_key(rolling(runs[1]))  # each run's job starts from empty state
+    every = list(channels.open_reader(name, "totals", from_offset=0))
+    assert sorted(every) == sorted(rolling(runs[0]) + rolling(runs[1]))
+
+
 def test_an_input_channel_that_is_not_durable_keeps_no_log():
     env = StreamExecutionEnvironment.get_execution_environment()
     env.from_source(ChannelSource("clicks", PAIR, durable=False), None, "clicks").key_by(lambda r: r[0]).sum(

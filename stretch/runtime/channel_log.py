@@ -8,7 +8,9 @@ reopens its directory and continues its index.
 Layout of the directory: ``seg-<first offset>.arrows`` files, each a run of complete Arrow IPC
 streams (one per batch); ``index`` with one (segment, position, length) record of int64 per batch,
 written after the batch itself so a reader never sees an entry before its data; ``commits.json``
-with each registered reader's committed offset; ``ended`` once the stream is complete. Whole
+with each registered reader's committed offset; ``ended`` once the stream is complete;
+``run_start`` with the offset of the latest run's first batch (readers by name start there, also
+after the run: the log holds earlier runs' batches before it). Whole
 segments are deleted when every registered reader has committed past them, or, oldest first, when
 the log outgrows ``max_bytes``.
 """
@@ -98,6 +100,15 @@ class ChannelLog:
     def ended(self) -> bool:
         return (self.dir / "ended").exists()
 
+    @property
+    def run_start(self) -> int | None:
+        """The offset of the latest run's first batch (``begin_run``); None in a log that no run
+        recorded it in (one written before runs recorded it)."""
+        try:
+            return int((self.dir / "run_start").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
     def _segments(self) -> list[int]:
         return sorted(int(p.name[4:-7]) for p in self.dir.glob("seg-*.arrows"))
 
@@ -147,6 +158,11 @@ class ChannelLog:
     def resume(self) -> None:
         """A new run appends to the log: it is no longer complete."""
         (self.dir / "ended").unlink(missing_ok=True)
+
+    def begin_run(self, offset: int) -> None:
+        """A run's output starts at ``offset``: recorded so that its readers find its first result
+        after the run too, not the earlier runs' before it."""
+        write_private(self.dir / "run_start", str(offset))
 
     def end(self) -> None:
         """The stream is complete: readers stop at the end offset."""

@@ -75,6 +75,7 @@ class JobChannels:
             log = self.log(name, "out")
             committed = log.readable_end
             log.truncate(restore["outputs"].get(name, committed) if restore else committed)
+            log.begin_run(log.end_offset)  # readers by name start there, also after the run
             tail = LogTail.create(job.prefix, log.end_offset)
             job.add_segment(tail.segment)
             self.outputs[name] = out = OutputChannel(log, tail, log.end_offset, sink.type_info)
