@@ -89,6 +89,18 @@ class StretchDataSource(DataSource):
             "of the stream that feeds it"
         )
 
+    def writer(self, schema, overwrite: bool):
+        """A batch write (``df.write.format("stretch")``) is refused, saying what to use instead:
+        a channel takes a stream, exactly once per micro-batch, which a batch write cannot name."""
+        job, channel = self.options.get("job") or "<job>", self.options.get("channel") or "<channel>"
+        raise ValueError(
+            'format("stretch") takes no batch write (df.write): write a streaming DataFrame into the job\'s '
+            f'input channel with .writeStream.format("stretch").option("job", "{job}").option("channel", '
+            f'"{channel}").option("checkpointLocation", ...).start(), or pass any DataFrame, batch or '
+            f'streaming, through the job with stretch.spark.stage(df, "{job}", into="{channel}", out=...), '
+            "which returns the job's results for its rows"
+        )
+
     def streamWriter(self, schema, overwrite: bool):
         if self.options.get("cluster"):  # a job on a stretch cluster: rows go to their key groups' nodes
             return ClusterStreamWriter(self.options, schema)

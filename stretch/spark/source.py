@@ -15,7 +15,7 @@ from itertools import pairwise
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
-from stretch.channels import OutputLog, locate_output
+from stretch.channels import OutputLog, locate_output, run_start
 from stretch.spark.options import job_and_channel
 from stretch.spark.schemas import spark_values
 
@@ -52,6 +52,8 @@ def arrow_schema_of(spark_schema) -> pa.Schema:
 
 def read_range(partition: LogRange, schema: pa.Schema):
     """The partition's batches, as Spark's schema has them (by position)."""
+    if not isinstance(partition, LogRange):  # Spark's stand-in where partitions() planned none
+        return
     with OutputLog(partition.directory) as log:
         for batch in log.read(partition.start, partition.end):
             columns = [spark_values(c).cast(f.type) for c, f in zip(batch.columns, schema)]
@@ -67,36 +69,46 @@ def split(directory: str, start: int, end: int, parts: int) -> list[LogRange]:
 class _ChannelOptions:
     def __init__(self, options, schema):
         self.job, self.channel = job_and_channel(options)
-        reply = locate_output(self.job, self.channel)
-        self.directory = reply["log"]
-        self.run_start = reply["run_start"]
+        self.where = locate_output(self.job, self.channel)
+        self.directory = self.where["log"]
         self.parts = int(options.get("partitions", 2))
         self.arrow_schema = arrow_schema_of(schema)
 
     def log(self) -> OutputLog:
         return OutputLog(self.directory)
 
-    def offset_of(self, name: str, log: OutputLog) -> int:
-        """``earliest`` retained, ``latest``, ``run`` (this run's first result) or a number."""
-        if name == "earliest" or (name == "run" and self.run_start is None):
+    def offset_of(self, option: str, name: str, log: OutputLog) -> int:
+        """Option ``option``'s offset: ``run`` (the first result of the job's current run, or
+        of its last run once none runs), ``earliest`` retained, ``latest`` or a number; refused
+        below what the log holds (its older batches are gone)."""
+        if name == "earliest":
             return log.start
         if name == "run":
-            return self.run_start
+            return run_start(self.where, log.start)
         if name == "latest":
             return log.end
         try:
-            return int(name)
+            offset = int(name)
         except ValueError:
+            raise ValueError(f"{option} must be run, earliest, latest or an offset, got {name!r}") from None
+        if offset < log.start:
             raise ValueError(
-                f"startingOffsets must be earliest, latest, run or an offset, got {name!r}"
-            ) from None
+                f"{option} {offset} is before the oldest batch channel {self.channel!r} of job {self.job!r} "
+                f"still holds: {self.holds(log)}"
+            )
+        return offset
+
+    def holds(self, log: OutputLog) -> str:
+        if log.end == log.start:
+            return f"its log holds no batch (its next is offset {log.end})"
+        return f"its log holds offsets {log.start} to {log.end - 1}"
 
 
 class StretchStreamReader(_ChannelOptions, DataSourceStreamReader):
     """``spark.readStream.format("stretch")``; option ``startingOffsets``: ``run`` (default: the
-    first result of the job's current run), ``earliest`` (all the log retained) or an offset;
-    option ``query``: a stable name under which the log keeps what this query has not committed
-    (Spark does not tell a source its checkpoint location)."""
+    first result of the job's current run, or of its last run once none runs), ``earliest`` (all the log retained, earlier runs'
+    results too) or an offset; option ``query``: a stable name under which the log keeps what
+    this query has not committed (Spark does not tell a source its checkpoint location)."""
 
     def __init__(self, options, schema):
         super().__init__(options, schema)
@@ -105,7 +117,7 @@ class StretchStreamReader(_ChannelOptions, DataSourceStreamReader):
 
     def initialOffset(self) -> dict:
         log = self.log()
-        start = self.offset_of(self.starting, log)
+        start = self.offset_of("startingOffsets", self.starting, log)
         if self.reader_id:
             log.register(self.reader_id, start)
         return {"offset": start}
@@ -125,14 +137,25 @@ class StretchStreamReader(_ChannelOptions, DataSourceStreamReader):
 
 
 class StretchBatchReader(_ChannelOptions, DataSourceReader):
-    """``spark.read.format("stretch")``: what the channel's log holds now (options
-    ``startingOffsets`` as for streaming, default ``earliest``; ``endingOffsets``)."""
+    """``spark.read.format("stretch")``: what the channel's log holds now, options
+    ``startingOffsets`` (``run``, default: the results of the job's current run, or of its last
+    run once none runs; ``earliest``: every run's results retained; ``latest``; an offset) and
+    ``endingOffsets`` (``latest``, default; an offset, exclusive). Offsets past the log's end
+    read up to its end (nothing, if the range starts there); an ending before the start, or an
+    offset below what the log still holds, is refused naming the offsets the log holds."""
 
     def __init__(self, options, schema):
         super().__init__(options, schema)
-        log = self.log()
-        self.start = self.offset_of(options.get("startingOffsets", "earliest"), log)
-        self.end = self.offset_of(options.get("endingOffsets", "latest"), log)
+        ending = options.get("endingOffsets", "latest")
+        with self.log() as log:
+            start = self.offset_of("startingOffsets", options.get("startingOffsets", "run"), log)
+            end = self.offset_of("endingOffsets", ending, log)
+            if end < start and ending != "latest":  # from past the end up to the end: nothing
+                raise ValueError(
+                    f"endingOffsets {end} is before startingOffsets {start} on channel {self.channel!r} of "
+                    f"job {self.job!r}: {self.holds(log)}"
+                )
+            self.start, self.end = min(start, log.end), min(end, log.end)  # past the end: not there yet
 
     def partitions(self) -> list[LogRange]:
         return split(self.directory, self.start, self.end, self.parts)

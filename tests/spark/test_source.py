@@ -106,6 +106,83 @@ def test_batch_read_of_a_channel_while_and_after_the_job_runs(spark, tmp_path):
     assert sorted(map(tuple, final)) == sorted(map(tuple, ref))
 
 
+def read_batch(spark, job: str, **options) -> list[tuple[int, int]]:
+    """A batch read of the job's "totals" with these options: its (user, total) rows, sorted."""
+    reader = spark.read.format("stretch").option("job", job).option("channel", "totals")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return sorted((r["user"], r["total"]) for r in reader.load().collect())
+
+
+def test_a_read_by_job_name_after_two_runs_gives_the_last_runs_results_unless_asked_earliest(spark, tmp_path):
+    """A script run twice under one name: Spark's reads by name after the runs, batch and
+    streaming, give the second run's results, not the first run's again."""
+    name = "spark source two runs"
+    runs = []
+    for run in range(2):
+        client, writer = start(name)
+        sent = rows(run, 200)
+        for i in range(0, len(sent), 50):
+            writer.write(sent[i : i + 50])
+        writer.end()
+        assert client.wait().name == "FINISHED"
+        runs.append(sent)
+    last, both = sorted(running_totals(runs[1])), sorted(running_totals(runs[0]) + running_totals(runs[1]))
+    assert read_batch(spark, name) == last  # each run's job starts from empty state
+    assert read_batch(spark, name, startingOffsets="run") == last
+    assert read_batch(spark, name, startingOffsets="earliest") == both
+    read_stream(spark, name, tmp_path / "ckpt", tmp_path / "out")  # streaming: from the run's first too
+    got = [(r["user"], r["total"]) for r in spark.read.parquet(str(tmp_path / "out")).collect()]
+    assert sorted(got) == last
+
+
+def test_batch_offsets_past_the_end_read_nothing_and_impossible_ones_are_refused(spark):
+    name = "spark source offsets"
+    client, writer = start(name)
+    sent = rows(0, 200)
+    for i in range(0, len(sent), 20):
+        writer.write(sent[i : i + 20])
+    writer.end()
+    assert client.wait().name == "FINISHED"
+    log = ChannelLog(channel_dir(name, "totals"), create=False)
+    end = log.end_offset
+    assert end >= 3
+
+    def logged(a: int, b: int) -> list[tuple[int, int]]:  # the log's batches a .. b, read directly
+        return sorted((r["user"], r["total"]) for batch in log.read(a, b) for r in batch.to_pylist())
+
+    assert logged(0, end) == sorted(running_totals(sent))
+    for a, b in [(1, 3), (0, end), (2, end + 100), (end, end), (1, 1), (end + 5, end + 9)]:
+        want = logged(min(a, end), min(b, end))  # offsets past the end: nothing there (yet)
+        assert read_batch(spark, name, startingOffsets=str(a), endingOffsets=str(b)) == want, (a, b)
+    assert read_batch(spark, name, startingOffsets=str(end + 3)) == []  # to "latest"
+    assert read_batch(spark, name, startingOffsets="latest") == []
+    holds = f"its log holds offsets 0 to {end - 1}"
+    with pytest.raises(Exception, match=f"endingOffsets 2 is before startingOffsets 5 .*: {holds}"):
+        read_batch(spark, name, startingOffsets="5", endingOffsets="2")
+    with pytest.raises(
+        Exception, match=f"endingOffsets {end} is before startingOffsets {end + 7} .*: {holds}"
+    ):
+        read_batch(spark, name, startingOffsets=str(end + 7), endingOffsets=str(end))
+    with pytest.raises(
+        Exception, match=f"startingOffsets -1 is before the oldest batch .* still holds: {holds}"
+    ):
+        read_batch(spark, name, startingOffsets="-1")
+    with pytest.raises(
+        Exception, match="endingOffsets must be run, earliest, latest or an offset, got 'soon'"
+    ):
+        read_batch(spark, name, endingOffsets="soon")
+
+
+def test_a_batch_write_is_refused_saying_what_to_use_instead(spark):
+    df = spark.createDataFrame([(1, 2)], "user BIGINT, amount BIGINT")
+    for mode in ("append", "overwrite"):
+        with pytest.raises(
+            Exception, match=r"takes no batch write \(df.write\).*writeStream.*stretch.spark.stage"
+        ):
+            df.write.format("stretch").option("job", "clicks").option("channel", "in").mode(mode).save()
+
+
 def test_unknown_job_or_channel_fails_at_load(spark):
     with pytest.raises(Exception, match="no channel 'nope' kept"):
         spark.read.format("stretch").option("job", "never ran").option("channel", "nope").load()
