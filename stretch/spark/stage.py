@@ -27,6 +27,7 @@ starts, with both schemas in the error.
 
 from __future__ import annotations
 
+import numbers
 import os
 import uuid
 from collections.abc import Iterator
@@ -37,6 +38,7 @@ from pyspark import TaskContext
 from stretch import channels, jobs
 from stretch.cluster import ClusterJobClient
 from stretch.cluster.spark_workers import check_workers
+from stretch.errors import JobEnded, job_ended
 from stretch.spark.cluster_stage import ClusterStage
 from stretch.spark.schemas import check_fits, spark_arrow_schema, spark_ddl
 from stretch.spark.stage_results import in_spark_schema, latest_per_key, transaction_of
@@ -63,15 +65,19 @@ def stage(
 
     ``mode="update"``: ``key`` names the DataFrame column(s) the job keys by, ``result_key`` the
     results' field(s) that hold the key (default: the same names); ``partitions``: how many tasks
-    a micro-batch's rows are partitioned over (default: ``spark.sql.shuffle.partitions``).
+    a micro-batch's rows are partitioned over (default: ``spark.sql.shuffle.partitions``). The
+    three are update mode's: append mode refuses them rather than ignore them.
+
+    The job must be running: one that ended is refused here, saying how it ended.
     """
     if mode not in ("append", "update"):
         raise ValueError(f"mode must be 'append' or 'update', got {mode!r}")
+    _check_options(df, mode, key, result_key, partitions)
     check_workers(df.sparkSession)
     if isinstance(job, ClusterJobClient):
         target = ClusterStage(job, into, out)
     else:
-        target = EngineStage(jobs.find(job), into, out)
+        target = EngineStage(running(job), into, out)
     in_schema = target.input_schema()
     if in_schema is None:
         raise ValueError(
@@ -83,8 +89,6 @@ def stage(
     if mode == "update":
         keys = _names(key)
         result_keys = _names(result_key) or keys
-        if not keys or any(k not in df.columns for k in keys):
-            raise ValueError(f"update mode needs key=: the column(s) of {df.columns} the job keys by")
         if len(result_keys) != len(keys) or any(k not in out_schema.names for k in result_keys):
             raise ValueError(
                 f"update mode needs result_key=: the field(s) of the job's results {out_schema.names} "
@@ -94,6 +98,76 @@ def stage(
         df = df.repartition(n, *keys)
     task = target.task(in_schema, spark_arrow_schema(out_schema), result_keys)
     return df.mapInArrow(task, spark_ddl(out_schema))
+
+
+def _check_options(df, mode: str, key, result_key, partitions) -> None:
+    """What ``key``, ``result_key`` and ``partitions`` say is refused at once where it cannot
+    be done: they are update mode's (append mode returns every result, as the job emits them)."""
+    if mode == "append":
+        given = [
+            name
+            for name, value in (("key", key), ("result_key", result_key), ("partitions", partitions))
+            if value is not None
+        ]
+        if given:
+            named = ", ".join(f"{g}=" for g in given)
+            spread = " (df.repartition(n) spreads its rows over n tasks)" if partitions is not None else ""
+            raise ValueError(
+                f"{named} {'is' if len(given) == 1 else 'are'} for update mode (each key's latest result per "
+                "micro-batch, the rows partitioned by key); append mode, the default, returns every result "
+                f"the job emits: give mode='update', or leave {named} out{spread}"
+            )
+        return
+    keys = _names(key)
+    if not keys:
+        raise ValueError(
+            f"update mode needs key=: the column(s) of the DataFrame the job keys by, of {df.columns}"
+        )
+    missing = [k for k in keys if k not in df.columns]
+    if missing:
+        raise ValueError(
+            f"key= names {missing}, which the DataFrame has no column of: its columns are {df.columns}"
+        )
+    if partitions is not None and (
+        isinstance(partitions, bool) or not isinstance(partitions, numbers.Integral) or partitions < 1
+    ):
+        raise ValueError(
+            f"partitions= is how many tasks take a micro-batch's rows: a positive int, got {partitions!r}"
+        )
+
+
+def running(job) -> jobs.Job:
+    """The job, if it runs; else ``JobEnded`` saying how it ended and what to do: a stage cannot
+    hand an ended job rows (a JobClient of this process answers after its end: its status says)."""
+    try:
+        found = jobs.find(job)
+    except jobs.JobNotRunning as e:  # by name or id: its ended record says how
+        raise job_ended(
+            e.info.how or str(e), f"staged; {restart(e.info.ended)} and give stage() the new run"
+        ) from None
+    status = found.status().get("status")
+    if status not in _ENDED:
+        return found
+    how = f"job {found.name!r} has ended ({status})"
+    try:
+        jobs.find(found.job_id)
+    except jobs.JobNotRunning as e:
+        how = e.info.how or how
+    except jobs.JobNotFound:
+        pass
+    raise job_ended(how, f"staged; {restart(status)} and give stage() the new run")
+
+
+_ENDED = {"FINISHED", "CANCELED", "FAILED", "CANCELLING", "FAILING"}
+
+
+def restart(status: str | None) -> str:
+    """How to run a job that ended ``status`` again (a finished one has nothing to restore)."""
+    if status == "FINISHED":
+        return "start it again (execute_async)"
+    return (
+        "start it again (execute_async; restore=True continues a checkpointed job from its latest checkpoint)"
+    )
 
 
 class EngineStage:
@@ -154,10 +228,18 @@ class StageTask:
             raise self._gone() from None
 
     def _gone(self) -> RuntimeError:
-        return RuntimeError(
-            f"the stretch job {self.job_name!r} ({self.job_id[:12]}) of this stage is not running any more: "
-            "restore it (execute(restore=True)) and restart the query"
-        )
+        """Why the job takes no rows: it ended (how, where its process still runs), or its
+        process is gone (then a checkpointed job restores)."""
+        gone = f"the stretch job {self.job_name!r} ({self.job_id[:12]}) of this stage is not running any more"
+        try:
+            jobs.find(self.job_id)
+        except jobs.JobNotRunning as e:
+            return JobEnded(
+                f"{gone}: {e.info.how or e}; {restart(e.info.ended)} and restart the query with it"
+            )
+        except jobs.JobNotFound:
+            pass
+        return RuntimeError(f"{gone}: restore it (execute(restore=True)) and restart the query")
 
     def _stage(self, batches) -> str | None:
         """The task's rows as an Arrow IPC file in the job's staging directory (None: no rows)."""

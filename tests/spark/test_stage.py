@@ -18,6 +18,7 @@ from stretch.common import Duration, Time, Types, WatermarkStrategy
 from stretch.datastream import StreamExecutionEnvironment, aggregates
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.window import TumblingEventTimeWindows
+from stretch.errors import JobEnded
 from stretch.spark import stage
 from stretch.spark.schemas import spark_arrow_schema
 from tests.runtime.test_transactions import checkpointed_sums, start_job_script
@@ -191,7 +192,7 @@ def test_a_dataframe_that_does_not_fit_the_channel_fails_before_anything_is_writ
         client.cancel()
 
 
-def test_a_job_that_dies_mid_query_fails_the_query_with_a_clear_error(spark, tmp_path):
+def test_a_job_cancelled_mid_query_fails_the_query_saying_how_it_ended(spark, tmp_path):
     name = "stage dies"
     client = _job(name)
     _files(tmp_path / "in", parts=3, rows=100)
@@ -199,8 +200,64 @@ def test_a_job_that_dies_mid_query_fails_the_query_with_a_clear_error(spark, tmp
     results = stage(clicks.parquet(str(tmp_path / "in")), name, into="in", out="out")
     client.cancel()
     query = results.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt")).start()
-    with pytest.raises(Exception, match=f"stretch job '{name}' .* of this stage is not running any more"):
+    with pytest.raises(
+        Exception,
+        match=f"stretch job '{name}' .* of this stage is not running any more: job '{name}' was cancelled; "
+        "start it again",
+    ):
         query.awaitTermination(120)
+
+
+@pytest.mark.parametrize(
+    ("ending", "given"), [("cancelled", "client"), ("cancelled", "id"), ("finished", "name")]
+)
+def test_a_stage_of_a_job_that_ended_is_refused_at_once_saying_how(spark, ending, given):
+    name = f"stage of a job {ending}"
+    client = _job(name)
+    channels.open_writer(client, "in").write([(1, 2), (1, 3)])
+    if ending == "cancelled":
+        client.cancel()
+    else:
+        channels.open_writer(client, "in").end()
+        assert client.wait(60).name == "FINISHED"
+    job = {"client": client, "id": client.get_job_id(), "name": name}[given]
+    df = spark.createDataFrame([(1, 5)], "user long, amount long")
+    how = "was cancelled" if ending == "cancelled" else "has finished"
+    again = (
+        r"restore=True continues a checkpointed job" if ending == "cancelled" else r"\(execute_async\) and"
+    )
+    with pytest.raises(JobEnded, match=f"job '{name}' {how}: it cannot be staged; start it again .*{again}"):
+        stage(df, job, into="in", out="out")
+
+
+def test_stage_options_that_cannot_be_done_are_refused_saying_what_to_do(spark):
+    client = _job("stage options")
+    try:
+        rows = [(1, 2), (2, 5), (1, 4)]
+        df = spark.createDataFrame(rows, "user long, amount long")
+        update = {"into": "in", "out": "out", "mode": "update", "result_key": "f0"}
+        with pytest.raises(
+            ValueError,
+            match=r"key= names \['usr'\], which the DataFrame has no column of: its columns are \['user', 'amount'\]",
+        ):
+            stage(df, client, key="usr", **update)
+        for n in (0, -2, 1.5):
+            with pytest.raises(ValueError, match=f"partitions= .*: a positive int, got {n}"):
+                stage(df, client, key="user", partitions=n, **update)
+        with pytest.raises(
+            ValueError, match=r"key= is for update mode .*: give mode='update', or leave key= out$"
+        ):
+            stage(df, client, into="in", out="out", key="user")
+        with pytest.raises(ValueError, match=r"key=, partitions= are for update mode .*df.repartition\(n\)"):
+            stage(df, client, into="in", out="out", mode="append", key="user", partitions=4)
+        assert client.describe()["operators"][0]["records_in"] == 0  # nothing refused reached the job
+        got = sorted(tuple(r) for r in stage(df, client, key="user", partitions=1, **update).collect())
+    finally:
+        client.cancel()
+    totals: dict = {}
+    for user, amount in rows:
+        totals[user] = totals.get(user, 0) + amount
+    assert got == sorted(totals.items())  # one micro-batch: each key's latest total
 
 
 class _Context:
