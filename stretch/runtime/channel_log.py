@@ -30,6 +30,20 @@ from stretch._shm import Segment
 from stretch.runtime.state_dir import make_private_dir, write_private
 
 _ENTRY = 3  # int64 words per index entry: segment first offset, position, length
+_IOV_MAX = 1024  # buffers one writev takes (Linux's IOV_MAX)
+
+
+def _write_all(fd: int, buffers) -> None:
+    """Write ``buffers`` in order, in as few calls as the kernel takes them in."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    i = 0
+    while i < len(views):
+        done = os.writev(fd, views[i : i + _IOV_MAX])
+        while i < len(views) and done >= views[i].nbytes:
+            done -= views[i].nbytes
+            i += 1
+        if done:  # a buffer written in part
+            views[i] = views[i][done:]
 
 
 class ChannelLog:
@@ -56,6 +70,7 @@ class ChannelLog:
         self._segment: tuple[int, object] | None = None  # (first offset, open file) being appended to
         self._reading: tuple[int, object] | None = None  # (first offset, open file) of the segment read last
         self._index_file = None  # the index, open for reading
+        self._index_append = None  # the index, open for appending
         self.pinned: int | None = None  # retention keeps every batch from here on (a checkpoint's)
 
     # ---- offsets ---------------------------------------------------------------------------
@@ -125,6 +140,13 @@ class ChannelLog:
 
     def append_ipc(self, data) -> int:
         """Append one batch given as a complete Arrow IPC stream (as gates hold them)."""
+        return self.append_ipcs([data])
+
+    def append_ipcs(self, streams) -> int:
+        """Append batches given as complete Arrow IPC streams, the data in one write and their
+        index entries in another (a writer of a record at a time leaves many small ones queued);
+        returns the first one's offset. The index is written last: a batch is in the log once its
+        entry is."""
         offset = self.end_offset
         if self._segment is None or self._segment[1].tell() >= self.segment_bytes:
             if self._segment is not None:
@@ -134,9 +156,17 @@ class ChannelLog:
             self._retain()  # at each new segment: whole segments are what retention deletes
         first, f = self._segment
         position = f.tell()
-        f.write(data)
-        with open(self._index, "ab", buffering=0) as index:
-            index.write(np.array([first, position, data.size], dtype=np.int64).tobytes())
+        sizes = np.array([memoryview(data).nbytes for data in streams], dtype=np.int64)
+        _write_all(f.fileno(), streams)
+        entries = np.empty((len(streams), _ENTRY), dtype=np.int64)
+        entries[:, 0] = first
+        entries[:, 1] = position + np.cumsum(sizes) - sizes
+        entries[:, 2] = sizes
+        if self._index_append is None:
+            self._index_append = os.fdopen(
+                os.open(self._index, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab", buffering=0
+            )
+        _write_all(self._index_append.fileno(), [entries.tobytes()])
         return offset
 
     def truncate(self, offset: int) -> None:
@@ -178,6 +208,9 @@ class ChannelLog:
         if self._index_file is not None:
             self._index_file.close()
             self._index_file = None
+        if self._index_append is not None:
+            self._index_append.close()
+            self._index_append = None
 
     # ---- reading (anyone) ------------------------------------------------------------------
     def read(self, start: int, end: int | None = None):

@@ -21,6 +21,7 @@ import fcntl
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 from stretch import _shm as shm
@@ -29,6 +30,12 @@ from stretch.runtime.channel_log import ChannelLog, LogTail
 from stretch.runtime.control_socket import runtime_dir
 from stretch.runtime.gate import Gate, GateClosed, Kind
 from stretch.runtime.state_dir import write_private
+
+LINGER_S = 0.001
+"""How long the logger waits for more when few entries are queued: a writer of a record at a time
+queues an entry each, and a copy of each on its own costs the writer's process (where the job
+runs) its writes and its GIL for every record. A checkpointed job reads the log that much later."""
+LINGER_ENTRIES = 64
 
 
 def records_dir() -> Path:
@@ -94,20 +101,29 @@ class InputLogger(threading.Thread):
         write_private(self.record, json.dumps({**record, "log": str(log.dir), "pid": os.getpid()}))
 
     def run(self) -> None:
+        """Copy what is queued, all of it at once: a writer of a record at a time queues an entry
+        a record, and each append to the log costs its writes however small the batch."""
         gate, seq, end = self.gate, self.gate.cursor(self.reader), self.log.end_offset
         try:
             while True:
                 if not gate.wait(seq, timeout=0.2):
                     continue
-                entry = gate.read(seq)
-                if entry.kind is Kind.DATA and self.producer in (None, entry.arg0):
-                    end = self.log.append_ipc(gate.payload(seq)) + 1
+                if gate.tail - seq < LINGER_ENTRIES:
+                    time.sleep(LINGER_S)  # more come meanwhile, copied in the same writes
+                streams, ended, tail = [], False, gate.tail
+                while seq < tail and not ended:
+                    kind, producer = gate.kind_of(seq)
+                    if kind is Kind.DATA and self.producer in (None, producer):
+                        streams.append(gate.payload(seq))
+                    ended = kind is Kind.END_OF_STREAM
+                    seq += 1
+                if streams:
+                    end = self.log.append_ipcs(streams) + len(streams)
                     if self.tail is not None:
                         self.tail.publish(end)
-                seq += 1
-                self.progress.commit(end, seq)  # before the cursor lets the gate reuse the entry
+                self.progress.commit(end, seq)  # before the cursor lets the gate reuse the entries
                 gate.advance(self.reader, seq)
-                if entry.kind is Kind.END_OF_STREAM:
+                if ended:
                     self.log.end()
                     if self.tail is not None:
                         self.tail.publish(self.log.end_offset, LogTail.ENDED)
@@ -160,7 +176,7 @@ def _copy_unlogged(gate: Gate, progress: LogProgress, producer: int | None, log_
     log = ChannelLog(log_dir, max_bytes=1 << 62)
     try:
         log_end, start = progress.committed()
-        already = log.end_offset - log_end  # 1: killed between the append and its commit
+        already = log.end_offset - log_end  # killed between an append and its commit: its batches
         copied = 0
         for seq in range(start, gate.tail):
             entry = gate.read(seq)

@@ -38,6 +38,33 @@ def test_offsets_ranges_and_reopen(tmp_path):
         list(again.read(0, 41))
 
 
+def test_batches_appended_together_read_as_if_appended_one_by_one(tmp_path):
+    """``append_ipcs`` (the logger's copy of what is queued) against the batches one by one:
+    the same offsets, the same batches, across segments and a reopen; a truncate still works."""
+    log = ChannelLog(tmp_path, segment_bytes=4096)
+    rng = random.Random(3)
+    model = [batch(i, rng.randrange(1, 120)) for i in range(200)]
+
+    def ipc(b: pa.RecordBatch) -> pa.Buffer:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, b.schema) as writer:
+            writer.write_batch(b)
+        return sink.getvalue()
+
+    k = 0
+    while k < 150:
+        group = model[k : k + rng.randrange(1, 30)]
+        assert log.append_ipcs([ipc(b) for b in group]) == k
+        k += len(group)
+    log.close()
+    again = ChannelLog(tmp_path, segment_bytes=4096)
+    assert [again.append(b) for b in model[k:]] == list(range(k, len(model)))
+    assert list(again.read(0)) == model
+    again.truncate(100)
+    assert again.append_ipcs([ipc(model[100]), ipc(model[101])]) == 100
+    assert list(again.read(0)) == model[:102]
+
+
 def test_segments_go_when_every_reader_committed_past_them(tmp_path):
     log = ChannelLog(tmp_path, segment_bytes=4096)
     reader = ChannelLog(tmp_path, create=False)  # a reader, as a Spark executor opens it

@@ -110,6 +110,36 @@ def test_the_end_of_stream_in_a_dead_gate_ends_the_log(dead_run):
     assert log.ended and [b for b in ChannelLog(log.dir).read(0)] == [batch(0)]
 
 
+def test_a_logger_copies_what_is_queued_in_gate_order_up_to_the_end_of_stream(tmp_path, monkeypatch):
+    """Entries queued before the logger looks (a writer of a record a call, two producers, an end
+    of stream, an entry after it): its producer's batches in gate order, the log ended, its
+    progress at the entry after the end."""
+    monkeypatch.setenv("STRETCH_RUNTIME_DIR", str(tmp_path))
+    prefix = shm.engine_prefix()
+    gate = Gate.create(prefix, "channel", 1024, 1 << 20)
+    log = ChannelLog(tmp_path / "log", segment_bytes=2048)
+    progress = LogProgress.create(prefix, 0, 0)
+    rng, model = random.Random(5), []
+    for i in range(300):
+        producer = rng.choice([3, 3, 4])
+        gate.append_batch(batch(i), producer=producer)
+        if producer == 3:
+            model.append(batch(i))
+    gate.append_control(Kind.END_OF_STREAM)
+    gate.append_batch(batch(999), producer=3)  # never: the stream ended
+    logger = InputLogger("in", gate, 1, log, progress, producer=3)
+    try:
+        logger.start()
+        logger.join(10)
+        assert not logger.is_alive()
+        reread = ChannelLog(tmp_path / "log", create=False)
+        assert reread.ended and list(reread.read(0)) == model
+        assert progress.committed() == (len(model), 301)
+    finally:
+        log.close()
+        shm.unlink_prefix(prefix)
+
+
 KILLED_JOB = textwrap.dedent(
     """
     import sys, time
@@ -127,12 +157,12 @@ KILLED_JOB = textwrap.dedent(
     writer.write([(k % KEYS, k) for k in range(n // 2)])
     while client.describe()["operators"][0]["records_in"] < n // 2:  # logged, read and processed
         time.sleep(0.01)
-    append = ChannelLog.append_ipc
-    def stalled(log, data):  # the logger falls behind: a slow disk, a busy machine
+    append = ChannelLog.append_ipcs
+    def stalled(log, streams):  # the logger falls behind: a slow disk, a busy machine
         if "/channels/in/" in str(log.dir):
             time.sleep(3600)
-        return append(log, data)
-    ChannelLog.append_ipc = stalled
+        return append(log, streams)
+    ChannelLog.append_ipcs = stalled
     for k in range(n // 2, n, 500):
         writer.write([(j % KEYS, j) for j in range(k, min(k + 500, n))])  # accepted: in the gate
     print("written", flush=True)
