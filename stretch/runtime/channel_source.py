@@ -8,11 +8,16 @@ run never logged (runtime.transactions).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import pyarrow as pa
+
 from stretch.plan.stages import walk_steps
 from stretch.runtime.channel_log import ChannelLog, LogTail
+from stretch.runtime.event_time import JUDGE_KEY, MARK_KEY
 from stretch.runtime.frontier import CLAIM_PIECE_NS
-from stretch.runtime.gate import Kind
-from stretch.runtime.transactions import txn_of
+from stretch.runtime.gate import JOINED_ROWS, SMALL_ROWS, Kind
+from stretch.runtime.transactions import ROUND_KEY, TXN_KEY, txn_of
 
 
 def read_channel(context, name: str):
@@ -22,23 +27,37 @@ def read_channel(context, name: str):
     return read_gate(context, name)
 
 
+class LogBatches(NamedTuple):
+    """Consecutive small batches of a channel's log read as one: the source's position counts
+    log batches (``ChannelSource.advance``)."""
+
+    batch: pa.RecordBatch
+    count: int
+
+
 def read_log(context, name: str):
     """A checkpointed job reads the channel's log (which the job keeps from the channel's gate)
-    from its position on, so a recovery can go back to a checkpoint's offset."""
+    from its position on, so a recovery can go back to a checkpoint's offset. Small batches
+    logged behind each other are read as one, as from the gate (``read_gate``)."""
     directory, tail_name = context.res.channel_logs[name]
     log, tail = ChannelLog(directory, create=False), LogTail.attach(tail_name)
     offset = context.position
     aborted = context.res.aborted_txns
+    into = _one_gate(context)
     try:
         while True:
             end = tail.end
             if offset < end:
-                for batch in log.read(offset, end):
+                for item in _joined(log.read(offset, end), lambda: join_most(into)):
+                    if isinstance(item, LogBatches):
+                        offset += item.count
+                        yield item
+                        continue
                     offset += 1
-                    if aborted and txn_of(batch)[0] in aborted:  # a dead run's unfinished transaction
-                        yield batch.slice(0, 0).replace_schema_metadata(None)  # keeps the count
+                    if aborted and txn_of(item)[0] in aborted:  # a dead run's unfinished transaction
+                        yield item.slice(0, 0).replace_schema_metadata(None)  # keeps the count
                     else:
-                        yield batch
+                        yield item
             elif tail.state != LogTail.RUNNING:
                 return
             elif not tail.wait(offset, timeout=0.1):
@@ -50,22 +69,36 @@ def read_log(context, name: str):
         tail.close()
 
 
+def _joined(batches, join_most):
+    """``batches``, with runs of small ``_plain`` ones of one schema joined, as ``LogBatches``: each
+    up to ``join_most()`` rows, asked as the run starts (the rate it follows changes as it goes)."""
+    run: list[pa.RecordBatch] = []
+    rows = most = 0
+    for batch in batches:
+        plain = 0 < batch.num_rows < SMALL_ROWS and _plain(batch)
+        if run and (not plain or rows >= most or not batch.schema.equals(run[0].schema)):
+            yield run[0] if len(run) == 1 else LogBatches(pa.concat_batches(run), len(run))
+            run, rows = [], 0
+        if plain and not run:
+            most = join_most()
+        if plain and most:
+            run.append(batch)
+            rows += batch.num_rows
+        else:
+            yield batch
+    if run:
+        yield run[0] if len(run) == 1 else LogBatches(pa.concat_batches(run), len(run))
+
+
+def _plain(batch: pa.RecordBatch) -> bool:
+    """Records alone: no transaction, watermark, round or lateness judge of their own."""
+    meta = batch.schema.metadata
+    return not meta or not any(key in meta for key in (TXN_KEY, MARK_KEY, ROUND_KEY, JUDGE_KEY))
+
+
 def read_gate(context, name: str):
     gate = context.channel_gate(name)
     into = _one_gate(context)
-
-    def read(seq: int):
-        """Entry ``seq``, or small ones queued joined: up to a claim piece of the work of the keyed
-        operator they go to, once it measured its rate: a rescale's epoch may wait for as much as
-        a joined entry's work (an instance none of whose rows it holds claims it whole)."""
-        if into is False:
-            return gate.read(seq), seq
-        if into is None:
-            return gate.read_joined(seq)
-        if not into.read_rate_measured:
-            return gate.read(seq), seq
-        return gate.read_joined(seq, int(CLAIM_PIECE_NS / into.read_ns_per_row))
-
     seq = gate.cursor(0)
     while True:
         if not gate.wait(seq, timeout=0.1):
@@ -73,7 +106,7 @@ def read_gate(context, name: str):
                 return
             yield None  # nothing yet: lets watermark generators notice idleness
             continue
-        entry, seq = read(seq)
+        entry, seq = gate.read_joined(seq, join_most(into))
         if entry.kind is Kind.END_OF_STREAM:
             gate.advance(0, seq + 1)
             return
@@ -81,6 +114,21 @@ def read_gate(context, name: str):
             yield entry.batch  # zero-copy if alone: processed before the cursor moves past it
         seq += 1
         gate.advance(0, seq)
+
+
+def join_most(into) -> int:
+    """How many rows of small batches queued behind each other a channel's source reads as one
+    (0: one at a time), for ``into`` as ``_one_gate`` gives it: up to a claim piece of the work
+    of the keyed operator they go to, once it measured its rate (a rescale's epoch may wait for
+    as much as a joined batch's work: an instance none of whose rows it holds claims it whole);
+    freely into a sink."""
+    if into is False:
+        return 0
+    if into is None:
+        return JOINED_ROWS
+    if not into.read_rate_measured:
+        return 0
+    return int(CLAIM_PIECE_NS / into.read_ns_per_row)
 
 
 def _one_gate(context):

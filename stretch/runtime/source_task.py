@@ -6,6 +6,7 @@ from stretch.common.records import gc_paused
 from stretch.runtime import control_block as cbk
 from stretch.runtime.batch import Records
 from stretch.runtime.chain import Chain
+from stretch.runtime.channel_source import LogBatches
 from stretch.runtime.checkpointing import Barrier
 from stretch.runtime.code_update import load_version, updated_step
 from stretch.runtime.event_time import judge_of, mark_of, producer_id
@@ -41,7 +42,8 @@ class SourceTask(Task):
         cb = self.attached.control
         code_word = cb.stage_word(self.stage.id, cbk.S_CODE)
         try:
-            for item in reader:
+            for read in reader:
+                item = read.batch if isinstance(read, LogBatches) else read  # batches of a log joined
                 if self.should_stop():
                     raise Stopped()
                 if cb.load(code_word) > self.stage.code_version:  # a live update of a chained step
@@ -71,7 +73,10 @@ class SourceTask(Task):
                             with gc_paused(item.num_rows):
                                 chain.push(Records(batch=item))
                             open_txn = txn
-                    position = source.advance(position, item)
+                    if isinstance(read, LogBatches):  # a channel's position counts log batches
+                        position += read.count
+                    else:
+                        position = source.advance(position, item)
                 if open_txn:
                     continue
                 if barrier is not None and not barrier.source_reached(position, self.should_stop):
