@@ -453,13 +453,13 @@ class Gate:
             batch = pa.ipc.open_stream(data).read_next_batch()
         return Entry(seq, kind, batch, int(s[4]), int(s[5]), int(s[6]), int(s[8]))
 
-    def kind_of(self, seq: int) -> tuple[Kind, int]:
-        """An entry's kind and ``arg0`` (a data entry's producer), without decoding its batch: what
-        a reader that copies the entry's bytes (``payload``) needs to know of it."""
+    def peek(self, seq: int) -> tuple[Kind, int, int]:
+        """An entry's kind, ``arg0`` (a data entry's producer) and rows, without decoding its batch:
+        what a reader that copies the entry's bytes (``payload``) needs to know of it."""
         s = self._slots[seq % self.slot_capacity]
         if s[0] != seq:
             raise RuntimeError(f"gate {self.name}: entry {seq} was overwritten (found {s[0]})")
-        return Kind(int(s[1])), int(s[4])
+        return Kind(int(s[1])), int(s[4]), int(s[7])
 
     def read_joined(self, seq: int, most: int = JOINED_ROWS) -> tuple[Entry, int]:
         """Entry ``seq``, joined, if it is a small data entry, by the small data entries already

@@ -28,12 +28,12 @@ from stretch import _shm as shm
 from stretch._shm import Segment
 from stretch.runtime.channel_log import ChannelLog, LogTail
 from stretch.runtime.control_socket import runtime_dir
-from stretch.runtime.gate import Gate, GateClosed, Kind
+from stretch.runtime.gate import SMALL_ROWS, Gate, GateClosed, Kind
 from stretch.runtime.state_dir import write_private
 
 LINGER_S = 0.001
-"""How long the logger waits for more when few entries are queued: a writer of a record at a time
-queues an entry each, and a copy of each on its own costs the writer's process (where the job
+"""How long the logger waits for more when few small entries are queued: a writer of a record at a
+time queues an entry each, and a copy of each on its own costs the writer's process (where the job
 runs) its writes and its GIL for every record. A checkpointed job reads the log that much later."""
 LINGER_ENTRIES = 64
 
@@ -108,11 +108,11 @@ class InputLogger(threading.Thread):
             while True:
                 if not gate.wait(seq, timeout=0.2):
                     continue
-                if gate.tail - seq < LINGER_ENTRIES:
+                if gate.tail - seq < LINGER_ENTRIES and 0 < gate.peek(seq)[2] < SMALL_ROWS:
                     time.sleep(LINGER_S)  # more come meanwhile, copied in the same writes
                 streams, ended, tail = [], False, gate.tail
                 while seq < tail and not ended:
-                    kind, producer = gate.kind_of(seq)
+                    kind, producer, _ = gate.peek(seq)
                     if kind is Kind.DATA and self.producer in (None, producer):
                         streams.append(gate.payload(seq))
                     ended = kind is Kind.END_OF_STREAM
