@@ -3,13 +3,14 @@
     python experiments/record_writes.py --json
 
 Each ``channels.open_writer(...).write([record])`` is one entry of the channel's gate. The job is
-``key_by(lambda r: r[0]).reduce(sum)`` at parallelism 1 behind a channel (not durable: the figures
-measure the engine, not the log's copy), and ``--records`` records (keys uniform over 100) are
-written one per call; the rate is records over the time from the first write until the job has
-finished with the last. ``key_by(0)`` (a field: the writer keys each record itself and appends it
-to the operator's gate) is measured beside it. The peer is the same running sum in plain Python
-across two processes: records put one at a time on a ``multiprocessing.Queue`` and summed per key
-by a consumer process. Medians of ``--repeats``, alternating.
+``key_by(lambda r: r[0]).reduce(sum)`` at parallelism 1 behind a channel that is not durable (the
+engine alone), and ``--records`` records (keys uniform over 100) are written one per call; the
+rate is records over the time from the first write until the job has finished with the last.
+Beside it: ``key_by(0)`` (a field: the writer keys each record itself and appends it to the
+operator's gate); the default, durable channel (the job logs every batch); the same at
+parallelism 2; and a checkpointed job (its source reads the log). The peer is the same running sum
+in plain Python across two processes: records put one at a time on a ``multiprocessing.Queue``
+and summed per key by a consumer process. Medians of ``--repeats``, alternating.
 """
 
 from __future__ import annotations
@@ -35,10 +36,18 @@ def records(n: int) -> list[tuple[int, int]]:
     return [(rng.randrange(100), rng.randrange(1000)) for _ in range(n)]
 
 
-def stretch_rate(data: list, by_field: bool) -> float:
+def stretch_rate(
+    data: list,
+    by_field: bool = False,
+    durable: bool = False,
+    parallelism: int = 1,
+    checkpointed: bool = False,
+) -> float:
     env = StreamExecutionEnvironment.get_execution_environment()
-    env.set_parallelism(1)
-    stream = env.from_source(ChannelSource("in", PAIR, durable=False), None, "in")
+    env.set_parallelism(parallelism)
+    if checkpointed:
+        env.enable_checkpointing(1000)
+    stream = env.from_source(ChannelSource("in", PAIR, durable=durable), None, "in")
     keyed = stream.key_by(0) if by_field else stream.key_by(lambda r: r[0])
     keyed.reduce(lambda a, b: (a[0], a[1] + b[1])).sink_to(DiscardingSink())
     client = env.execute_async(f"record writes {time.monotonic_ns()}")
@@ -82,17 +91,28 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     data = records(args.records)
-    runs: dict[str, list[float]] = {"selector": [], "field": [], "queue": []}
+    cases = {
+        "selector": lambda: stretch_rate(data),
+        "field": lambda: stretch_rate(data, by_field=True),
+        "durable": lambda: stretch_rate(data, durable=True),
+        "durable_p2": lambda: stretch_rate(data, durable=True, parallelism=2),
+        "checkpointed": lambda: stretch_rate(data, durable=True, checkpointed=True),
+        "queue": lambda: queue_rate(data),
+    }
+    runs: dict[str, list[float]] = {k: [] for k in cases}
     for i in range(args.repeats):
-        runs["selector"].append(stretch_rate(data, by_field=False))
-        runs["field"].append(stretch_rate(data, by_field=True))
-        runs["queue"].append(queue_rate(data))
+        for k, run in cases.items():
+            runs[k].append(run())
         log(f"repeat {i + 1}: " + ", ".join(f"{k} {v[-1]:.0f}/s" for k, v in runs.items()))
-    selector, field, queue = (median(runs[k]) for k in ("selector", "field", "queue"))
+    rate = {k: median(v) for k, v in runs.items()}
+    selector, queue = rate["selector"], rate["queue"]
     emit(
         {
             "record_writes_per_s": round(selector),
-            "record_writes_by_field_per_s": round(field),
+            "record_writes_by_field_per_s": round(rate["field"]),
+            "record_writes_durable_per_s": round(rate["durable"]),
+            "record_writes_durable_p2_per_s": round(rate["durable_p2"]),
+            "record_writes_checkpointed_per_s": round(rate["checkpointed"]),
             "mp_queue_records_per_s": round(queue),
             "record_writes_vs_mp_queue": round(selector / queue, 2),
             "records": args.records,
