@@ -41,7 +41,7 @@ class RescaleReport:
     new_parallelism: int
     elapsed_ms: float
     state_bytes_copied: int  # always 0: ownership moved, the state did not
-    queued: int = 0  # records (and markers) queued behind the position it applied from: not waited for
+    queued: int = 0  # records queued behind the position it applied from: not waited for, they run under it
 
     def __str__(self) -> str:
         return (
@@ -62,12 +62,15 @@ class UpdateReport:
     states_orphaned: list  # states the old code declared and the new one does not
     checkpoint: int | None  # the checkpoint that made it durable, in a checkpointed job
     dry_run: bool = False
-    queued: int = 0  # records (and markers) queued behind the position it applied from: not waited for
+    # records queued behind the position it applied from, which run the new code (not waited for);
+    # None for a step chained after a source, which switches between two of the source's reads
+    queued: int | None = 0
 
     def __str__(self) -> str:
         if self.dry_run:
             return f"update of {self.operator!r} to version {self.version} would be accepted"
-        return f"updated {self.operator!r} to version {self.version} in {self.elapsed_ms:.2f} ms"
+        queued = "" if self.queued is None else f" ({self.queued:,} queued records run the new code)"
+        return f"updated {self.operator!r} to version {self.version} in {self.elapsed_ms:.2f} ms{queued}"
 
 
 class JobExecutionResult:

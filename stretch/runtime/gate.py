@@ -211,6 +211,20 @@ class Gate:
                 lo = mid + 1
         return lo
 
+    def rows_from(self, position: int) -> int:
+        """The records queued from ``position`` to the tail: the rows of the data entries there,
+        not the positions (a watermark, a marker, a barrier takes one and holds no record). The
+        entries from ``position`` on must not be reclaimed, as for ``seq_at``; read from their
+        slots, without decoding a batch."""
+        rows = 0
+        for seq in range(self.seq_at(position), self.tail):
+            s = self._slots[seq % self.slot_capacity]
+            if s[0] != seq:
+                raise RuntimeError(f"gate {self.name}: entry {seq} was overwritten (found {s[0]})")
+            if s[7]:
+                rows += int(s[7]) - max(position - int(s[8]), 0)
+        return rows
+
     @property
     def closed(self) -> bool:
         return self.region.load64(_H_CLOSED) != 0

@@ -34,7 +34,8 @@ BEHIND_WAIT_S = 30.0  # how long placing an epoch waits for instances still on t
 @dataclass(frozen=True)
 class Placed:
     """Where an epoch was placed: its operator (index), number and gate position; the parallelism
-    before it; the instances that take it up; how many gate positions were queued behind it."""
+    before it; the instances that take it up; how many records were queued behind it (they run
+    under it: not watermarks or other marks, which take a gate position each)."""
 
     op: int
     epoch: int
@@ -353,7 +354,7 @@ class Rescaler:
             stage_id, new, [(i, epoch - 1, stage.code_version, position) for i in range(old, new)]
         )
         instances = list(range(max(old, new)))
-        return Placed(op, epoch, old, instances, position, gate.position - position, co.generation)
+        return Placed(op, epoch, old, instances, position, gate.rows_from(position), co.generation)
 
     def _input_ended(self, stage, op: int, parallelism: int, end: int) -> InputEnded:
         cb = self.co.control

@@ -141,7 +141,8 @@ class Updater:
 
     def _switch_keyed(self, stage, generation: int, timeout) -> tuple[int, int, int]:
         """An epoch with the new code version, at the readers' frontier of the operator's gate;
-        until every instance has reached it."""
+        until every instance has reached it. The records queued behind it when it was placed run
+        the new code: their number is the report's ``queued``, as a rescale's."""
         co, cb = self.co, self.co.control
         placed = co.rescaler.new_epoch(stage, code=stage.code_version)
         op, epoch, instances = placed.op, placed.epoch, placed.instances
@@ -154,9 +155,10 @@ class Updater:
         done_at = max(int(cb.instances(op)[i, cbk.I_CODE_AT_NS]) for i in instances)
         return epoch, done_at, placed.queued
 
-    def _switch_source(self, stage, generation: int, timeout) -> tuple[None, int, int]:
+    def _switch_source(self, stage, generation: int, timeout) -> tuple[None, int, None]:
         """A source's chained step: the source task switches between two items when it sees the
-        version asked for; until it says it did."""
+        version asked for; until it says it did. What the source had not read then is in its
+        input, not in a gate of the job: not counted (None)."""
         cb = self.co.control
         cb.signal(cb.stage_word(stage.id, cbk.S_CODE), stage.code_version)
         done = cb.stage_word(stage.id, cbk.S_CODE_DONE)
@@ -169,7 +171,7 @@ class Updater:
             return False
 
         self._await(stage, switched, generation, timeout)
-        return None, time.monotonic_ns(), 0
+        return None, time.monotonic_ns(), None
 
     def _await(self, stage, switched, generation: int, timeout) -> None:
         in_effect = f"is in effect (version {stage.code_version})"

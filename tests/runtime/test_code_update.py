@@ -18,7 +18,7 @@ import time
 import pytest
 
 from stretch import channels
-from stretch.common import Types, user_code
+from stretch.common import Duration, Types, WatermarkStrategy, user_code
 from stretch.datastream import (
     AggregateFunction,
     CoMapFunction,
@@ -140,6 +140,87 @@ def feed_slowly(job: Job, records: list, chunk: int = 20) -> threading.Thread:
     while not job.out:
         time.sleep(0.01)
     return t
+
+
+class Held(Counting):
+    """Version 1, held back while the file ``hold`` exists: a backlog queues in its gate."""
+
+    def __init__(self, hold: str):
+        self.hold = hold
+
+    def process_element(self, value, ctx):
+        while os.path.exists(self.hold):
+            time.sleep(0.005)
+        yield from super().process_element(value, ctx)
+
+
+def gate_rows(gate) -> int:
+    """The records appended to a gate whose first entry no reader has passed: what it holds."""
+    return sum(gate.read(seq).batch.num_rows for seq in range(gate.tail) if gate.read(seq).batch is not None)
+
+
+def test_an_update_reports_the_records_queued_behind_it_which_run_the_new_code(tmp_path):
+    """Records written while the operator is held back queue in its gate, a watermark after each
+    write: the update applies ahead of them, and its report counts exactly the records that then
+    run the new code, not the watermarks between them (a new user saw 0 for 20 k records)."""
+    records = records_of(6000, 23)
+    hold = tmp_path / "hold"
+    hold.touch()
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(0)).with_timestamp_assigner(
+        "f2"
+    )
+    job = Job(
+        lambda env: (
+            env.from_source(ChannelSource("in", RECORD), strategy, "in")
+            .key_by(lambda r: r[0])
+            .process(Held(str(hold)), OUT)
+            .name("count")
+        ),
+        "update behind a backlog",
+        parallelism=2,
+    )
+    for i in range(0, len(records), 300):
+        job.writer.write(records[i : i + 300])
+    co = job.client._coordinator
+    gate = co.gates[co.plan.stage("count").input_gate]
+    deadline = time.monotonic() + 30
+    while gate_rows(gate) < len(records):  # all of them wait in the gate, the operator held back
+        assert time.monotonic() < deadline, "the records never reached the operator's gate"
+        time.sleep(0.01)
+    assert gate.position > len(records)  # watermarks take positions among the records
+    reports: list = []
+    updating = threading.Thread(target=lambda: reports.append(job.client.update("count", Doubling())))
+    updating.start()
+    while job.client.describe()["operators"][0]["epoch"] < 1:  # placed: the held instances go on
+        assert time.monotonic() < deadline + 30, "the update was never placed"
+        time.sleep(0.01)
+    hold.unlink()
+    updating.join(60)
+    (report,) = reports
+    out = job.finish()
+    assert len(out) == len(records)
+    tag = {o[1]: o[2] for o in out}  # the version each record ran, by its position in the input
+    # a batch is laid out by key group in the gate: the update applies at one position of it, so
+    # the batches before its batch ran the old code, those after it the new, and per key the old
+    # code ran the key's first records, the new code the rest
+    ran = [{tag[r[2]] for r in records[i : i + 300]} for i in range(0, len(records), 300)]
+    first = next(i for i, tags in enumerate(ran) if "v2" in tags)
+    assert all(t == {"v1"} for t in ran[:first]) and all(t == {"v2"} for t in ran[first + 1 :])
+    by_key: dict = {}
+    for key, _, pos in records:
+        by_key.setdefault(key, []).append(tag[pos])
+    assert all(tags == sorted(tags) for tags in by_key.values())
+    state: dict = {}
+    model = set()
+    for key, value, pos in records:  # each record by the version it ran, over one state per key
+        count, total = VERSIONS[tag[pos]]().step(*state.get(key, (0, 0)), value)
+        state[key] = (count, total)
+        model.add((key, pos, tag[pos], count, total))
+    assert set(out) == model
+    ran_new = sum(t == "v2" for t in tag.values())
+    assert 0 < ran_new < len(records)  # it applied ahead of most of the backlog, after its first records
+    assert report.queued == ran_new
+    assert f"({ran_new:,} queued records run the new code)" in str(report)
 
 
 @pytest.mark.parametrize("parallelism", [1, 2, 4])
@@ -354,6 +435,9 @@ def test_a_chained_step_switches_at_the_record(where):
         job.client.update("step", Doubling())
     report = job.client.update("step", new)
     assert report.version == 1
+    # nothing was queued behind a keyed operator's switch (all 400 were out); a source's step
+    # switches between two of the source's reads: what the source has not read is not counted
+    assert report.queued == (0 if "keyed" in where else None)
     job.writer.write(records[400:])
     out = job.finish()
     assert sorted(out, key=lambda o: o[1]) == [(k, p, "old" if p < 400 else "new") for k, _, p in records]

@@ -431,6 +431,28 @@ def test_seq_at_finds_the_entry_of_a_position_after_the_ring_wrapped(make_gate):
         assert g.seq_at(position) == g.tail
 
 
+def test_rows_from_counts_the_records_queued_from_a_position_not_the_marks(make_gate):
+    """What a rescale or an update reports as queued behind its position: checked against a plain
+    list with one flag per position (a record, or a watermark or an empty batch, which take a
+    position and hold none), from every position of the live entries, as the ring wraps."""
+    g = make_gate(slots=8, readers=2)
+    g.open_reader(0, 0)
+    rng = random.Random(11)
+    records: list[bool] = []  # per position: does it hold a record
+    entries = []
+    for b in range(60):
+        seq, size = _append_entry(g, b, b % 3 == 1, 30, rng)
+        start = len(records)
+        holds = g.read(seq).batch is not None and g.read(seq).batch.num_rows > 0
+        records += [holds] * size
+        entries.append((seq, start))
+        live = entries[-rng.randrange(1, 7) :]
+        g.advance(0, live[0][0])
+        for p in range(live[0][1], len(records) + 1):
+            assert g.rows_from(p) == sum(records[p:]), p
+    assert sum(records) < len(records)  # marks and empty batches were among them
+
+
 def test_a_nudge_wakes_a_waiting_reader_without_an_entry(make_gate):
     g = make_gate()
     since = g.wake_count()
