@@ -114,6 +114,19 @@ def test_channel_errors_are_clear():
             writer.write(bad)
         with pytest.raises(LookupError, match="no running stretch job"):
             channels.open_writer("no-such-job", "clicks")
+        for job in (client, "channels job"):  # the wrong end of a channel: which end it is, and the others
+            with pytest.raises(LookupError) as reading:
+                channels.open_reader(job, "clicks")
+            assert str(reading.value) == (
+                "channel 'clicks' is an input channel of the job: write into it with open_writer; "
+                "read one of its output channels (totals)"
+            )
+            with pytest.raises(LookupError) as writing:
+                channels.open_writer(job, "totals")
+            assert str(writing.value) == (
+                "channel 'totals' is an output channel of the job: read it with open_reader; "
+                "write into one of its input channels (clicks)"
+            )
         writer.write([("a", 1)])
         writer.end()
         assert list(channels.open_reader(client, "totals")) == [("a", 1)]

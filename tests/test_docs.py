@@ -52,6 +52,19 @@ def test_no_python_left_unrun():
     assert unrun == []
 
 
+def test_the_docs_stand_on_their_own():
+    """The published pages point to pages of their own, never to the project's design brief (a
+    file a reader of the docs does not have)."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    found = [
+        f"{p.relative_to(ROOT)}: {line.strip()}"
+        for p in files
+        for line in p.read_text().splitlines()
+        if re.search(r"DESIGN\.md|project brief|\bthe brief\b", line)
+    ]
+    assert found == []
+
+
 def test_every_command_has_a_section_on_the_cli_page():
     """docs/guides/cli.md has a section for each subcommand that `stretch --help` lists."""
     from stretch.cli import main

@@ -6,12 +6,14 @@ from typing import TYPE_CHECKING, Any
 
 from stretch.common.typeinfo import TupleTypeInfo, TypeInformation, Types
 from stretch.common.watermark_strategy import WatermarkStrategy
+from stretch.common.wording import a, not_a_class
 from stretch.contracts.connectors import Sink
 from stretch.contracts.evictors import Evictor
 from stretch.contracts.functions import (
     AggregateFunction,
     FilterFunction,
     FlatMapFunction,
+    Function,
     KeyedProcessFunction,
     KeySelector,
     MapFunction,
@@ -49,9 +51,11 @@ if TYPE_CHECKING:
 
 
 def _check_function(func, cls, what: str):
+    if (wrong := not_a_class(func, Function)) is not None:  # map(AMap): AMap() was meant
+        raise TypeError(f"{what}: {wrong}")
     if isinstance(func, cls) or callable(func):
         return func
-    raise TypeError(f"The input must be a {cls.__name__} or a callable function! ({what} got {func!r})")
+    raise TypeError(f"The input must be {a(cls.__name__)} or a callable function! ({what} got {func!r})")
 
 
 class DataStream:
@@ -264,14 +268,19 @@ class DataStream:
 
     # ---- sinks ---------------------------------------------------------------------------
     def sink_to(self, sink: Sink) -> DataStreamSink:
+        return self._sink(sink, "sink_to")
+
+    def add_sink(self, sink_func: Sink) -> DataStreamSink:
+        return self._sink(sink_func, "add_sink")
+
+    def _sink(self, sink: Sink, method: str) -> DataStreamSink:
+        if (wrong := not_a_class(sink, Sink)) is not None:
+            raise TypeError(f"{method}: {wrong}")
         if not isinstance(sink, Sink):
-            raise TypeError(f"sink_to expects a stretch Sink, got {sink!r}")
+            raise TypeError(f"{method} expects a stretch Sink (stretch.datastream.connectors), got {sink!r}")
         t = Transformation("sink", [self._t], type(sink).__name__, {"sink": sink})
         self._env._add_sink(t)
         return DataStreamSink(t)
-
-    def add_sink(self, sink_func: Sink) -> DataStreamSink:
-        return self.sink_to(sink_func)
 
     def print(self, sink_identifier: str | None = None) -> DataStreamSink:
         return self.sink_to(PrintSink(sink_identifier)).name("Print to Std. Out")
@@ -559,6 +568,9 @@ class KeyedStream(DataStream):
 
     def sink_to(self, sink: Sink) -> DataStreamSink:
         return self._original.sink_to(sink)
+
+    def add_sink(self, sink_func: Sink) -> DataStreamSink:
+        return self._original.add_sink(sink_func)
 
     def execute_and_collect(self, job_execution_name: str | None = None, limit: int | None = None):
         """As in PyFlink, a KeyedStream's records come out as ``Row(f0=key, f1=value)``."""

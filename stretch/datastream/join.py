@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from stretch.common.typeinfo import Types
+from stretch.common.wording import a
 from stretch.contracts.functions import (
     CoGroupFunction,
     Function,
@@ -133,7 +134,7 @@ class WithWindow:
         where = self._equal_to._where
         streams = where._streams
         if not (isinstance(function, streams._function) or callable(function)):
-            raise TypeError(f"apply needs a {streams._function.__name__} or a callable, got {function!r}")
+            raise TypeError(f"apply needs {a(streams._function.__name__)} or a callable, got {function!r}")
         keyed = union_tagged(streams._left, streams._right).key_by(
             UnionKey(where._key, self._equal_to._key), where._key_type
         )

@@ -83,6 +83,7 @@ class StreamExecutionEnvironment:
         self._python_files: list[str] = []
         self._buffer_timeout = 100  # Flink's default, in ms
         self._chaining = True
+        self._executed: str | None = None  # the name of the latest job it ran: that took its sinks
 
     @staticmethod
     def get_execution_environment(configuration: Configuration | None = None) -> StreamExecutionEnvironment:
@@ -342,6 +343,21 @@ class StreamExecutionEnvironment:
     def _add_sink(self, t: Transformation) -> None:
         self._sinks.append(t)
 
+    def _take_sinks(self, job_name: str, needed: bool = True) -> list[Transformation]:
+        """The sinks defined since the last job: a job takes its graph along, as in Flink (one that
+        brings a sink of its own, execute_and_collect's, ``needed`` no others)."""
+        sinks, self._sinks = self._sinks, []
+        if needed and not sinks and self._executed is not None:
+            raise RuntimeError(
+                "No operators defined in streaming topology. Cannot execute: this environment already "
+                f"ran job {self._executed!r}, and a job takes the sources, operators and sinks defined "
+                "before it (as in Flink). Define the pipeline again before executing again, or follow "
+                "the running job with the JobClient that execute_async() returned"
+            )
+        if sinks or not needed:
+            self._executed = job_name
+        return sinks
+
     def _compile(self, sinks: list[Transformation], restore: bool | None = None):
         """The job's plan and a snapshot of the engine configuration to run it with."""
         dead_letters = ChannelSink(self._dead_letter_channel) if self._dead_letter_channel else None
@@ -382,7 +398,7 @@ class StreamExecutionEnvironment:
         port; a port number; or a ``stretch.ui.UIConfig``); ``client.ui_url`` is its address
         with the secret that lets a browser rescale. Needs the ``ui`` extra.
         """
-        sinks, self._sinks = self._sinks, []
+        sinks = self._take_sinks(job_name)
         if cluster is not None:
             if ui is not False:
                 raise ValueError(
@@ -411,7 +427,7 @@ class StreamExecutionEnvironment:
         return client.get_job_execution_result().result()
 
     def _execute_collect(self, sink: Transformation, job_name: str | None) -> CloseableIterator:
-        sinks, self._sinks = [*self._sinks, sink], []
+        sinks = [*self._take_sinks(job_name or DEFAULT_JOB_NAME, needed=False), sink]
         coordinator, client = self._submit(sinks, job_name)
         sink_id = next(s.id for s in coordinator.plan.sinks if s.sink is sink.spec["sink"])
         client._start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+from stretch.common.wording import a, described
 from stretch.contracts.functions import Function
 from stretch.errors import UpdateRefused
 
@@ -16,8 +17,8 @@ def replaced(adapter, attribute: str, new, accepts: tuple, callables: bool = Tru
         clone = copy.copy(adapter)
         setattr(clone, attribute, new)
         return clone
-    kinds = " or ".join(c.__name__ for c in accepts) + (" or a callable" if callables else "")
-    raise UpdateRefused(f"this operator runs a {kinds}; the new code is a {type(new).__name__}")
+    kinds = " or ".join(a(c.__name__) for c in accepts) + (" or a callable" if callables else "")
+    raise UpdateRefused(f"this operator runs {kinds}; the new code is {described(new)}")
 
 
 class Wrapping:

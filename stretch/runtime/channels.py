@@ -264,13 +264,23 @@ class JobChannels:
                     "run_start": out.run_start,
                     "type": out.type_info.to_json() if out.type_info is not None else None,
                 }
-            return {
-                "ok": False,
-                "type": "LookupError",
-                "error": f"job has no channel {name!r} to {'write' if role == 'writer' else 'read'} "
-                f"(input channels: {sorted([*self.inputs, *self.direct])}, "
-                f"output channels: {sorted(self.outputs)})",
-            }
+            inputs, outputs = sorted([*self.inputs, *self.direct]), sorted(self.outputs)
+            if role == "reader" and name in inputs:
+                error = (
+                    f"channel {name!r} is an input channel of the job: write into it with open_writer; "
+                    f"read one of its output channels ({', '.join(outputs) or 'none'})"
+                )
+            elif role == "writer" and name in outputs:
+                error = (
+                    f"channel {name!r} is an output channel of the job: read it with open_reader; "
+                    f"write into one of its input channels ({', '.join(inputs) or 'none'})"
+                )
+            else:
+                error = (
+                    f"job has no channel {name!r} to {'write' if role == 'writer' else 'read'} "
+                    f"(input channels: {inputs}, output channels: {outputs})"
+                )
+            return {"ok": False, "type": "LookupError", "error": error}
         if op == "channel_shape" and (name in self.direct or name in self.inputs):
             schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(msg["schema"])))
             shape = self.establish_shape(name, schema)

@@ -20,9 +20,11 @@ from pathlib import Path
 
 import cloudpickle
 
+from stretch.common.wording import a, described, not_a_class
 from stretch.contracts.functions import (
     FilterFunction,
     FlatMapFunction,
+    Function,
     JoinFunction,
     KeyedProcessFunction,
     MapFunction,
@@ -74,6 +76,8 @@ def swapped_stage(stage: StageSpec, function, output_type=None, step: str = "") 
     """The stage with its user function replaced by ``function`` (an operator's adapter says which
     of its functions that is), or, with ``step``, that chained step's function; refused if
     ``function`` is not of a kind the operator or step runs."""
+    if (wrong := not_a_class(function, Function)) is not None:  # update("op", AMap): AMap() was meant
+        raise UpdateRefused(f"the new code for {step or stage.name!r}: {wrong}")
     if step:
         return dataclasses.replace(
             stage, chain=_swapped_steps(stage.chain, step, function, output_type), updated_step=step
@@ -99,7 +103,7 @@ def swapped_stage(stage: StageSpec, function, output_type=None, step: str = "") 
         if not isinstance(function, KeyedProcessFunction):
             raise UpdateRefused(
                 f"operator {stage.name!r} runs a KeyedProcessFunction ({type(spec.fn).__name__}); "
-                f"the new code is a {type(function).__name__}"
+                f"the new code is {described(function)}"
             )
         changes["fn"] = function
     elif spec.kind == "band_join":
@@ -129,8 +133,8 @@ def _checked_step_function(step: Step, function, output_type):
     if not (
         isinstance(function, kinds) or (callables and callable(function) and not isinstance(function, type))
     ):
-        names = " or ".join(k.__name__ for k in kinds) + (" or a callable" if callables else "")
-        raise UpdateRefused(f"step {step.name!r} runs a {names}; the new code is a {type(function).__name__}")
+        names = " or ".join(a(k.__name__) for k in kinds) + (" or a callable" if callables else "")
+        raise UpdateRefused(f"step {step.name!r} runs {names}; the new code is {described(function)}")
     if output_type is not None and step.output_type is not None and output_type != step.output_type:
         raise UpdateRefused(
             f"step {step.name!r} feeds {step.output_type} downstream; the new code declares {output_type}"

@@ -18,9 +18,9 @@ import shutil
 import time
 from pathlib import Path
 
-from stretch.common import user_code
 from stretch.common.job_status import JobStatus
-from stretch.errors import InputEnded, UpdateRefused
+from stretch.errors import InputEnded, UnpicklableFunction, UpdateRefused
+from stretch.plan.shipping import pickled_stage
 from stretch.runtime import control_block as cbk
 from stretch.runtime.code_update import CodeHistory, swapped_stage, target
 
@@ -250,9 +250,12 @@ class Updater:
 
 
 def _pickled(stage, operator: str) -> bytes:
-    """The stage as workers get it; code that does not pickle is refused, not a failure."""
+    """The stage as workers get it; code that does not pickle is refused, not a failure, naming the
+    function and what it captures as a job's start does (``plan.shipping``)."""
     try:
-        return user_code.dumps(stage)
+        return pickled_stage(stage)
+    except UnpicklableFunction as e:
+        raise UpdateRefused(f"the new code of {operator!r} is refused: {e}") from e
     except Exception as e:
         raise UpdateRefused(f"the new code of {operator!r} does not pickle: {type(e).__name__}: {e}") from e
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from stretch.common.wording import a
 from stretch.state.codecs import storage_entry
 from stretch.state.keyed_table import KeyedTable
 from stretch.state.states import make_state
@@ -36,7 +37,7 @@ class KeyedStateBackend:
         if existing is not None:
             if type(existing.descriptor) is not type(descriptor):
                 raise ValueError(
-                    f"state {descriptor.name!r} is already declared as a {type(existing.descriptor).__name__}"
+                    f"state {descriptor.name!r} is already declared as {a(type(existing.descriptor).__name__)}"
                 )
             return existing
         sid = self.table.arena.register_state(storage_entry(descriptor))

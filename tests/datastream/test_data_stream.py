@@ -15,11 +15,13 @@ import pytest
 from stretch.common import Row, Types, WatermarkStrategy
 from stretch.common.watermark_strategy import TimestampAssigner
 from stretch.datastream import (
+    MapFunction,
     OutputTag,
     ProcessFunction,
     ReduceFunction,
     StreamExecutionEnvironment,
 )
+from stretch.datastream.connectors.print_sink import PrintSink
 
 PARALLELISM = [1, 2, 4]
 
@@ -188,3 +190,28 @@ def test_print_of_a_row_is_flinks_row_kind_and_comma_joined_fields(capsys):
     env.execute()
     lines = capsys.readouterr().out.split()
     assert lines == ["+I[1,a]", "+I[2,None]"]
+
+
+class Tens(MapFunction):
+    def map(self, value):
+        return value * 10
+
+
+def test_misuses_are_named_by_the_method_called_and_a_class_asks_for_an_instance():
+    env = env_of(1)
+    stream = env.from_collection([1, 2])
+    for sink_method in ("sink_to", "add_sink"):
+        for on in (stream, stream.key_by(lambda x: x)):
+            with pytest.raises(TypeError, match=rf"^{sink_method} expects a stretch Sink .*got \[1\]$"):
+                getattr(on, sink_method)([1])
+            with pytest.raises(
+                TypeError, match=rf"^{sink_method}: got the class PrintSink; pass an instance, PrintSink\(\)$"
+            ):
+                getattr(on, sink_method)(PrintSink)
+    with pytest.raises(TypeError, match=r"^map: got the class Tens; pass an instance, Tens\(\)$"):
+        stream.map(Tens)
+    with pytest.raises(
+        TypeError, match=r"The input must be a MapFunction or a callable function! \(map got 5\)"
+    ):
+        stream.map(5)
+    assert sorted(stream.map(str).execute_and_collect(limit=2)) == ["1", "2"]  # a plain class is a callable

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from stretch import channels
 from stretch.common import ExecutionConfig, RestartStrategies, Time, Types
 from stretch.datastream import (
     HashMapStateBackend,
@@ -11,6 +12,7 @@ from stretch.datastream import (
     StreamExecutionEnvironment,
     TimeCharacteristic,
 )
+from stretch.datastream.connectors.channel import ChannelSink
 
 
 def test_get_config_reaches_the_environment():
@@ -144,3 +146,25 @@ def test_buffer_timeout_and_chaining_are_recorded_for_pyflink_programs():
         doubled.set_buffer_timeout(-5)
     with doubled.execute_and_collect() as results:  # the job runs as without them
         assert sorted(results) == [2 * x for x in (1, 2, 3)]
+
+
+def test_a_second_execute_says_the_first_took_the_pipeline_as_in_flink():
+    """A job takes the pipeline defined before it: executing the environment again without a new
+    one is refused as Flink refuses it (no operators), saying why, not that there are no sinks."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(1)
+    with pytest.raises(RuntimeError, match="the job has no sinks"):  # nothing was ever defined
+        env.execute("never defined")
+    data = [3, 1, 2]
+    collected = env.from_collection(data).map(lambda x: x * 10).execute_and_collect(limit=3)
+    assert sorted(collected) == [10, 20, 30]
+    for again in (lambda: env.execute("second"), lambda: env.execute_async("second")):
+        with pytest.raises(RuntimeError) as refused:
+            again()
+        said = str(refused.value)
+        assert said.startswith("No operators defined in streaming topology. Cannot execute")
+        assert "already ran job 'Flink Streaming Job'" in said and "no sinks" not in said
+    env.from_collection(data).map(lambda x: x + 1).add_sink(ChannelSink("out"))  # a new pipeline runs
+    client = env.execute_async("third")
+    assert sorted(channels.open_reader(client, "out")) == [2, 3, 4]
+    assert client.wait().name == "FINISHED"

@@ -275,6 +275,10 @@ class NotAProcessFunction(MapFunction):
         return value
 
 
+class AMap(NotAProcessFunction):
+    pass
+
+
 class CountAsText(Counting):
     def open(self, ctx):
         self.count = ctx.get_state(ValueStateDescriptor("count", Types.STRING()))
@@ -305,10 +309,14 @@ def test_refused_updates_change_nothing_and_a_dry_run_only_checks():
     job = counting_job("refused updates", 2)
     job.writer.write(records[:500])
     refusals = {
-        NotAProcessFunction(): "KeyedProcessFunction",
+        NotAProcessFunction(): "runs a KeyedProcessFunction (Counting); the new code is a NotAProcessFunction",
+        AMap(): "the new code is an AMap",
+        Doubling: "got the class Doubling; pass an instance, Doubling()",  # the class, not Doubling()
         CountAsText(): "state 'count' keeps its name but changes",
         FailsToOpen(): "failed in open(): RuntimeError: no database here",
-        Unpicklable(): "does not pickle",
+        # what a job's start says of a function that does not pickle (stretch.plan.shipping)
+        Unpicklable(): "process function of operator 'count' cannot be shipped to the workers: it captures "
+        "a '_thread.lock' object (as 'lock')",
     }
     for function, why in refusals.items():
         with pytest.raises(UpdateRefused, match=why.replace("(", r"\(").replace(")", r"\)")):

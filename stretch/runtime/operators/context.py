@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from stretch.common.wording import a
 from stretch.contracts import state as api_state
 from stretch.contracts.functions import KeyedProcessFunction, RuntimeContext, TimeDomain, TimerService
 from stretch.state.backend import KeyedStateBackend
@@ -52,7 +53,7 @@ class InstanceRuntimeContext(RuntimeContext):
         if self._backend is None:
             raise RuntimeError("This state is only accessible by functions executed on a KeyedStream.")
         if not isinstance(descriptor, cls):
-            raise TypeError(f"expected a {cls.__name__}, got {descriptor!r}")
+            raise TypeError(f"expected {a(cls.__name__)}, got {descriptor!r}")
         return self._backend.state(descriptor)
 
     def get_state(self, state_descriptor):
