@@ -1,11 +1,15 @@
-"""The ``stretch`` command: run the demo or a job script, list, describe, rescale, update and
-checkpoint the jobs on this machine, and look at or change a stretch cluster.
+"""The ``stretch`` command: run the demo or a job script, list, describe, rescale, update,
+checkpoint and cancel the jobs on this machine, and look at or change a stretch cluster.
 
-The commands that talk to a running job (jobs, status, scale, update, checkpoint, metrics) import
-only ``stretch.jobs`` and its control socket client, so that each takes little more than the
-interpreter's start and the job's answer (figures in docs/guides/cli.md; tests/test_cli_imports.py
-guards it); a command that needs more (the DataStream API, pyarrow, Spark) imports it in its own
-function.
+Errors a user can cause (a job that is not there or has ended, a refused request, a script that is
+not there, a refused restore, a cluster that does not answer) print one line, ``stretch: ...``,
+and exit 1 (2 for wrong usage): never a traceback.
+
+The commands that talk to a running job (jobs, status, scale, update, checkpoint, cancel, metrics)
+import only ``stretch.jobs`` and its control socket client, so that each takes little more than
+the interpreter's start and the job's answer (figures in docs/guides/cli.md;
+tests/test_cli_imports.py guards it); a command that needs more (the DataStream API, pyarrow,
+Spark) imports it in its own function.
 """
 
 from __future__ import annotations
@@ -15,13 +19,9 @@ import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
 
 from stretch import jobs
 from stretch.errors import job_ended
-
-if TYPE_CHECKING:
-    from stretch.cluster.client import ClusterConnection
 
 
 def _jobs() -> list[dict]:
@@ -69,7 +69,7 @@ def _ask(job: jobs.Job, method, *args, what: str | None = None, **kw):
         except LookupError:
             pass
         raise SystemExit(f"stretch: job {job.name!r} ended before answering") from None
-    except (LookupError, ValueError, RuntimeError, TimeoutError) as e:
+    except (LookupError, ValueError, TypeError, RuntimeError, TimeoutError) as e:
         raise SystemExit(f"stretch: {e}") from None
 
 
@@ -221,8 +221,12 @@ def cmd_update(args) -> int:
     if reply["dry_run"]:
         print(f"update of {reply['operator']!r} to version {reply['version']} would be accepted ({states})")
     else:
+        queued = (
+            "" if reply.get("queued") is None else f"; {reply['queued']:,} queued records run the new code"
+        )
         print(
-            f"updated {reply['operator']!r} to version {reply['version']} in {reply['elapsed_ms']:.2f} ms ({states})"
+            f"updated {reply['operator']!r} to version {reply['version']} in {reply['elapsed_ms']:.2f} ms "
+            f"({states}{queued})"
         )
     return 0
 
@@ -244,23 +248,78 @@ def cmd_checkpoint(args) -> int:
     return 0
 
 
+def cmd_cancel(args) -> int:
+    """Cancel a running job, as its JobClient.cancel() does; returns once its process has let go
+    of everything the job held (its directory too: a restore may follow at once)."""
+    try:
+        job = jobs.find(args.job)
+    except jobs.JobNotRunning as e:
+        raise SystemExit(f"stretch: {e}: there is nothing to cancel") from None
+    except LookupError as e:
+        raise SystemExit(f"stretch: {e}") from None
+    t0 = time.monotonic()
+    try:
+        reply = job.cancel(on_progress=_waiting("cancel"))
+    except jobs.JobGone:  # it ended as it answered, the cancel with it, or on its own
+        reply = None
+    except (LookupError, ValueError, RuntimeError, TimeoutError) as e:
+        raise SystemExit(f"stretch: {e}") from None
+    ended = _gone(job)
+    if reply is not None and reply["status"] != "CANCELED":
+        raise SystemExit(f"stretch: {reply['how']}: it was not cancelled")
+    if reply is None and ended is not None and ended.ended != "CANCELED":
+        raise SystemExit(f"stretch: {ended.how}: it was not cancelled")
+    print(f"cancelled job {job.name!r} ({job.job_id}) in {(time.monotonic() - t0) * 1000:.0f} ms")
+    return 0
+
+
+def _gone(job: jobs.Job, timeout: float = 60.0) -> jobs.JobInfo | None:
+    """Once the job's process has let go of it: its ended record (None if the process exited)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            jobs.find(job.job_id)
+        except jobs.JobNotRunning as e:
+            return e.info
+        except LookupError:
+            return None
+        time.sleep(0.02)
+    raise SystemExit(
+        f"stretch: job {job.name!r} was cancelled but its process has not let go of it after {timeout:.0f} s"
+    )
+
+
 def cmd_run(args) -> int:
-    """Run a job script; with --restore its job starts from its latest complete checkpoint."""
+    """Run a job script; with --restore its job starts from its latest complete checkpoint. The
+    job's own refusals and ends (a refused restore, a failure, a cancel, a function that does not
+    ship) print their message, not the script's traceback; the script's own errors print theirs,
+    as python does."""
     import runpy
 
     from stretch.datastream.stream_execution_environment import RESTORE_CODE_ENV, RESTORE_ENV
+    from stretch.errors import JobExecutionError, RestoreRefused, UnpicklableFunction
 
+    if not os.path.isfile(args.script):
+        print(f"stretch run: error: no script {args.script!r} (no such file)", file=sys.stderr)
+        return 2
     if args.restore:
         os.environ[RESTORE_ENV] = "1"
     if args.restore_code:
         os.environ[RESTORE_CODE_ENV] = args.restore_code
     sys.argv = [args.script, *args.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))  # as `python script.py` does
-    runpy.run_path(args.script, run_name="__main__")
+    try:
+        runpy.run_path(args.script, run_name="__main__")
+    except (RestoreRefused, JobExecutionError, UnpicklableFunction) as e:
+        raise SystemExit(f"stretch: {e}") from None
     return 0
 
 
 def cmd_demo(args) -> int:
+    import shutil
+
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        raise SystemExit("stretch: the demo runs Spark, which needs Java 17: install it, or set JAVA_HOME")
     from stretch import demo  # Spark and matplotlib: only for the demo
 
     if args.nodes:
@@ -276,13 +335,12 @@ def cmd_demo(args) -> int:
             verbose=args.verbose,
         )
         return 0 if summary["results_match_reference"] and summary["status"] == "FINISHED" else 1
-    schedule = tuple(int(p) for p in args.schedule.split(",") if p.strip()) if args.schedule else ()
     summary = demo.run(
         events=args.events,
         files=args.files,
         files_per_trigger=args.files_per_trigger,
         parallelism=args.parallelism,
-        schedule=schedule,
+        schedule=args.schedule,
         work_dir=args.work_dir,
         plot=not args.no_plot,
         verbose=args.verbose,
@@ -290,60 +348,11 @@ def cmd_demo(args) -> int:
     return 0 if summary["results_match_reference"] and summary["status"] == "FINISHED" else 1
 
 
-def _connect(address: str) -> ClusterConnection:
-    from stretch.cluster.client import ClusterConnection  # pyarrow.flight: only for the cluster commands
+def cmd_cluster(args) -> int:
+    """status / add-node / remove-node (stretch.cluster.commands)."""
+    from stretch.cluster import commands  # pyarrow.flight: only for the cluster commands
 
-    try:
-        return ClusterConnection(address)
-    except (OSError, LookupError, ValueError) as e:
-        raise SystemExit(f"stretch: no stretch cluster at {address}: {e}") from None
-
-
-def cmd_cluster_status(args) -> int:
-    """Each node of the cluster at ADDRESS: its routing version, key groups and jobs."""
-    connection = _connect(args.address)
-    try:
-        table = connection.routing()
-        nodes = {n: connection.action(n, "status") for n in connection.locations()}
-    finally:
-        connection.close()
-    if args.json:
-        print(json.dumps({"version": table.version if table else None, "nodes": nodes}))
-        return 0
-    print(f"routing version {table.version if table else '-'}, {len(nodes)} nodes")
-    for node, status in nodes.items():
-        running = (
-            ", ".join(f"{name} ({job.get('status')})" for name, job in status["jobs"].items()) or "no jobs"
-        )
-        print(
-            f"  {node:10} version {status['version']:<4} {len(status['key_groups']):5} key groups   {running}"
-        )
-    return 0
-
-
-def cmd_cluster_change(args) -> int:
-    """add-node / remove-node: the cluster's driver moves the key groups; prints its HandoffReport."""
-    connection = _connect(args.address)
-    try:
-        if args.cluster_command == "add-node":
-            report = connection.driver_action("add_node")
-        else:
-            report = connection.driver_action("remove_node", {"node": args.node})
-    except LookupError as e:
-        raise SystemExit(f"stretch: {e}") from None
-    finally:
-        connection.close()
-    if not report.pop("ok"):
-        raise SystemExit(f"stretch: {report['error']}")
-    if args.json:
-        print(json.dumps(report))
-        return 0
-    print(
-        f"{args.cluster_command}: moved {report['key_groups_moved']} key groups ({report['bytes_moved']:,} state "
-        f"bytes) in {report['elapsed_ms']:.1f} ms over {report['steps']} steps; longest stall "
-        f"{report['max_stall_ms']:.1f} ms; routing version {report['version']}"
-    )
-    return 0
+    return commands.status(args) if args.cluster_command == "status" else commands.change(args)
 
 
 def cmd_ui(args) -> int:
@@ -358,9 +367,10 @@ def cmd_ui(args) -> int:
     sources = [LocalJobs()]
     secret = args.secret or os.environ.get("STRETCH_UI_SECRET")
     if args.cluster:
+        from stretch.cluster.commands import connect
         from stretch.cluster.ui_source import ClusterJobs
 
-        connection = _connect(args.cluster)
+        connection = connect(args.cluster)
         sources.append(ClusterJobs(connection))
         secret = secret or connection.secret  # who may call the cluster's nodes may rescale here
     try:
@@ -398,6 +408,7 @@ _EXAMPLES = """examples:
   stretch checkpoint clicks               a checkpoint now
   stretch update clicks totals fns:V2     swap the function of operator 'totals', live
   stretch metrics clicks                  its metrics, in Prometheus' text format
+  stretch cancel clicks                   cancel it
   stretch run --restore my_job.py         a job script, from its job's latest checkpoint
   stretch ui                              a web page of the running jobs (port 8081)
   stretch cluster status DIR              the nodes of a stretch cluster (its directory, or its URL)
@@ -409,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="stretch",
         description="Elastic stateful stream processing: run the demo or a job script; list, describe, "
-        "rescale, update and checkpoint the stretch jobs running on this machine; look at and change a cluster.",
+        "rescale, update, checkpoint and cancel the stretch jobs running on this machine; look at and change "
+        "a cluster.",
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -429,21 +441,26 @@ def main(argv: list[str] | None = None) -> int:
         "run the demo pipeline: one Spark query with a stretch job as its stage, on generated clicks",
         "stretch demo --events 500000",
     )
-    p.add_argument("--events", type=int, default=2_000_000, help="click events to generate")
-    p.add_argument("--files", type=int, default=20, help="Parquet files to spread them over")
+    p.add_argument("--events", type=_count, default=2_000_000, help="click events to generate")
+    p.add_argument("--files", type=_count, default=20, help="Parquet files to spread them over")
     p.add_argument(
         "--files-per-trigger",
-        type=int,
+        type=_count,
         default=4,
         help="files Spark reads per micro-batch (maxFilesPerTrigger)",
     )
     p.add_argument(
-        "--parallelism", type=int, default=1, help="the window operator's parallelism at the start"
+        "--parallelism", type=_count, default=1, help="the window operator's parallelism at the start"
     )
-    p.add_argument("--schedule", default="2,1", help="parallelism to rescale to, live, during the run")
+    p.add_argument(
+        "--schedule",
+        type=_schedule,
+        default=(2, 1),
+        help="parallelisms to rescale to, live, during the run (comma-separated; empty: none)",
+    )
     p.add_argument(
         "--nodes",
-        type=int,
+        type=_count,
         default=0,
         help="run the job on a local stretch cluster of this many nodes instead, adding one node and "
         "removing one live (--parallelism and --schedule then do not apply)",
@@ -479,6 +496,13 @@ def main(argv: list[str] | None = None) -> int:
     p = command("checkpoint", "take a checkpoint of a running job now", "stretch checkpoint clicks")
     p.add_argument("job", help="job id (or a unique prefix) or job name")
     p.set_defaults(func=cmd_checkpoint)
+    p = command(
+        "cancel",
+        "cancel a running job: it stops at once, as JobClient.cancel() does",
+        "stretch cancel clicks",
+    )
+    p.add_argument("job", help="job id (or a unique prefix) or job name")
+    p.set_defaults(func=cmd_cancel)
     p = command("run", "run a job script (a Python file)", "stretch run --restore my_job.py")
     p.add_argument("script")
     p.add_argument("--restore", action="store_true", help="start from the job's latest complete checkpoint")
@@ -500,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="machine-readable: the status as JSON, with rates")
     p.add_argument(
         "--interval",
-        type=float,
+        type=_seconds,
         help="measure the rates over this many seconds here (default: the job's own, over about the last second)",
     )
     p.set_defaults(func=cmd_status)
@@ -555,14 +579,14 @@ def main(argv: list[str] | None = None) -> int:
         "stretch cluster status /tmp/stretch-cluster-4k8v6ur2",
         "machine-readable: the routing version and each node's status as JSON",
     )
-    c.set_defaults(func=cmd_cluster_status)
+    c.set_defaults(func=cmd_cluster)
     c = cluster_command(
         "add-node",
         "start a node and move its share of key groups to it, live",
         "stretch cluster add-node /tmp/stretch-cluster-4k8v6ur2 --json",
         "machine-readable: the HandoffReport as JSON",
     )
-    c.set_defaults(func=cmd_cluster_change)
+    c.set_defaults(func=cmd_cluster)
     c = cluster_command(
         "remove-node",
         "move a node's key groups to the others, live, then stop it",
@@ -570,9 +594,39 @@ def main(argv: list[str] | None = None) -> int:
         "machine-readable: the HandoffReport as JSON",
     )
     c.add_argument("node", help="the node's id, as `stretch cluster status` shows it")
-    c.set_defaults(func=cmd_cluster_change)
+    c.set_defaults(func=cmd_cluster)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: no traceback (what a job was asked to do goes on in the job)
+        print("stretch: interrupted", file=sys.stderr)
+        return 130
+
+
+def _count(text: str) -> int:
+    """A whole number of at least 1 (argparse's type)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _schedule(text: str) -> tuple[int, ...]:
+    """Comma-separated parallelisms, each at least 1; empty: none."""
+    return tuple(_count(p.strip()) for p in text.split(",") if p.strip())
+
+
+def _seconds(text: str) -> float:
+    try:
+        t = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not t > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return t
 
 
 if __name__ == "__main__":

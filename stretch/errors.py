@@ -23,6 +23,12 @@ class UpdateRefused(ValueError):
     keeps running the old code."""
 
 
+class RestoreRefused(ValueError):
+    """A restore (``execute(restore=True)``, ``stretch run --restore``) was refused before the job
+    started: the message says why (a job that finished, key groups that do not match, code older
+    than the checkpoint's) and what to do instead."""
+
+
 class JobEnded(RuntimeError):
     """The job has ended (finished, failed, was cancelled) or is ending, so it cannot do what was
     asked (a rescale, an update, a checkpoint): the message names the job and says how it ended."""

@@ -3,6 +3,7 @@
 >>> job = jobs.find("clicks")            # a job name, a job id (or a unique prefix), or a JobClient
 >>> job.status()["operators"]            # what `stretch status` shows
 >>> job.rescale("per-user windows", 4)   # what `stretch scale` does
+>>> job.cancel()                         # what `stretch cancel` does
 
 Every job listens on an owner-only control socket in this user's runtime directory; ``find``
 looks there, and a name that matches several running jobs is refused (give more of the id). A
@@ -174,6 +175,12 @@ class Job:
         msg = {"op": "update", "operator": operator, "function": function}
         msg.update(dry_run=dry_run, drop_orphaned=drop_orphaned)
         return self._ok(msg, on_progress=on_progress)
+
+    def cancel(self, on_progress: Callable | None = None) -> dict:
+        """Cancel the job (as ``JobClient.cancel``): answered once it stopped processing, with its
+        ``status`` (CANCELED, or how it ended if it ended first) and ``how``; its process lets go
+        of the job's resources just after. A job that has ended raises ``JobEnded``."""
+        return self._ok({"op": "cancel"}, on_progress=on_progress)
 
     def checkpoint(self, on_progress: Callable | None = None) -> dict:
         """Take a checkpoint now; its report once it is complete."""

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pyarrow.parquet as pq
 import pytest
 
+from stretch import jobs
 from stretch.cli import main
 from stretch.cluster import StretchCluster
 from stretch.common import Types
@@ -170,6 +174,156 @@ def test_scale_from_a_second_process_and_its_errors():
     assert "CANCELED" in line and "(ended " in line
 
 
+def generating_job(name: str):
+    """A job that runs until cancelled: a rate-limited generator summed per key."""
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(2)
+    src = DataGeneratorSource(
+        lambda i: (i % 10, i),
+        count=None,
+        rate_limiter_strategy=RateLimiterStrategy.per_second(2000),
+        type_info=Types.TUPLE([Types.LONG(), Types.LONG()]),
+    )
+    env.from_source(src, None, "gen").key_by(lambda r: r[0]).sum(1).name("totals").sink_to(DiscardingSink())
+    return env.execute_async(name)
+
+
+def test_cancel_from_a_second_process_and_of_a_job_that_ended():
+    client = generating_job("cli cancel job")
+    job = client.get_job_id()
+    done = stretch("cancel", job[:10])  # by id prefix, as scale and status take it
+    assert re.fullmatch(rf"cancelled job 'cli cancel job' \({job}\) in \d+ ms\n", done.stdout), done.stdout
+    # it returned once the job's process had let go of the job: it is over, its end recorded
+    assert client.get_job_status().result().name == "CANCELED"
+    with pytest.raises(jobs.JobNotRunning, match="was cancelled"):
+        jobs.find(job)
+    again = stretch("cancel", "cli cancel job", check=False)  # by name: it says how the job ended
+    assert again.returncode == 1
+    assert again.stderr == "stretch: job 'cli cancel job' was cancelled: there is nothing to cancel\n"
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.from_collection([1, 2, 3]).sink_to(DiscardingSink())
+    finished = env.execute_async("cli finished job")
+    assert finished.wait().name == "FINISHED"
+    late = stretch("cancel", "cli finished job", check=False)
+    assert late.returncode == 1
+    assert late.stderr == "stretch: job 'cli finished job' has finished: there is nothing to cancel\n"
+    missing = stretch("cancel", "no such job", check=False)
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1
+    assert missing.stderr.startswith("stretch: no running stretch job 'no such job'")
+
+
+EXECUTE_SCRIPT = """
+import sys
+
+from stretch.common import Types
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors import DataGeneratorSource, DiscardingSink, RateLimiterStrategy
+
+env = StreamExecutionEnvironment.get_execution_environment()
+env.set_parallelism(1)
+src = DataGeneratorSource(
+    lambda i: (i % 10, i),
+    count=None,
+    rate_limiter_strategy=RateLimiterStrategy.per_second(2000),
+    type_info=Types.TUPLE([Types.LONG(), Types.LONG()]),
+)
+env.from_source(src, None, "gen").key_by(lambda r: r[0]).sum(1).name("totals").sink_to(DiscardingSink())
+print("started", flush=True)
+env.execute(sys.argv[1])
+"""
+
+
+def test_a_script_whose_job_is_cancelled_by_stretch_cancel_ends_in_one_line(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(EXECUTE_SCRIPT)
+    name = f"cli-cancelled-{tmp_path.name}"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "stretch.cli", "run", str(script), name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert run.stdout.readline() == "started\n"
+        deadline = time.monotonic() + 60
+        while not any(j["name"] == name for j in json.loads(stretch("jobs", "--json").stdout)):
+            assert time.monotonic() < deadline, "the script's job never started"
+            time.sleep(0.1)
+        assert stretch("cancel", name).stdout.startswith(f"cancelled job {name!r}")
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+        run.wait()
+    assert run.returncode == 1 and "Traceback" not in err
+    assert re.fullmatch(rf"stretch: job '{name}' \([0-9a-f]+\) was cancelled\n", err), err
+
+
+RUN_SCRIPT = """
+import sys
+from stretch.datastream import StreamExecutionEnvironment
+from stretch.datastream.connectors import DiscardingSink
+
+env = StreamExecutionEnvironment.get_execution_environment()
+env.set_parallelism(1)
+if sys.argv[2] == "checkpointed":
+    env.enable_checkpointing(None)
+if sys.argv[2] == "mistaken":
+    {}["a key the script does not have"]
+env.from_collection([1, 2, 3]).key_by(lambda x: x % 2).sum(0).sink_to(DiscardingSink())
+print(env.execute(sys.argv[1]).get_job_id(), flush=True)
+"""
+
+
+def test_run_says_in_one_line_why_a_restore_is_refused(tmp_path):
+    """The job's refusals print one line, what and why and what to do, and exit 1; an error of
+    the script itself prints its traceback as python does; a script that is not there is wrong usage."""
+    script = tmp_path / "job.py"
+    script.write_text(RUN_SCRIPT)
+    name = f"cli-run-{tmp_path.name}"
+    stretch("run", str(script), name, "checkpointed")  # it finishes: nothing is left to restore
+    for args, said in [
+        (
+            ("checkpointed",),
+            rf"stretch: job '{name}' finished \(at [-\d: ]+\): there is nothing to restore; run it "
+            "without restore to run it again\n",
+        ),
+        (("plain",), r"stretch: restore needs checkpointing: call env.enable_checkpointing\(\) first\n"),
+    ]:
+        refused = stretch("run", "--restore", str(script), name, *args, check=False)
+        assert refused.returncode == 1 and re.fullmatch(said, refused.stderr), refused.stderr
+    mistaken = stretch("run", str(script), name, "mistaken", check=False)
+    assert mistaken.returncode == 1 and "Traceback" in mistaken.stderr and "KeyError" in mistaken.stderr
+    missing = stretch("run", str(tmp_path / "nosuch.py"), check=False)
+    assert (
+        missing.returncode == 2
+        and missing.stderr
+        == f"stretch run: error: no script {str(tmp_path / 'nosuch.py')!r} (no such file)\n"
+    )
+
+
+def test_wrong_values_and_a_cluster_that_does_not_answer_are_one_line(monkeypatch):
+    for args, said in [
+        (
+            ("status", "some job", "--interval", "-1"),
+            "argument --interval: must be more than 0 seconds, got -1",
+        ),
+        (("demo", "--events", "0"), "argument --events: must be at least 1, got 0"),
+        (("demo", "--schedule", "2,x"), "argument --schedule: expected a whole number, got 'x'"),
+        (("scale", "some job", "totals", "two"), "argument parallelism: invalid int value: 'two'"),
+    ]:
+        wrong = stretch(*args, check=False)
+        assert wrong.returncode == 2 and wrong.stderr.splitlines()[-1].endswith(said), wrong.stderr
+        assert "Traceback" not in wrong.stderr
+    with socket.socket() as s:  # a port nobody listens on: a driver that is gone
+        s.bind(("127.0.0.1", 0))
+        url = f"grpc://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("STRETCH_CLUSTER_SECRET", "a secret")
+    for command in (("status", url), ("add-node", url), ("remove-node", url, "node-0")):
+        gone = stretch("cluster", *command, check=False)
+        assert gone.returncode == 1 and gone.stderr.count("\n") == 1, gone.stderr
+        assert gone.stderr.startswith(f"stretch: the driver of the cluster at {url} does not answer")
+
+
 RESTORE_SCRIPT = """
 import sys
 from stretch.datastream import StreamExecutionEnvironment
@@ -259,7 +413,7 @@ def test_cluster_status_add_node_and_remove_node_from_another_process(tmp_path, 
 def test_help_has_examples_and_exit_codes_follow_the_conventions():
     top = stretch("--help").stdout
     assert "examples:" in top and "exit status" in top
-    for command in ("demo", "scale", "checkpoint", "run", "jobs", "status", "metrics", "cluster"):
+    for command in ("demo", "scale", "checkpoint", "cancel", "run", "jobs", "status", "metrics", "cluster"):
         assert "example:" in stretch(command, "--help").stdout, command
     for command in ("status", "add-node", "remove-node"):
         assert "example:" in stretch("cluster", command, "--help").stdout, command
@@ -276,6 +430,11 @@ class Doubled(Counting):
 
     def step(self, count, total, value):
         return count + 1, total + 2 * value
+
+
+class Scaled(Counting):
+    def __init__(self, factor):
+        self.factor = factor
 """
 
 
@@ -293,13 +452,15 @@ def test_update_from_a_second_process_and_its_refusals(tmp_path):
         (("count", f"{module}:Nope"), "has no 'Nope'"),
         (("count", "no_such_module:X"), "does not import in the job's process"),
         (("count", "builtins:dict"), "runs a KeyedProcessFunction"),
+        (("count", f"{module}:Scaled"), "is a class whose constructor needs arguments"),
     ]:
         result = stretch("update", job_id, *args, check=False)
         assert result.returncode == 1 and message in result.stderr, (args, result.stderr)
+        assert result.stderr.startswith("stretch: ") and result.stderr.count("\n") == 1, result.stderr
     dry = json.loads(stretch("update", job_id, "count", f"{module}:Doubled", "--dry-run", "--json").stdout)
     assert dry["dry_run"] and dry["version"] == 1
     out = stretch("update", job_id, "count", f"{module}:Doubled").stdout
-    assert "updated 'count' to version 1" in out
+    assert "updated 'count' to version 1" in out and "queued records run the new code" in out
     job.writer.write(records[300:])
     assert set(job.finish()) == oracle(records, [(0, "v1"), (300, "v2")])
 
@@ -352,8 +513,9 @@ def test_a_restore_after_a_live_update_runs_the_updated_code_only_when_told(tmp_
         first.kill()  # SIGKILL: the job's process dies with the update in its latest checkpoint
         first.wait()
     refused = stretch("run", "--restore", str(script), name, "rest", check=False)
-    assert refused.returncode != 0
-    assert "ran code version 1 at the checkpoint" in refused.stderr and "older" in refused.stderr
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.startswith("stretch: operator 'count' ran code version 1 at the checkpoint")
+    assert "older" in refused.stderr and refused.stderr.count("\n") == 1
     done = stretch("run", "--restore", "--restore-code", "checkpoint", str(script), name, "rest")
     assert "finished FINISHED" in done.stdout
     results = [tuple(r) for r in channels.open_reader(name, "out", from_offset=0)]

@@ -1,5 +1,5 @@
 """The stretch command stays fast: the commands that talk to a running job (jobs, status, scale,
-update, checkpoint, metrics) import only the control socket's client, never the DataStream API,
+update, checkpoint, cancel, metrics) import only the control socket's client, never the DataStream API,
 the engine, the state store, numba, numpy, pyarrow or Spark (which take a second to import).
 Guarded by what a fresh process has imported, not by timing (docs/guides/cli.md has the figures)."""
 
@@ -79,17 +79,18 @@ def test_importing_the_cli_and_asking_for_jobs_that_are_not_there_imports_nothin
         ["update", "nosuch", "op", "m:F"],
         ["checkpoint", "nosuch"],
         ["metrics", "nosuch"],
+        ["cancel", "nosuch"],
     ]
     seen = probe(commands, STRETCH_RUNTIME_DIR=str(tmp_path / "run"))  # no jobs there
-    assert [code for _, code, _ in seen] == [None, 0, 0, 1, 1, 1, 1, 1]
+    assert [code for _, code, _ in seen] == [None, 0, 0, 1, 1, 1, 1, 1, 1]
     for command, _, modules in seen:
         assert heavy(modules) == [], command
     assert "stretch.jobs" in seen[0][2]
 
 
 def test_the_commands_against_a_running_job_import_nothing_heavy():
-    """Each reply (status, rescale, update, checkpoint, metrics, and refusals) decodes without
-    pyarrow or the API."""
+    """Each reply (status, rescale, update, checkpoint, metrics, cancel, and refusals) decodes
+    without pyarrow or the API."""
     name = f"cli-imports-{os.getpid()}"
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(2)
@@ -110,11 +111,13 @@ def test_the_commands_against_a_running_job_import_nothing_heavy():
             ["update", name, "count", "tests.runtime.test_code_update:Doubling", "--dry-run"],
             ["checkpoint", name],
             ["metrics", name],
+            ["cancel", name],
         ]
         seen = probe(commands)
-        assert [code for _, code, _ in seen] == [None, 0, 0, 0, 0, 0, 1, 0, 0, 0]
+        assert [code for _, code, _ in seen] == [None, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
         for command, _, modules in seen:
             assert heavy(modules) == [], command
         assert client.describe()["operators"][0]["parallelism"] == 3
+        assert client.get_job_status().result().name == "CANCELED"
     finally:
         client.cancel()

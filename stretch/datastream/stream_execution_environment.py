@@ -20,6 +20,7 @@ from stretch.datastream.data_stream import DataStream, check_max_parallelism, ch
 from stretch.datastream.execution_plan import execution_plan, in_batch_mode
 from stretch.datastream.job_client import CloseableIterator, JobClient, JobExecutionResult
 from stretch.elasticity import ThresholdPolicy
+from stretch.errors import RestoreRefused
 from stretch.plan.graph import Transformation
 from stretch.plan.stages import compile_plan
 from stretch.runtime.coordinator import Coordinator, EngineConfig
@@ -371,7 +372,7 @@ class StreamExecutionEnvironment:
         if restore is None:
             restore = os.environ.get(RESTORE_ENV) == "1"
         if restore and not self.engine_config.checkpointing:
-            raise ValueError("restore needs checkpointing: call env.enable_checkpointing() first")
+            raise RestoreRefused("restore needs checkpointing: call env.enable_checkpointing() first")
         config = dataclasses.replace(  # a snapshot: later changes to the environment leave the job be
             self.engine_config, restore=restore, checkpoint=dataclasses.replace(self.engine_config.checkpoint)
         )

@@ -30,7 +30,7 @@ from stretch.contracts.functions import (
     MapFunction,
     ProcessFunction,
 )
-from stretch.errors import UnknownOperator, UpdateRefused
+from stretch.errors import RestoreRefused, UnknownOperator, UpdateRefused
 from stretch.plan.shipping import pickled_stage
 from stretch.plan.stages import JobPlan, StageSpec, Step, walk_steps
 from stretch.runtime.operators import InstanceRuntimeContext, make_operator
@@ -276,7 +276,7 @@ class CodeHistory:
                 chosen = load_version(str(self.dir), stage.id, version)
             elif older:
                 at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(recorded["at"]))
-                raise UpdateRefused(
+                raise RestoreRefused(
                     f"operator {stage.name!r} ran code version {version} at the checkpoint (updated live "
                     f"from {recorded['source']} at {at}), but this script's code for it is older: bring "
                     "the script up to date, or restore with restore_code='checkpoint' (CLI: "

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from stretch import _shm as shm
 from stretch.common.job_status import JobStatus
-from stretch.errors import JobExecutionError, job_ended
+from stretch.errors import JobExecutionError, RestoreRefused, job_ended
 from stretch.plan.shipping import pickled_stage
 from stretch.plan.stages import JobPlan
 from stretch.runtime import job_info
@@ -234,13 +234,13 @@ class Coordinator:
         died before completing one (None: the job never ran, so this run starts afresh)."""
         finished = store.finished_at()
         if finished is not None:
-            raise ValueError(
+            raise RestoreRefused(
                 f"job {self.job_name!r} finished (at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(finished))}): "
                 "there is nothing to restore; run it without restore to run it again"
             )
         restore = store.latest()
         if restore is not None and restore["max_parallelism"] != self.plan.max_parallelism:
-            raise ValueError(
+            raise RestoreRefused(
                 f"checkpoint {restore['id']} has max parallelism {restore['max_parallelism']}; "
                 f"the job has {self.plan.max_parallelism}: key groups must match to restore"
             )

@@ -17,11 +17,13 @@ import threading
 import time
 from pathlib import Path
 
+from stretch.common.job_status import JobStatus
 from stretch.errors import JobEnded, UnknownOperator, UpdateRefused
 from stretch.runtime.control_socket import Connection
 from stretch.runtime.metrics import render
 
 PROGRESS_INTERVAL = 1.0  # seconds between progress frames of a long operation
+_ENDING = (JobStatus.CANCELLING, JobStatus.FAILING)
 
 
 class ControlRequests:
@@ -93,6 +95,24 @@ class ControlRequests:
             "ok": True,
             **_with_progress(conn, lambda: self.job.update(operator, function, source=target, **options)),
         }
+
+    def _cancel(self, conn, msg) -> dict:
+        """Cancel the job (``JobClient.cancel``); answered once it stopped processing, with how it
+        ended (a job that ended first says so). Its process lets go of the job's resources after
+        this answer, with the control socket; the CLI waits for that (``stretch cancel``)."""
+        job = self.job
+        if job.stopping or job.status.is_globally_terminal_state() or job.status in _ENDING:
+            raise JobEnded(f"{job.ended_as()}: there is nothing to cancel")
+        t0 = time.monotonic()
+
+        def cancel() -> dict:
+            job.cancel()
+            while not (job.status.is_globally_terminal_state() or job.done):
+                time.sleep(0.005)
+            elapsed = (time.monotonic() - t0) * 1000
+            return {"ok": True, "status": job.status.name, "how": job.ended_as(), "elapsed_ms": elapsed}
+
+        return _with_progress(conn, cancel)
 
     def _checkpoint(self, conn, msg) -> dict:
         return {"ok": True, **_with_progress(conn, self.job.trigger_checkpoint)}
@@ -169,6 +189,7 @@ _HANDLERS = {
     "scale": ControlRequests._scale,
     "barrier": ControlRequests._barrier,
     "checkpoint": ControlRequests._checkpoint,
+    "cancel": ControlRequests._cancel,
     "update": ControlRequests._update,
     "channel_publish": ControlRequests._publish,
     "channel_discard": ControlRequests._publish,

@@ -30,7 +30,7 @@ from stretch.datastream import (
 )
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.state import ListStateDescriptor, ValueStateDescriptor
-from stretch.errors import UnknownOperator, UpdateRefused
+from stretch.errors import RestoreRefused, UnknownOperator, UpdateRefused
 from tests.runtime.test_rescale import Job
 
 RECORD = Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()])  # key, value, position
@@ -628,7 +628,7 @@ def test_a_restore_with_the_scripts_older_code_refuses_unless_told(tmp_path):
     first.record(doubling, first.write(doubling, user_code.dumps(doubling), "tests:Doubling"))
     first.save_index()
     again = CodeHistory(tmp_path, [stage(Counting())], restore=True)  # the old script, restored
-    with pytest.raises(UpdateRefused, match=r"ran code version 1 at the checkpoint .* tests:Doubling"):
+    with pytest.raises(RestoreRefused, match=r"ran code version 1 at the checkpoint .* tests:Doubling"):
         again.at_checkpoint(stage(Counting()), 1, "refuse")
     ran = again.at_checkpoint(stage(Counting()), 1, "checkpoint")
     assert type(ran.operator.fn) is Doubling and ran.code_version == 1
