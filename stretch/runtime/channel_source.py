@@ -118,13 +118,15 @@ def read_gate(context, name: str):
 
 def join_most(into) -> int:
     """How many rows of small batches queued behind each other a channel's source reads as one
-    (0: one at a time), for ``into`` as ``_one_gate`` gives it: up to a claim piece of the work
-    of the keyed operator they go to, once it measured its rate (a rescale's epoch may wait for
-    as much as a joined batch's work: an instance none of whose rows it holds claims it whole);
-    freely into a sink."""
+    (0: one at a time), for ``into`` as ``_one_gate`` gives it: for a per-record function that
+    claims its pieces from inside a call (it publishes its rate), up to a claim piece of its work,
+    once it measured its rate (a rescale's epoch may wait for as much as a joined batch's work: an
+    instance none of whose rows it holds claims it whole); into a sink, or an operator that claims
+    no pieces (its epochs wait for a batch as a user's batch of that size), up to
+    ``JOINED_ROWS``."""
     if into is False:
         return 0
-    if into is None:
+    if into is None or not into.read_ns_per_row:  # a sink, or an operator that claims no pieces
         return JOINED_ROWS
     if not into.read_rate_measured:
         return 0
