@@ -216,14 +216,12 @@ class Gate:
         not the positions (a watermark, a marker, a barrier takes one and holds no record). The
         entries from ``position`` on must not be reclaimed, as for ``seq_at``; read from their
         slots, without decoding a batch."""
-        rows = 0
-        for seq in range(self.seq_at(position), self.tail):
-            s = self._slots[seq % self.slot_capacity]
-            if s[0] != seq:
-                raise RuntimeError(f"gate {self.name}: entry {seq} was overwritten (found {s[0]})")
-            if s[7]:
-                rows += int(s[7]) - max(position - int(s[8]), 0)
-        return rows
+        seqs = np.arange(self.seq_at(position), self.tail)
+        slots = self._slots[seqs % self.slot_capacity]  # one pass: a rescale places its epoch meanwhile
+        if (slots[:, 0] != seqs).any():
+            raise RuntimeError(f"gate {self.name}: entries from position {position} were overwritten")
+        rows, starts = slots[:, 7], slots[:, 8]
+        return int(np.where(rows > 0, rows - np.maximum(position - starts, 0), 0).sum())
 
     @property
     def closed(self) -> bool:

@@ -342,6 +342,7 @@ class Rescaler:
         if away:
             gone.update(dict.fromkeys(away, gate.position))
         start = gate.seq_at(position)
+        queued = gate.rows_from(position)  # before the epoch is published: nobody reads past it yet
         if away:  # what is queued from the position on stays readable until it is copied
             gate.open_reader(gate.pin_slot, start)
         for i in range(old, new):  # before the position is published: nobody retires before them
@@ -354,7 +355,7 @@ class Rescaler:
             stage_id, new, [(i, epoch - 1, stage.code_version, position) for i in range(old, new)]
         )
         instances = list(range(max(old, new)))
-        return Placed(op, epoch, old, instances, position, gate.rows_from(position), co.generation)
+        return Placed(op, epoch, old, instances, position, queued, co.generation)
 
     def _input_ended(self, stage, op: int, parallelism: int, end: int) -> InputEnded:
         cb = self.co.control
