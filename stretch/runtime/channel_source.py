@@ -123,14 +123,15 @@ def join_most(into) -> int:
     once it measured its rate (a rescale's epoch may wait for as much as a joined batch's work: an
     instance none of whose rows it holds claims it whole); into a sink, or an operator that claims
     no pieces (its epochs wait for a batch as a user's batch of that size), up to
-    ``JOINED_ROWS``."""
+    ``JOINED_ROWS``; none before an instance of the operator said which it is."""
     if into is False:
         return 0
-    if into is None or not into.read_ns_per_row:  # a sink, or an operator that claims no pieces
+    if into is None:
         return JOINED_ROWS
-    if not into.read_rate_measured:
+    claim = into.readers_claim
+    if claim is None or (claim and not into.read_rate_measured):  # not known yet
         return 0
-    return int(CLAIM_PIECE_NS / into.read_ns_per_row)
+    return int(CLAIM_PIECE_NS / into.read_ns_per_row) if claim else JOINED_ROWS
 
 
 def _one_gate(context):

@@ -69,6 +69,7 @@ _H_TAIL, _H_DATA_TAIL, _H_CLOSED, _H_POSITION = 128, 136, 144, 152
 _H_END = 160  # 1 + the position of the end-of-stream entry, 0 before one is appended
 _H_READ_NS = 168  # the readers' recent work per row, ns x 1024 (0: not known yet)
 _H_READ_MEASURED = 176  # 1 once that work was measured (before: a guess, or nothing)
+_H_READERS_CLAIM = 184  # whether its readers claim pieces: 0 not known yet, 1 they do, 2 they do not
 _H_PUB_FUTEX, _H_READERS_SLEEPING = 192, 196
 _H_SPACE_FUTEX, _H_PRODUCERS_SLEEPING = 256, 260
 _H_REASON_LEN, _H_REASON = 272, 280  # why the gate was closed: UTF-8 text, up to the reader cursors
@@ -271,6 +272,17 @@ class Gate:
     def read_rate_measured(self) -> bool:
         """Whether ``read_ns_per_row`` was measured, not guessed (before its readers had read)."""
         return bool(self.region.load64(_H_READ_MEASURED))
+
+    @property
+    def readers_claim(self) -> bool | None:
+        """Whether the operator reading the gate claims pieces of its work from inside a call
+        (``runtime.frontier``), so that what one entry holds bounds what an epoch waits for; None
+        before one of its instances said."""
+        word = self.region.load64(_H_READERS_CLAIM)
+        return None if word == 0 else word == 1
+
+    def note_readers_claim(self, claim: bool) -> None:
+        self.region.store64(_H_READERS_CLAIM, 1 if claim else 2)
 
     def note_read_rate(self, ns_per_row: float, measured: bool = True) -> None:
         self.region.store64(_H_READ_NS, max(1, int(ns_per_row * 1024)))

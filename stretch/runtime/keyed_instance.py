@@ -371,6 +371,7 @@ class KeyedInstanceTask(Task):
         """Whether its operator takes its claims from inside a call (``ProcessOperator.go_on``), and
         the work of a piece it claims (``runtime.frontier``)."""
         self.claiming_operator = not self.fused and hasattr(self.operator, "go_on")
+        self.gate.note_readers_claim(self.claiming_operator)  # how far its producers join (channel_source)
         self._piece_ns = CLAIM_PIECE_NS if self.claiming_operator else PIECE_NS
         if self.frontier is not None:  # a live update changed the operator
             self.frontier.lead_ns = LEAD_PIECES * self._piece_ns

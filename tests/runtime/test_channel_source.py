@@ -19,10 +19,11 @@ from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.output_tag import OutputTag
 from stretch.datastream.state import MapStateDescriptor, ValueStateDescriptor
 from stretch.plan.stages import compile_plan
-from stretch.runtime.channel_source import LogBatches, _joined, cut_unseen
+from stretch.runtime.channel_source import LogBatches, _joined, cut_unseen, join_most
 from stretch.runtime.checkpointing import CheckpointStore
 from stretch.runtime.event_time import MARK_KEY
-from stretch.runtime.gate import SMALL_ROWS
+from stretch.runtime.frontier import CLAIM_PIECE_NS
+from stretch.runtime.gate import JOINED_ROWS, SMALL_ROWS
 from stretch.runtime.state_dir import job_dir
 from stretch.runtime.transactions import TXN_KEY
 from tests.runtime.test_checkpointing import KEYS, running_sums_reference
@@ -100,6 +101,27 @@ def test_a_source_with_a_watermark_strategy_reads_each_batch_alone():
     keyed(env, env.from_source(ChannelSource("in", PAIR, durable=False), STRATEGY, "in"))
     stage = next(s for s in compile_plan(env._sinks, 1, 128).stages if s.source is not None)
     assert not cut_unseen(stage.chain)
+
+
+def _gate_read(claim, measured=False, ns_per_row=0.0):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(readers_claim=claim, read_rate_measured=measured, read_ns_per_row=ns_per_row)
+
+
+@pytest.mark.parametrize(
+    "into, most",
+    [
+        (False, 0),  # batches seen downstream: one at a time
+        (None, JOINED_ROWS),  # into a sink
+        (_gate_read(None), 0),  # no instance of the operator has started: not known how it reads
+        (_gate_read(False), JOINED_ROWS),  # an operator that claims no pieces
+        (_gate_read(True, False, 1000.0), 0),  # a per-record function, its rate a first guess
+        (_gate_read(True, True, 500.0), CLAIM_PIECE_NS // 500),  # a claim piece at its measured rate
+    ],
+)
+def test_how_many_rows_a_channels_source_joins_follows_how_the_operator_reads(into, most):
+    assert join_most(into) == most
 
 
 def _log_batches(rng: random.Random, n: int) -> list[pa.RecordBatch]:
