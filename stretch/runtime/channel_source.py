@@ -29,7 +29,7 @@ def read_channel(context, name: str):
 
 class LogBatches(NamedTuple):
     """Consecutive small batches of a channel's log read as one: the source's position counts
-    log batches (``ChannelSource.advance``)."""
+    log batches, so its task moves it on by ``count``."""
 
     batch: pa.RecordBatch
     count: int
