@@ -35,6 +35,7 @@ I_CLAIM = 19  # the gate position up to which it has committed to read under its
 I_RATE = 20  # its recent reading time per position of pace, in ns/1024 (0: not known yet)
 I_PACE = 21  # its claim as a position of pace: its share of the entry it reads (runtime.frontier)
 I_WORDS = 24
+CODE_HELD = 1 << 62  # an epoch's code version while its live update is still checked (runtime.updater)
 # Instance states.
 FREE, RUNNING, DONE = 0, 1, 2
 
@@ -223,6 +224,28 @@ class ControlBlock:
 
     def code(self, op: int, epoch: int) -> int:
         return self.segment.region.load64(self.code_word(op, epoch))
+
+    def decide_code(self, op: int, epoch: int, version: int) -> None:
+        """The code version of an epoch published with ``CODE_HELD``: instances at its position go
+        on with it."""
+        r = self.segment.region
+        r.store64(self.code_word(op, epoch), version)
+        futex = self.op_word(op, O_SWITCH_FUTEX)
+        r.fetch_add32(futex, 1)
+        r.wake32(futex)
+
+    def wait_code(self, op: int, epoch: int, waiting) -> int:
+        """An epoch's code version, once decided; ``waiting()`` is called meanwhile (it raises to
+        stop)."""
+        r = self.segment.region
+        futex = self.op_word(op, O_SWITCH_FUTEX)
+        while True:
+            seen = r.load32(futex)
+            code = r.load64(self.code_word(op, epoch))
+            if code != CODE_HELD:
+                return code
+            waiting()
+            r.wait32(futex, seen, 0.01)
 
     def parallelism(self, op: int, epoch: int) -> int:
         return self.segment.region.load64(self.parallelism_word(op, epoch))

@@ -55,6 +55,8 @@ class JobLoop:
 
     # ---- events (put by any thread) -----------------------------------------------------------
     def on_worker_message(self, conn, msg) -> None:
+        if msg.get("op") == "update_checked":  # its caller waits: not for this thread's turn too
+            self.co.updater.answered(msg)
         self.events.put(("msg", conn, msg))
 
     def on_close(self, conn) -> None:
@@ -159,7 +161,7 @@ class JobLoop:
         elif op == "update_checked":
             w = co.workers.of(conn)
             if w is not None:
-                co.updater.checked(w, msg)
+                co.updater.checked(w)
                 if co.status is JobStatus.RUNNING:
                     self._assign(w)
         elif op in ("done", "stopped", "failed"):

@@ -498,7 +498,8 @@ class KeyedInstanceTask(Task):
         announced complete. Instances record the watermarks they track at the position; an added
         instance starts from those, and (a broadcast operator's) from the broadcast state's version
         there, once an instance that was there before has passed it (so every version before it
-        is out). An epoch with a new code version switches the code (``_update``).
+        is out). An epoch with a new code version switches the code (``_update``), once the
+        coordinator has decided it (an update's epoch is placed while its check runs).
         """
         cb, op, index, gate = self.attached.control, self.op_index, self.a.index, self.gate
         epoch = self.frontier.epoch + 1
@@ -541,7 +542,7 @@ class KeyedInstanceTask(Task):
                 self.operator.load_broadcast(self.board.before(gate.cursor(index)))
             self.fresh = False
         if not self.retired:
-            self._update(cb.code(op, epoch))
+            self._update(cb.wait_code(op, epoch, self._waiting))
         stats = self.stats
         stats[cbk.I_STALL_NS] += stall
         stats[cbk.I_MAX_STALL_NS] = max(int(stats[cbk.I_MAX_STALL_NS]), stall)

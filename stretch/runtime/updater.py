@@ -1,9 +1,12 @@
 """The coordinator's side of a live code update (``JobClient.update``; see ``runtime.code_update``).
 
 An update takes its operator's turn (rescales, updates and checkpoints take turns), is checked in a
-spare worker, then switches at one position: an epoch of a keyed operator with the new code
-version, placed at the readers' frontier of its gate (runtime.rescaler), or, for a step chained
-after a source, a control word the source task reads between two items. In a
+spare worker, and switches at one position: an epoch of a keyed operator, placed at the readers'
+frontier of its gate (runtime.rescaler), or, for a step chained after a source, a control word the
+source task reads between two items. A keyed operator's epoch is placed as the check starts, its
+code version held: the instances reach its position while the worker checks, and wait there for
+the version decided, the new one if the check passes within ``HOLD_S``, else the old one (a slow
+check's update then places an epoch of its own once it passed). In a
 checkpointed job a checkpoint follows, recording the new version; a recovery runs the versions of
 the checkpoint it restores, so an update it did not cover is undone.
 """
@@ -23,6 +26,33 @@ from stretch.errors import InputEnded, UnpicklableFunction, UpdateRefused
 from stretch.plan.shipping import pickled_stage
 from stretch.runtime import control_block as cbk
 from stretch.runtime.code_update import CodeHistory, swapped_stage, target
+from stretch.runtime.rescaler import Placed
+
+HOLD_S = 0.025
+"""How long a keyed operator's instances may wait at an update's position for its check: a check
+takes a few milliseconds, about as long as the instances take to reach the position."""
+
+
+class _Held:
+    """An update's epoch placed while its check runs; its code version is decided once."""
+
+    def __init__(self, co, placed: Placed, old: int):
+        self.co, self.placed, self.old = co, placed, old
+        self.decided = False
+
+    def decide(self, version: int) -> None:
+        if self.decided:
+            return
+        self.decided = True
+        try:
+            self.co.control.decide_code(self.placed.op, self.placed.epoch, version)
+        except ValueError:  # a recovery released the control block: the update is undone anyway
+            if self.co.generation == self.placed.generation:
+                raise
+
+    def release(self) -> None:
+        """The instances go on under the old code."""
+        self.decide(self.old)
 
 
 class Updater:
@@ -81,57 +111,95 @@ class Updater:
             new = self.history.numbered(swapped_stage(stage, function, output_type, step))
             blob = _pickled(new, operator)
             ticket = self._start_check(stage, blob)
-            source = source or _source_of(function)
-            early = not dry_run and not drop_orphaned  # the version file is written during the check
-            entry = self.history.write(new, blob, source) if early else None
+            held = None
+            if stage.kind == "keyed" and not dry_run:  # the instances reach it during the check
+                held = _Held(co, co.rescaler.new_epoch(stage, code=cbk.CODE_HELD), stage.code_version)
             try:
-                checked = self._checked(stage, ticket)
-                if not dry_run and co.stage_finished(stage.id):
-                    raise InputEnded(
-                        f"operator {operator!r} has read all its input: nothing is left to update"
-                    )
+                report = self._check_and_switch(
+                    stage,
+                    new,
+                    blob,
+                    ticket,
+                    held,
+                    generation,
+                    timeout,
+                    dry_run=dry_run,
+                    drop_orphaned=drop_orphaned,
+                    source=source or _source_of(function),
+                )
             except BaseException:
-                if early:
-                    self.history.unwrite(new)
+                if held is not None:  # the instances at its position go on with the old code
+                    held.release()
                 raise
-            report = {
-                "operator": operator,
-                "version": new.code_version,  # an undone update's number is not reused
-                "states_added": checked["added"],
-                "states_orphaned": checked["orphaned"],
-            }
-            if dry_run:
-                return {
-                    **report,
-                    "epoch": None,
-                    "elapsed_ms": 0.0,
-                    "checkpoint": None,
-                    "dry_run": True,
-                    "queued": 0,
-                }
-            if drop_orphaned:
-                new = dataclasses.replace(new, drop_states=tuple(checked["orphaned"]))
-                blob = _pickled(new, operator)
-                entry = self.history.write(new, blob, source)
-            self.history.record(new, entry)
-            old_blob = co.stage_blob(stage.id)
-            self._run(new, blob)
-            try:
-                if stage.kind == "keyed":
-                    epoch, done_at, queued = self._switch_keyed(new, generation, timeout)
-                else:
-                    epoch, done_at, queued = self._switch_source(new, generation, timeout)
-            except InputEnded:  # nothing left to read where the new code could start: undone
-                self._run(stage, old_blob)
-                raise
-            finally:  # off the switch's path: the history, and the spares' parked tasks
-                self.history.save_index()
-                co.in_job_thread(self.send_code, stage.id, co.stage_blob(stage.id))
-            report.update(epoch=epoch, elapsed_ms=(done_at - t0) / 1e6, queued=queued)
-            report["checkpoint"] = co.checkpointer.trigger()["id"] if co.checkpointer else None
-            report["dry_run"] = False
-            self.reports.append({**report, "at": time.time()})
+            if not dry_run:
+                report["elapsed_ms"] = (report.pop("done_at") - t0) / 1e6
+                report["checkpoint"] = co.checkpointer.trigger()["id"] if co.checkpointer else None
+                self.reports.append({**report, "at": time.time()})
             return report
+
+    def _check_and_switch(
+        self,
+        stage,
+        new,
+        blob: bytes,
+        ticket,
+        held,
+        generation: int,
+        timeout,
+        *,
+        dry_run,
+        drop_orphaned,
+        source,
+    ) -> dict:
+        """The check's answer, then (unless ``dry_run``) the switch to ``new``; the report."""
+        co = self.co
+        early = not dry_run and not drop_orphaned  # the version file is written during the check
+        entry = self.history.write(new, blob, source) if early else None
+        try:
+            checked = self._checked(stage, ticket, held)
+            if not dry_run and held is None and co.stage_finished(stage.id):
+                raise InputEnded(f"operator {stage.name!r} has read all its input: nothing is left to update")
+        except BaseException:
+            if early:
+                self.history.unwrite(new)
+            raise
+        report = {
+            "operator": stage.name,
+            "version": new.code_version,  # an undone update's number is not reused
+            "states_added": checked["added"],
+            "states_orphaned": checked["orphaned"],
+        }
+        if dry_run:
+            return {
+                **report,
+                "epoch": None,
+                "elapsed_ms": 0.0,
+                "checkpoint": None,
+                "dry_run": True,
+                "queued": 0,
+            }
+        if drop_orphaned:
+            new = dataclasses.replace(new, drop_states=tuple(checked["orphaned"]))
+            blob = _pickled(new, stage.name)
+            entry = self.history.write(new, blob, source)
+        self.history.record(new, entry)
+        old_blob = co.stage_blob(stage.id)
+        self._run(new, blob)
+        try:
+            if held is not None and not held.decided:
+                held.decide(new.code_version)
+                epoch, done_at, queued = self._await_keyed(new, held.placed, generation, timeout)
+            elif stage.kind == "keyed":
+                epoch, done_at, queued = self._switch_keyed(new, generation, timeout)
+            else:
+                epoch, done_at, queued = self._switch_source(new, generation, timeout)
+        except InputEnded:  # nothing left to read where the new code could start: undone
+            self._run(stage, old_blob)
+            raise
+        finally:  # off the switch's path: the history, and the spares' parked tasks
+            self.history.save_index()
+            co.in_job_thread(self.send_code, stage.id, co.stage_blob(stage.id))
+        return {**report, "epoch": epoch, "done_at": done_at, "queued": queued, "dry_run": False}
 
     def _run(self, stage, blob: bytes) -> None:
         """The plan runs ``stage`` (pickled as ``blob``) from now on."""
@@ -143,8 +211,12 @@ class Updater:
         """An epoch with the new code version, at the readers' frontier of the operator's gate;
         until every instance has reached it. The records queued behind it when it was placed run
         the new code: their number is the report's ``queued``, as a rescale's."""
-        co, cb = self.co, self.co.control
-        placed = co.rescaler.new_epoch(stage, code=stage.code_version)
+        placed = self.co.rescaler.new_epoch(stage, code=stage.code_version)
+        return self._await_keyed(stage, placed, generation, timeout)
+
+    def _await_keyed(self, stage, placed: Placed, generation: int, timeout) -> tuple[int, int, int]:
+        """Until every instance runs ``stage``'s code from ``placed``'s position."""
+        cb = self.co.control
         op, epoch, instances = placed.op, placed.epoch, placed.instances
         self._await(
             stage,
@@ -182,18 +254,28 @@ class Updater:
         co = self.co
         cid = next(self._ids)
         ticket = self._checks[cid] = queue.Queue()
-        co.in_job_thread(self.dispatch_check, cid, co.stage_blob(stage.id), blob)
+        # from this thread, between two events of the job thread: waking that one takes a while
+        failed = co.loop.place(self.dispatch_check, cid, co.stage_blob(stage.id), blob)
+        if failed is not None:
+            self._checks.pop(cid, None)
+            raise failed
         return cid, ticket
 
-    def _checked(self, stage, check: tuple[int, queue.Queue]) -> dict:
-        """The spare worker's answer; a refused update raises."""
+    def _checked(self, stage, check: tuple[int, queue.Queue], held: _Held | None = None) -> dict:
+        """The spare worker's answer; a refused update raises. A ``held`` epoch is released if the
+        answer takes longer than ``HOLD_S``."""
         co, (cid, ticket) = self.co, check
-        deadline = time.monotonic() + 60
+        now = time.monotonic()
+        deadline, hold_until = now + 60, now + HOLD_S
         while True:
             try:
-                answer = ticket.get(timeout=0.1)
+                answer = ticket.get(timeout=0.1 if held is None else max(hold_until - time.monotonic(), 0))
                 break
             except queue.Empty:
+                if held is not None and time.monotonic() >= hold_until:
+                    held.release()
+                    held = None
+                    continue
                 if co.stopping or co.status is not JobStatus.RUNNING or time.monotonic() > deadline:
                     self._checks.pop(cid, None)
                     raise RuntimeError(
@@ -205,7 +287,7 @@ class Updater:
             )
         return answer
 
-    # ---- in the job thread ---------------------------------------------------------------------
+    # ---- in the job thread, or between two of its events ---------------------------------------
     def dispatch_check(self, cid: int, old: bytes, new: bytes) -> None:
         """Hand a check to an idle worker, or to the next one that starts."""
         idle = self.co.idle_workers()
@@ -222,10 +304,14 @@ class Updater:
         if w.task is None and self._waiting:
             self.dispatch_check(*self._waiting.pop(0))
 
-    def checked(self, w, answer: dict) -> None:
-        """A worker's answer to a check; it is free again."""
-        w.task = None
+    def answered(self, answer: dict) -> None:
+        """A worker's answer to a check, for the update that waits for it (in the thread that read
+        it)."""
         self._checks.pop(answer["id"], queue.Queue()).put(answer)
+
+    def checked(self, w) -> None:
+        """A worker answered its check: it is free again."""
+        w.task = None
 
     def worker_died(self, w) -> bool:
         """True if ``w`` was checking new code (its death is a refused update, not a failure)."""

@@ -118,6 +118,8 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
     cs.send(sock, {"op": "hello", "worker": worker_id, "pid": os.getpid(), "token": token})
     inbox: queue.Queue = queue.Queue()
     stop = threading.Event()
+    prepared = threading.Event()  # set once attached: checks are answered by the inbox's thread
+    attached = None
     send_lock = threading.Lock()
 
     def reply(obj, fmt=cs.JSON) -> None:
@@ -128,8 +130,12 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
         try:
             while True:
                 msg = cs.recv(sock, trusted=True)  # the peer is the job's own coordinator
-                if msg.get("op") == "stop":
+                op = msg.get("op")
+                if op == "stop":
                     stop.set()
+                if op == "check_update" and prepared.is_set():  # at once: a live update waits for it
+                    reply(_check_update(attached, msg), cs.PICKLE)
+                    continue
                 inbox.put(msg)
         except (ConnectionError, OSError):
             stop.set()
@@ -141,7 +147,6 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
     threading.Thread(
         target=_report_metrics, args=(running, busy, reply), name="stretch-user-metrics", daemon=True
     ).start()
-    attached = None
     stages: dict = {}
     parked: dict = {}
     while True:
@@ -161,6 +166,7 @@ def main(sock_path: str, token: str, worker_id: int) -> int:
             parked = {
                 sid: _park(attached, stages, sid, stop.is_set) for sid in attached.resources.keyed_index
             }
+            prepared.set()
             continue
         if op == "code":  # a live update: later tasks of this operator run the new version
             stages[msg["stage"]] = msg["blob"]

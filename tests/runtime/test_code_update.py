@@ -223,6 +223,40 @@ def test_an_update_reports_the_records_queued_behind_it_which_run_the_new_code(t
     assert f"({ran_new:,} queued records run the new code)" in str(report)
 
 
+class SlowToOpen(Doubling):
+    """Version 2, whose open() takes longer than an update's check may hold the instances."""
+
+    def open(self, ctx):
+        time.sleep(0.4)
+        super().open(ctx)
+
+
+def test_a_slow_check_lets_the_instances_go_on_under_the_old_code_then_switches_at_one_record():
+    """An update's epoch is placed as its check starts, the instances held at its position for
+    the check's answer: a check slower than ``HOLD_S`` lets them go on under the old code (that
+    epoch runs it) and the update takes an epoch of its own once checked."""
+    records = records_of(8000, 31)
+    job = counting_job("slow check", 2)
+    writer = feed_slowly(job, records)
+    reports: list = []
+    updating = threading.Thread(target=lambda: reports.append(job.client.update("count", SlowToOpen())))
+    count = lambda: job.client.describe()["operators"][0]["records_in"]  # noqa: E731
+    updating.start()
+    time.sleep(0.1)  # the check sleeps in open() for 0.4 s
+    before = count()
+    time.sleep(0.2)
+    assert count() > before, "the instances waited for the check"
+    assert updating.is_alive()
+    updating.join(60)
+    writer.join()
+    (report,) = reports
+    out = job.finish()
+    assert report.epoch == 2  # the held epoch ran the old code; the update's is the next
+    switches = cuts(out, ["v1", "v2"])
+    assert 0 < switches[1][0] < len(records)
+    assert set(out) == oracle(records, switches) and len(out) == len(records)
+
+
 @pytest.mark.parametrize("parallelism", [1, 2, 4])
 def test_every_instance_switches_at_one_record(parallelism):
     records = records_of(4000, parallelism)
