@@ -9,7 +9,9 @@ state and once with about 1 GB. Backlog: a per-record KeyedProcessFunction falls
 that writes as fast as its gate takes it (``backlog.py``; seconds of work are left at every
 rescale), and ``--backlog-rescales`` rescales 1->2->4->2->1... are made, 400 ms apart; the rate
 200 ms after each 1->2 step is compared with the rate 200 ms before. The rescales are timed again
-with the source's batches 16x as large (65 k rows). Each rescale is timed by
+with the source's batches 16x as large (65 k rows). Two ceilings of the scale-up ratio are
+measured in the same run: a plain Python loop of the operator in two processes over one, and two
+separate parallelism-1 jobs of the operator run together over one alone. Each rescale is timed by
 ``JobClient.rescale`` (the call until every instance processes under the new epoch). A sampler
 records throughput and the queueing latency of the input for the PNG timeline. In the same run,
 the baselines rescale the way Flink and Spark do: snapshot the state, stop the job, start it at
@@ -256,6 +258,37 @@ def backlog_case(rescales: int, min_work_s: float = 2.0, batch_rows: int = 4096)
     }
 
 
+def neighbour_bound(repeats: int = 3, seconds: float = 2.0) -> dict:
+    """What a second core gives the backlog's operator here with nothing shared between its two
+    instances: two separate parallelism-1 jobs, each behind its own flat-out source, run together,
+    against one alone (the same operator and input). Their summed rate over the single one bounds
+    ``settled_p2_over_p1`` and the scale-up ratio: it counts what the machine takes (a core's
+    neighbour, the two sources, the coordinators), none of what sharing a gate and a state costs.
+    Medians over ``repeats`` pairs."""
+
+    def rate(jobs: int, run: int) -> float:
+        clients = [flat_out_job(f"neighbour {run} {i} of {jobs}", 1, 50_000_000) for i in range(jobs)]
+        progress = [Progress(c) for c in clients]
+        for p in progress:
+            p.start()
+        time.sleep(1.5)  # the gates fill
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        rates = [p.rate(t0, t0 + seconds) for p in progress]
+        for p, c in zip(progress, clients):
+            p.stop.set()
+            p.join()
+            c.cancel()
+        return sum(rates)
+
+    pairs = [(rate(1, r), rate(2, r)) for r in range(repeats)]
+    return {
+        "one_job_p1_meps": round(float(np.median([a for a, _ in pairs])) / 1e6, 3),
+        "two_jobs_p1_meps": round(float(np.median([b for _, b in pairs])) / 1e6, 3),
+        "two_jobs_over_one": round(float(np.median([b / a for a, b in pairs])), 2),
+    }
+
+
 def backlog_baseline() -> float:
     """The same operator behind the same input, rescaled 1 -> 2 as Flink and Spark do: checkpoint
     (its barrier waits behind what is queued), stop, restore at 2; milliseconds until the restored
@@ -414,6 +447,8 @@ def backlog_result(rescales: int) -> dict:
     base = [backlog_baseline() for _ in range(3)]
     log("the machine's own scaling: a plain Python loop of the operator in one and two processes")
     ceiling = plain_loop_scaling()
+    log("the operator's own bound: two separate parallelism-1 jobs together, over one alone")
+    neighbour = neighbour_bound()
     OUT.mkdir(exist_ok=True)
     path = OUT / "rescale_backlog.png"
     plot_backlog(behind, path)
@@ -434,12 +469,17 @@ def backlog_result(rescales: int) -> dict:
         # the ceiling of both on this machine now: a plain loop of the operator, in two processes
         # over one (two vCPUs may share a physical core)
         **ceiling,
+        # the same operator's bound with nothing shared: two jobs of one instance each, together
+        **neighbour,
         "baseline_backlog_p50_ms": round(float(np.median(base)), 1),
         "backlog_state_bytes_copied": behind["copied"],
         "backlog_plot": str(path),
     }
     result["scaleup_ratio_of_plain_loop_ratio"] = round(
         result["throughput_after_scaleup_ratio"] / ceiling["plain_loop_p2_over_p1"], 2
+    )
+    result["scaleup_ratio_of_two_jobs_ratio"] = round(
+        result["throughput_after_scaleup_ratio"] / neighbour["two_jobs_over_one"], 2
     )
     result["baseline_vs_live_backlog"] = round(
         result["baseline_backlog_p50_ms"] / result["rescale_backlog_p50_ms"], 1
