@@ -89,7 +89,7 @@ def test_event_time_windows_after_a_checkpointed_re_key_match_the_model_through_
     ) as cluster:
         env = windowed_job()
         env.enable_checkpointing(200)
-        run_windowed(cluster, env, 8, checkpoint_then_kill)
+        run_windowed(cluster, env, 8, checkpoint_then_kill, name="timed-logged")
 
 
 POINTS = ["release", "load", "adopt", "forwarded", "adopted"]

@@ -212,10 +212,11 @@ def windowed_model(rows, late):
     return sorted((r, start, n, t) for (r, start), (n, t) in windows.items()), sorted(late_out)
 
 
-def run_windowed(cluster, env, seed, during) -> None:
-    """The windowed job fed clicks in time, then rows written after their windows fired (late)
-    between more clicks in time (``during(client, i)`` after each of the first part's 12 batches):
-    every window and late record is the model's."""
+def run_windowed(cluster, env, seed, during, name: str = "timed") -> None:
+    """The windowed job (named ``name``: unique on the machine, since test files run side by side)
+    fed clicks in time, then rows written after their windows fired (late) between more clicks in
+    time (``during(client, i)`` after each of the first part's 12 batches): every window and late
+    record is the model's."""
     first = timed_clicks(6000, 1_000_000, seed=seed)
     end = 1_000_000 + 6000 // 4
     late_rows = [(u, r, a, ts - 900) for u, r, a, ts in timed_clicks(300, 1_000_000, seed=seed + 1)]
@@ -224,14 +225,14 @@ def run_windowed(cluster, env, seed, during) -> None:
     late = {len(first) + 2 * i for i in range(len(late_rows))}
     want, want_late = windowed_model(rows, late)
     fired_first = [w for w in want if w[1] + WINDOW_MS <= end - 2 * WINDOW_MS]
-    client = env.execute_async("timed", cluster=cluster)
+    client = env.execute_async(name, cluster=cluster)
     with client.writer("in") as writer:
         for i in range(12):
             writer.write(first[i * 500 : (i + 1) * 500], query="q", batch=i)
             during(client, i)
         deadline = time.monotonic() + 60  # the first part's windows fire before the late rows come
-        ran_on = cluster.files.jobs()["timed"]["nodes"]  # a removed or dead node's output too
-        while not set(fired_first) <= set(fired_so_far("timed", ran_on, wait=0.3)):
+        ran_on = cluster.files.jobs()[name]["nodes"]  # a removed or dead node's output too
+        while not set(fired_first) <= set(fired_so_far(name, ran_on, wait=0.3)):
             assert time.monotonic() < deadline, "the first part's windows did not fire"
         rest = rows[len(first) :]
         for i in range(0, len(rest), 500):
