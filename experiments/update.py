@@ -26,41 +26,15 @@ from _common import emit, log
 from backlog import OPERATOR, flat_out_job
 from rescale import Load, Sampler, latencies, pct, stop_run, w1_batch
 from throughput import CountSum
+from versions import CountSumB, Profile, ProfileB
 
 from stretch import channels
 from stretch.common import Types
-from stretch.datastream import KeyedProcessFunction, StreamExecutionEnvironment
+from stretch.datastream import StreamExecutionEnvironment
 from stretch.datastream.connectors import DiscardingSink
 from stretch.datastream.connectors.channel import ChannelSource
-from stretch.datastream.state import ValueStateDescriptor
 
 W1 = Types.TUPLE([Types.LONG(), Types.LONG(), Types.DOUBLE()])
-
-
-class Profile(KeyedProcessFunction):
-    """Version A: counts a key's events and keeps a payload (the bulk of the state) per key."""
-
-    def __init__(self, payload: int):
-        self.payload = payload
-
-    def open(self, ctx):
-        self.count = ctx.get_state(ValueStateDescriptor("count", Types.LONG()))
-        self.blob = ctx.get_state(ValueStateDescriptor("blob", Types.PICKLED_BYTE_ARRAY()))
-
-    def process_element(self, value, ctx):
-        c = (self.count.value() or 0) + 1
-        self.count.update(c)
-        if c == 1:
-            self.blob.update(bytes(self.payload))
-        return ()
-
-
-class ProfileB(Profile):
-    """Version B: the same states, another rule."""
-
-    def process_element(self, value, ctx):
-        self.count.update((self.count.value() or 0) + 2)
-        return ()
 
 
 def start_job(payload: int, name: str, checkpointing: bool = False, restore: bool = False, version=Profile):
@@ -132,17 +106,6 @@ def baseline_case(keys: int, payload: int) -> float:
     client2.cancel()
     client2.wait()
     return ms
-
-
-class CountSumB(CountSum):
-    """The backlog case's second version: the same states, another rule."""
-
-    def process_element(self, value, ctx):
-        c = (self.count.value() or 0) + 2
-        s = (self.sum.value() or 0.0) + value[2]
-        self.count.update(c)
-        self.sum.update(s)
-        yield value[0], c, s
 
 
 def backlog_case(updates: int) -> dict:
