@@ -75,7 +75,7 @@ def stage(
     _check_options(df, mode, key, result_key, partitions)
     check_workers(df.sparkSession)
     if isinstance(job, ClusterJobClient):
-        target = ClusterStage(job, into, out)
+        target = ClusterStage(running_on_cluster(job), into, out)
     else:
         target = EngineStage(running(job), into, out)
     in_schema = target.input_schema()
@@ -155,6 +155,23 @@ def running(job) -> jobs.Job:
         how = e.info.how or how
     except jobs.JobNotFound:
         pass
+    raise job_ended(how, f"staged; {restart(status)} and give stage() the new run")
+
+
+def running_on_cluster(client: ClusterJobClient) -> ClusterJobClient:
+    """The cluster job, if it runs on a node; else ``JobEnded`` saying how it ended there (its
+    channels' types would otherwise be asked of a job that no longer answers)."""
+    states = {node: job.get("status") for node, job in client.describe().items()}
+    if any(status not in _ENDED for status in states.values()):
+        return client
+    ended = set(states.values())
+    if not ended:
+        how = f"job {client.name!r} runs on no node of the cluster"
+    elif len(ended) == 1:
+        how = f"job {client.name!r} has ended on the cluster ({ended.pop()})"
+    else:
+        how = f"job {client.name!r} has ended on the cluster ({', '.join(f'{n}: {s}' for n, s in states.items())})"
+    status = next(iter(states.values()), None)
     raise job_ended(how, f"staged; {restart(status)} and give stage() the new run")
 
 

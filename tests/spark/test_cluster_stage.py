@@ -24,6 +24,7 @@ from stretch.common import Duration, Time, Types, WatermarkStrategy
 from stretch.datastream import OutputTag, StreamExecutionEnvironment, aggregates
 from stretch.datastream.connectors.channel import ChannelSink, ChannelSource
 from stretch.datastream.window import TumblingEventTimeWindows
+from stretch.errors import JobEnded
 from stretch.spark import stage
 from tests.spark.steps import fail_first_attempt
 from tests.spark.test_stage import _files
@@ -108,7 +109,8 @@ def test_append_and_update_mode_give_each_task_the_results_its_rows_caused_on_ev
 
 def test_a_job_that_re_keys_across_nodes_is_refused_by_the_stage_saying_why(spark):
     """Its results come from the nodes owning the next key groups, not from those taking a
-    task's rows: the stage cannot return them, and says what to do instead."""
+    task's rows: the stage cannot return them, and says what to do instead; once the job ended,
+    the stage says that."""
     env = StreamExecutionEnvironment.get_execution_environment()
     totals = env.from_source(ChannelSource("in", RECORD), None, "in").key_by(0).sum(1).name("totals")
     totals.key_by(1).sum(0).name("by total").sink_to(ChannelSink("out"))
@@ -118,6 +120,11 @@ def test_a_job_that_re_keys_across_nodes_is_refused_by_the_stage_saying_why(spar
         with pytest.raises(ValueError, match=r"re-keys across nodes \(totals->by total\).*readStream"):
             stage(df, client, into="in", out="out")
         client.cancel()
+        client.wait(30)
+        # an ended job is refused before anything is asked of it, saying how it ended
+        ended = "job 're-keyed stage' has ended on the cluster \\(CANCELED\\): it cannot be staged; start it again"
+        with pytest.raises(JobEnded, match=ended):
+            stage(df, client, into="in", out="out")
 
 
 @pytest.mark.long
