@@ -66,6 +66,46 @@ def split(directory: str, start: int, end: int, parts: int) -> list[LogRange]:
     return [LogRange(directory, a, b) for a, b in pairwise(bounds) if b > a]
 
 
+def log_offset(option: str, value: str | int, start: int, end: int, run: int, where: str) -> int:
+    """Option ``option``'s offset in a log holding offsets ``start`` .. ``end`` (exclusive) whose
+    current run's first result is ``run``: ``value`` is ``run``, ``earliest`` retained, ``latest``
+    or an offset; refused below what the log holds (its older batches are gone). ``where``: the
+    log, for the messages ("channel 'totals' of job 'clicks'")."""
+    if value == "earliest":
+        return start
+    if value == "run":
+        return run
+    if value == "latest":
+        return end
+    try:
+        offset = int(value)
+    except ValueError:
+        raise ValueError(f"{option} must be run, earliest, latest or an offset, got {value!r}") from None
+    if offset < start:
+        raise ValueError(
+            f"{option} {offset} is before the oldest batch {where} still holds: {holds(start, end)}"
+        )
+    return offset
+
+
+def log_range(first: int, stop: int, ending_given: bool, start: int, end: int, where: str) -> tuple[int, int]:
+    """A batch read's range ``first`` .. ``stop`` of a log holding ``start`` .. ``end``: past the
+    end it reads up to the end (nothing, if it starts there: not there yet); an ending the user
+    gave (``ending_given``) before the starting is refused."""
+    if stop < first and ending_given:  # from past the end up to the end ("latest"): nothing
+        raise ValueError(
+            f"endingOffsets {stop} is before startingOffsets {first} on {where}: {holds(start, end)}"
+        )
+    return min(first, end), min(stop, end)
+
+
+def holds(start: int, end: int) -> str:
+    """What a log holding offsets ``start`` .. ``end`` (exclusive) holds, for a message."""
+    if end == start:
+        return f"its log holds no batch (its next is offset {end})"
+    return f"its log holds offsets {start} to {end - 1}"
+
+
 class _ChannelOptions:
     def __init__(self, options, schema):
         self.job, self.channel = job_and_channel(options)
@@ -81,27 +121,11 @@ class _ChannelOptions:
         """Option ``option``'s offset: ``run`` (the first result of the job's current run, or
         of its last run once none runs), ``earliest`` retained, ``latest`` or a number; refused
         below what the log holds (its older batches are gone)."""
-        if name == "earliest":
-            return log.start
-        if name == "run":
-            return run_start(self.where, log.start)
-        if name == "latest":
-            return log.end
-        try:
-            offset = int(name)
-        except ValueError:
-            raise ValueError(f"{option} must be run, earliest, latest or an offset, got {name!r}") from None
-        if offset < log.start:
-            raise ValueError(
-                f"{option} {offset} is before the oldest batch channel {self.channel!r} of job {self.job!r} "
-                f"still holds: {self.holds(log)}"
-            )
-        return offset
+        run = run_start(self.where, log.start)
+        return log_offset(option, name, log.start, log.end, run, self.described())
 
-    def holds(self, log: OutputLog) -> str:
-        if log.end == log.start:
-            return f"its log holds no batch (its next is offset {log.end})"
-        return f"its log holds offsets {log.start} to {log.end - 1}"
+    def described(self) -> str:
+        return f"channel {self.channel!r} of job {self.job!r}"
 
 
 class StretchStreamReader(_ChannelOptions, DataSourceStreamReader):
@@ -150,12 +174,9 @@ class StretchBatchReader(_ChannelOptions, DataSourceReader):
         with self.log() as log:
             start = self.offset_of("startingOffsets", options.get("startingOffsets", "run"), log)
             end = self.offset_of("endingOffsets", ending, log)
-            if end < start and ending != "latest":  # from past the end up to the end: nothing
-                raise ValueError(
-                    f"endingOffsets {end} is before startingOffsets {start} on channel {self.channel!r} of "
-                    f"job {self.job!r}: {self.holds(log)}"
-                )
-            self.start, self.end = min(start, log.end), min(end, log.end)  # past the end: not there yet
+            self.start, self.end = log_range(
+                start, end, ending != "latest", log.start, log.end, self.described()
+            )
 
     def partitions(self) -> list[LogRange]:
         return split(self.directory, self.start, self.end, self.parts)
