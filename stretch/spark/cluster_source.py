@@ -7,6 +7,12 @@ removed keeps its log, whose last results a reader still reads; a node that join
 its first result. Keyed state is read per node, each node's key groups as its partitions (a key
 lives on one node).
 
+``startingOffsets`` (``run``, default: each node's first result of the cluster's run of the job;
+``earliest``; ``latest``; or per node, ``{"nodes": {node: offset}}`` as Spark shows this source's
+offsets, the nodes it does not name from ``run``) and, in batch, ``endingOffsets`` (``latest``,
+default; or per node, exclusive, the nodes it does not name to their end) follow each node's log
+as the single-machine reader's follow its one log (``source.log_offset``, ``source.log_range``).
+
 With the cluster's directory, executors (on the cluster's host) read the logs' files and the
 state arenas directly. With its URL (``cluster.url`` and the secret: ``.option("secret", ...)`` or
 ``$STRETCH_CLUSTER_SECRET``), they ask each node over Flight for its log ranges and its keyed
@@ -15,6 +21,7 @@ state, and the driver for the log of a node that was removed (see cluster.output
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -27,8 +34,31 @@ from stretch.cluster.client import ClusterConnection, job_runs, node_job, node_o
 from stretch.jobs import find
 from stretch.spark.options import cluster_credentials, job_and_channel
 from stretch.spark.schemas import spark_values
-from stretch.spark.source import arrow_schema_of, read_range, split
+from stretch.spark.source import arrow_schema_of, log_offset, log_range, read_range, split
 from stretch.spark.state_source import KeyGroups, read_key_groups
+
+_PER_NODE = '{"nodes": {"<node>": <offset>, ...}}'
+
+
+def node_offsets(option: str, value: str, words: tuple[str, ...], nodes: list[str], job: str) -> str | dict:
+    """A cluster read's option ``option``: one of ``words`` for every node, or a JSON object
+    ``{"nodes": {node: offset}}`` of some of the job's ``nodes`` (the dict of them); anything
+    else is refused saying what is accepted, a node the job never ran on naming its nodes."""
+    if value in words:
+        return value
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    per_node = parsed.get("nodes") if isinstance(parsed, dict) and list(parsed) == ["nodes"] else None
+    if not isinstance(per_node, dict) or not all(type(o) is int for o in per_node.values()):
+        raise ValueError(f"{option} must be {', '.join(words)} or {_PER_NODE} on a cluster, got {value!r}")
+    for node in per_node:
+        if node not in nodes:
+            raise ValueError(
+                f"{option} names node {node!r}, which job {job!r} never ran on: it ran on {', '.join(nodes)}"
+            )
+    return per_node
 
 
 @dataclass
@@ -63,7 +93,14 @@ class _ClusterChannel(_Cluster):
         self.job, self.channel = job_and_channel(options)
         self.parts = int(options.get("partitions", 2))
         self.arrow_schema = arrow_schema_of(schema)
-        self.logs()  # an unknown cluster or job: an error now
+        self.known = self.logs()  # an unknown cluster or job: an error now
+        self.starting = node_offsets(
+            "startingOffsets",
+            options.get("startingOffsets", "run"),
+            ("run", "earliest", "latest"),
+            list(self.known),
+            self.job,
+        )
 
     def logs(self) -> dict[str, dict]:
         """node -> its log's ``start``, ``end``, ``run_start`` and ``first``, the first result
@@ -94,6 +131,20 @@ class _ClusterChannel(_Cluster):
     def ends(self) -> dict[str, int]:
         return {node: info["end"] for node, info in self.logs().items()}
 
+    def described(self, node: str) -> str:
+        return f"channel {self.channel!r} of job {self.job!r} on node {node!r}"
+
+    def offsets(self, option: str, chosen: str | dict, logs: dict[str, dict], default: str) -> dict[str, int]:
+        """Each node's offset for ``chosen`` (a ``node_offsets`` answer; ``default`` for the nodes
+        it does not name), refused below what the node's log holds."""
+        out = {}
+        for node, info in logs.items():
+            value = chosen.get(node, default) if isinstance(chosen, dict) else chosen
+            out[node] = log_offset(
+                option, value, info["start"], info["end"], info["first"], self.described(node)
+            )
+        return out
+
     def ranges(self, start: dict, end: dict) -> list:
         logs = self.logs()
         out = []
@@ -122,13 +173,16 @@ class _ClusterChannel(_Cluster):
 
 class ClusterStreamReader(_ClusterChannel, DataSourceStreamReader):
     """``spark.readStream.format("stretch").option("cluster", address)``: every node's results,
-    from each node's first result of its current run."""
+    from ``startingOffsets`` (default: each node's first result of its current run)."""
 
     def initialOffset(self) -> dict:
-        return {"nodes": {node: info["first"] for node, info in self.logs().items()}}
+        return {"nodes": self.offsets("startingOffsets", self.starting, self.logs(), "run")}
 
     def latestOffset(self, start=None, limit=None) -> dict:
-        return {"nodes": self.ends()}
+        """Each node's end, or where the query is if that is further (a start past the end:
+        nothing is read until the log passes it)."""
+        at = (start or {}).get("nodes", {})
+        return {"nodes": {node: max(end, at.get(node, end)) for node, end in self.ends().items()}}
 
     def partitions(self, start: dict, end: dict) -> list:
         return self.ranges(start["nodes"], end["nodes"])
@@ -138,10 +192,31 @@ class ClusterStreamReader(_ClusterChannel, DataSourceStreamReader):
 
 
 class ClusterBatchReader(_ClusterChannel, DataSourceReader):
-    """``spark.read.format("stretch").option("cluster", address)``: what every node's log holds."""
+    """``spark.read.format("stretch").option("cluster", address)``: what every node's log holds
+    from ``startingOffsets`` to ``endingOffsets``. Per node, an offset past the log's end reads up
+    to its end (nothing, if the range starts there); an ending before the starting, or an offset
+    below what the log still holds, is refused naming the node and the offsets its log holds."""
+
+    def __init__(self, options, schema):
+        super().__init__(options, schema)
+        ending = node_offsets(
+            "endingOffsets", options.get("endingOffsets", "latest"), ("latest",), list(self.known), self.job
+        )
+        given = ending if isinstance(ending, dict) else {}
+        start = self.offsets("startingOffsets", self.starting, self.known, "run")
+        end = self.offsets("endingOffsets", ending, self.known, "latest")
+        self.bounds = {
+            node: log_range(
+                start[node], end[node], node in given, info["start"], info["end"], self.described(node)
+            )
+            for node, info in self.known.items()
+        }
 
     def partitions(self) -> list:
-        return self.ranges({}, self.ends())
+        return self.ranges(
+            {node: a for node, (a, _) in self.bounds.items()},
+            {node: b for node, (_, b) in self.bounds.items()},
+        )
 
 
 class ClusterStateReader(_Cluster, DataSourceReader):
